@@ -1,0 +1,67 @@
+"""Read any supported trace file into one ``Trace``: start with ``read_trace(path)``.
+
+Supported: PyTorch memory snapshots (``_dump_snapshot`` pickles), torch.profiler / Kineto
+Chrome-trace JSON (``.json``/``.json.gz``) memory events, RMM ``logging_resource_adaptor`` CSV,
+and allocsim's own Parquet and CSV. The format is detected from the content.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from ..errors import TraceFormatError
+from .detect import FORMATS, detect_format
+from .schema import EVENT_DTYPES, EventKind, Trace, TraceMeta, check_schema
+
+__all__ = [
+    "EventKind", "Trace", "TraceMeta", "EVENT_DTYPES", "FORMATS",
+    "read_trace", "write_trace", "detect_format", "check_schema",
+]
+
+
+def _reader(fmt: str) -> Callable[..., Trace]:
+    # Imported lazily so that a broken optional reader cannot stop the others from loading.
+    if fmt == "pytorch-snapshot":
+        from .snapshot import read_snapshot
+        return read_snapshot
+    if fmt == "kineto":
+        from .kineto import read_kineto
+        return read_kineto
+    if fmt == "rmm-csv":
+        from .rmm import read_rmm_csv
+        return read_rmm_csv
+    if fmt == "allocsim-parquet":
+        from .native import read_parquet
+        return read_parquet
+    if fmt == "allocsim-csv":
+        from .native import read_csv
+        return read_csv
+    raise ValueError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+
+
+def read_trace(path: str | os.PathLike, *, format: str | None = None, lenient: bool = False) -> Trace:
+    """Read the trace at ``path``; bad input raises ``TraceFormatError`` naming file, record and reason.
+
+    With ``lenient=True`` readers repair what they can (documented per reader) and list every
+    repair in ``trace.meta.repairs`` instead of raising.
+    """
+    path = os.fspath(path)
+    fmt = format or detect_format(path)
+    try:
+        return _reader(fmt)(path, lenient=lenient)
+    except TraceFormatError:
+        raise
+    except (OSError, EOFError, UnicodeDecodeError, MemoryError, RecursionError) as exc:
+        raise TraceFormatError(path, None, f"cannot read as {fmt}: {type(exc).__name__}: {exc}") from None
+
+
+def write_trace(trace: Trace, path: str | os.PathLike) -> None:
+    """Write ``trace`` losslessly: Parquet unless ``path`` ends in ``.csv`` (or ``.csv.gz``)."""
+    from .native import write_csv, write_parquet
+
+    path = os.fspath(path)
+    if path.endswith(".csv") or path.endswith(".csv.gz"):
+        write_csv(trace, path)
+    else:
+        write_parquet(trace, path)

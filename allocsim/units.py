@@ -1,0 +1,56 @@
+"""Byte units and parsing: use ``parse_bytes("80GiB")`` to read sizes from users."""
+
+from __future__ import annotations
+
+import re
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+TiB = 1024 * GiB
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "kib": KiB,
+    "m": 1000**2, "mb": 1000**2, "mib": MiB,
+    "g": 1000**3, "gb": 1000**3, "gib": GiB,
+    "t": 1000**4, "tb": 1000**4, "tib": TiB,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str | int) -> int:
+    """Turn ``"80GiB"``, ``"512MB"``, ``"1.5GiB"`` or ``4096`` into an integer byte count."""
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"size must be >= 0, got {text}")
+        return text
+    match = _SIZE_RE.match(str(text))
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (examples: 4096, 512MiB, 80GiB)")
+    number, unit = match.groups()
+    scale = _UNITS[unit.lower()]
+    if "." in number:
+        # Fractions are exact in decimal units only when they land on whole bytes.
+        from fractions import Fraction
+
+        value = Fraction(number) * scale
+        if value.denominator != 1:
+            raise ValueError(f"{text!r} is not a whole number of bytes")
+        return int(value)
+    return int(number) * scale
+
+
+def format_bytes(size_bytes: int) -> str:
+    """Render a byte count for people: ``format_bytes(3 * GiB) == '3.00 GiB'``."""
+    sign = "-" if size_bytes < 0 else ""
+    value = abs(size_bytes)
+    for unit, scale in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if value >= scale:
+            return f"{sign}{value / scale:.2f} {unit}"
+    return f"{sign}{value} B"
+
+
+def align_up(size_bytes: int, alignment_bytes: int) -> int:
+    """Round ``size_bytes`` up to a multiple of ``alignment_bytes``."""
+    return -(-size_bytes // alignment_bytes) * alignment_bytes
