@@ -156,6 +156,15 @@ def capture(name: str, out_dir: Path, profiled_steps: int, keep_raw: bool) -> di
     t0 = time.time()
     loss = train_step(model, opt, spec, vocab, gen)  # warm-up (not profiled)
     print(f"[{name}] warm-up step {time.time() - t0:.1f}s loss={loss:.3f}", flush=True)
+    # Memory that is resident when the window opens and therefore invisible in
+    # the trace: parameters + AdamW state (grads are None after zero_grad).
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    opt_state_bytes = sum(
+        t.numel() * t.element_size()
+        for st in opt.state.values()
+        for t in st.values()
+        if torch.is_tensor(t)
+    )
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
         for i in range(profiled_steps):
@@ -165,8 +174,15 @@ def capture(name: str, out_dir: Path, profiled_steps: int, keep_raw: bool) -> di
             print(f"[{name}] profiled step {i + 1} {time.time() - t0:.1f}s loss={loss:.3f}", flush=True)
 
     with tempfile.TemporaryDirectory() as td:
-        raw_path = Path(td) / f"{name}.raw.json"
-        prof.export_chrome_trace(str(raw_path))
+        # Export with a bare relative file name: Kineto stores the path it was
+        # given as the top-level "traceName", and we don't want a local path there.
+        raw_path = Path(td) / f"{name}.json"
+        cwd = os.getcwd()
+        os.chdir(td)
+        try:
+            prof.export_chrome_trace(raw_path.name)
+        finally:
+            os.chdir(cwd)
         raw_bytes = raw_path.stat().st_size
         with open(raw_path) as f:
             raw = json.load(f)
@@ -204,6 +220,11 @@ def capture(name: str, out_dir: Path, profiled_steps: int, keep_raw: bool) -> di
         date_utc=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
         command=f"python traces/capture_cpu.py --config {name}"
         + (f" --steps {profiled_steps}" if profiled_steps != 2 else ""),
+        resident_before_window=dict(
+            param_bytes=param_bytes,
+            adamw_state_bytes=opt_state_bytes,
+            note="allocated before profiling began; not in the trace",
+        ),
         raw_export_bytes=raw_bytes,
         raw_export_events=n_raw_events,
         gz_bytes=out_path.stat().st_size,

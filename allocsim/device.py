@@ -1,0 +1,89 @@
+"""The bottom of every policy stack: a simulated GPU that hands out address ranges and counts calls.
+
+``SimulatedDevice(capacity_bytes=80 * GiB)`` models cudaMalloc/cudaFree: each allocation is rounded
+up to the driver's granularity, addresses never overlap, and the device keeps the counters a cost
+model needs (calls and bytes). It knows nothing about time; the engine turns counter deltas into
+latency with a ``CostModel``. The validation harness replaces it with a real CUDA device.
+"""
+
+from __future__ import annotations
+
+from .errors import AllocsimError
+from .units import MiB, align_up
+
+#: cudaMalloc hands out whole 2 MiB GPU pages for large allocations on current NVIDIA GPUs.
+DEFAULT_GRANULARITY_BYTES = 2 * MiB
+#: Address alignment of every device allocation (cudaMalloc guarantees at least 256 B).
+DEVICE_ALIGNMENT_BYTES = 512
+
+
+class DeviceOutOfMemory(AllocsimError):
+    """The simulated device cannot back this allocation; policies catch it to run their retry path."""
+
+
+class SimulatedDevice:
+    """A device of ``capacity_bytes`` (None = unlimited) that rounds allocations to its granularity.
+
+    ``small_granularity_bytes`` applies to requests below ``granularity_bytes``: the default rounds
+    every allocation to whole 2 MiB pages; set it lower to model a driver that packs small
+    allocations (calibration measures what the real one does).
+    """
+
+    def __init__(self, capacity_bytes: int | None = None, *,
+                 granularity_bytes: int = DEFAULT_GRANULARITY_BYTES,
+                 small_granularity_bytes: int | None = None):
+        if capacity_bytes is not None and capacity_bytes < 0:
+            raise ValueError("capacity_bytes must be >= 0")
+        self.capacity_bytes = capacity_bytes
+        self.granularity_bytes = granularity_bytes
+        self.small_granularity_bytes = small_granularity_bytes or granularity_bytes
+        self._next_addr = 1 << 40          # fake device virtual addresses, never reused
+        self._sizes: dict[int, int] = {}   # addr -> bytes actually reserved
+        self.reserved_bytes = 0
+        self.peak_reserved_bytes = 0
+        self.n_mallocs = 0
+        self.malloc_bytes = 0
+        self.n_frees = 0
+        self.freed_bytes = 0
+        self.n_failed_mallocs = 0
+
+    @property
+    def device(self) -> "SimulatedDevice":
+        """A device is its own device (so adaptors can always ask ``upstream.device``)."""
+        return self
+
+    def footprint(self, size_bytes: int) -> int:
+        """Bytes the device really reserves for a ``size_bytes`` request."""
+        if size_bytes >= self.granularity_bytes:
+            return align_up(size_bytes, self.granularity_bytes)
+        return align_up(max(size_bytes, 1), self.small_granularity_bytes)
+
+    def free_capacity_bytes(self) -> int | None:
+        """What cudaMemGetInfo would report free, or None for an unlimited device."""
+        if self.capacity_bytes is None:
+            return None
+        return self.capacity_bytes - self.reserved_bytes
+
+    def malloc(self, size_bytes: int) -> int:
+        """cudaMalloc: return the address of a fresh range, or raise ``DeviceOutOfMemory``."""
+        footprint = self.footprint(size_bytes)
+        if self.capacity_bytes is not None and self.reserved_bytes + footprint > self.capacity_bytes:
+            self.n_failed_mallocs += 1
+            raise DeviceOutOfMemory(f"cannot reserve {footprint} bytes: {self.reserved_bytes} of "
+                                    f"{self.capacity_bytes} in use")
+        addr = self._next_addr
+        self._next_addr = align_up(addr + footprint, DEVICE_ALIGNMENT_BYTES)
+        self._sizes[addr] = footprint
+        self.reserved_bytes += footprint
+        if self.reserved_bytes > self.peak_reserved_bytes:
+            self.peak_reserved_bytes = self.reserved_bytes
+        self.n_mallocs += 1
+        self.malloc_bytes += footprint
+        return addr
+
+    def free(self, addr: int) -> None:
+        """cudaFree: release the range at ``addr`` (device-wide synchronisation is the cost model's)."""
+        footprint = self._sizes.pop(addr)
+        self.reserved_bytes -= footprint
+        self.n_frees += 1
+        self.freed_bytes += footprint

@@ -1,0 +1,118 @@
+"""The contract every allocator policy meets: subclass ``Policy`` and write ``_do_malloc`` / ``_do_free``.
+
+A policy is plain synchronous state (no SimPy, no clock). The engine calls, per trace event:
+
+- ``malloc(alloc_id, size_bytes, stream) -> addr`` for an allocation request;
+- ``free_requested(alloc_id)`` when the program frees it (its stream may still be using it);
+- ``free_completed(alloc_id)`` when the memory may be reused (stream-ordered free done);
+- ``empty_cache()`` for the program's explicit cache release.
+
+The base class does the bookkeeping once (live ids, requested/allocated bytes, double-free and
+unknown-id checks), so no policy can forget to report. Adaptors (deferred GC, limits) are policies
+whose ``upstream`` is another policy; the bottom of every stack is a ``SimulatedDevice``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from ..errors import InvalidFree, OutOfMemory
+
+
+class Policy:
+    """Base class of allocator policies and adaptors; ``upstream`` is a policy or a ``SimulatedDevice``."""
+
+    #: Registry name (``allocsim run --policy NAME``).
+    name: ClassVar[str] = "base"
+
+    def __init__(self, upstream: Any):
+        self.upstream = upstream
+        self.device = upstream.device
+        # alloc_id -> (addr, requested_bytes, allocated_bytes, stream)
+        self.live: dict[int, tuple[int, int, int, int]] = {}
+        self.pending: set[int] = set()   # free requested, not completed
+        self.requested_bytes = 0          # sum of requested sizes of live + pending allocations
+        self.allocated_bytes = 0          # sum of block sizes handed out (after rounding), live + pending
+        self.pending_free_bytes = 0       # block bytes freed by the program but not yet reusable
+        self.n_mallocs = 0
+        self.n_ooms = 0
+        # Counters policies increment where the event happens (read by metrics, never reset).
+        self.n_pool_hits = 0      # requests served from cached memory without a device call
+        self.n_splits = 0         # blocks split to serve a request
+        self.n_merges = 0         # coalescings of a freed block with a free neighbour
+        self.n_gc_batches = 0     # batched releases (deferred GC, garbage_collection_threshold)
+
+    # ------------------------------------------------------------------ program-facing API
+    def malloc(self, alloc_id: int, size_bytes: int, stream: int = 0) -> int:
+        """Allocate ``size_bytes`` for ``alloc_id`` on ``stream``; return its address or raise ``OutOfMemory``."""
+        if alloc_id in self.live:
+            raise InvalidFree(f"allocation id {alloc_id} is already live")
+        try:
+            addr, allocated = self._do_malloc(alloc_id, size_bytes, stream)
+        except OutOfMemory:
+            self.n_ooms += 1
+            raise
+        self.live[alloc_id] = (addr, size_bytes, allocated, stream)
+        self.requested_bytes += size_bytes
+        self.allocated_bytes += allocated
+        self.n_mallocs += 1
+        return addr
+
+    def free_requested(self, alloc_id: int) -> None:
+        """The program freed ``alloc_id``; its memory is reusable only after ``free_completed``."""
+        if alloc_id not in self.live or alloc_id in self.pending:
+            raise InvalidFree(f"free of allocation id {alloc_id} which is not allocated")
+        self.pending.add(alloc_id)
+        self.pending_free_bytes += self.live[alloc_id][2]
+        self._on_free_requested(alloc_id)
+
+    def free_completed(self, alloc_id: int) -> None:
+        """The stream-ordered free of ``alloc_id`` finished: hand the block back to the policy."""
+        if alloc_id not in self.pending:
+            if alloc_id not in self.live:
+                raise InvalidFree(f"free of allocation id {alloc_id} which is not allocated")
+            self.free_requested(alloc_id)
+        self.pending.discard(alloc_id)
+        addr, requested, allocated, stream = self.live.pop(alloc_id)
+        self.pending_free_bytes -= allocated
+        self.requested_bytes -= requested
+        self.allocated_bytes -= allocated
+        self._do_free(alloc_id, addr, allocated, stream)
+
+    def free(self, alloc_id: int) -> None:
+        """Free that is requested and completed at once."""
+        self.free_requested(alloc_id)
+        self.free_completed(alloc_id)
+
+    def empty_cache(self) -> None:
+        """Release every cached, fully free device allocation (``torch.cuda.empty_cache()``)."""
+
+    # ------------------------------------------------------------------ what subclasses write
+    def _do_malloc(self, alloc_id: int, size_bytes: int, stream: int) -> tuple[int, int]:
+        """Return ``(addr, allocated_bytes)`` or raise ``OutOfMemory`` after the policy's retry path."""
+        raise NotImplementedError
+
+    def _do_free(self, alloc_id: int, addr: int, allocated_bytes: int, stream: int) -> None:
+        """Take back the block at ``addr`` (its free has completed)."""
+        raise NotImplementedError
+
+    def _on_free_requested(self, alloc_id: int) -> None:
+        """Hook for policies that act when a free is requested (default: nothing)."""
+
+    # ------------------------------------------------------------------ reporting
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes held from the device by this stack."""
+        return self.device.reserved_bytes
+
+    def largest_free_block_bytes(self) -> int:
+        """Largest cached free block (0 for policies that cache nothing); may be O(blocks)."""
+        return 0
+
+    def cached_free_bytes(self) -> int:
+        """Bytes reserved from the device but not handed out (reserved - allocated, for this stack)."""
+        return self.reserved_bytes - self.allocated_bytes
+
+    def params(self) -> dict[str, Any]:
+        """The policy's parameters as a JSON-ready dict (what ``allocsim policies`` prints)."""
+        return {}
