@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -154,6 +155,9 @@ def _assemble(path: str, events: pd.DataFrame, header: dict, side: dict, fmt: st
         # Say what the file is, and remember what it was converted from.
         meta.version_hints = {**meta.version_hints, "converted_from": meta.version_hints.get("converted_from", meta.format)}
         meta.format = fmt
+    if meta.source and meta.source != os.path.basename(path):
+        meta.version_hints = {**meta.version_hints, "converted_from_file": meta.source}
+    meta.source = os.path.basename(path)
     labels = [str(x) for x in header.get("labels", [])]
     trace = Trace(events=events, meta=meta, labels=labels, **side)
     check_schema(trace)

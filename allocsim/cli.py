@@ -1,0 +1,43 @@
+"""The ``allocsim`` command: read a trace, simulate policies, report. Each subcommand is one module."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import AllocsimError
+
+#: Subcommand modules under ``allocsim.commands``, in the order ``--help`` lists them.
+COMMANDS = ("info", "convert", "run", "policies")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser with every available subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="allocsim",
+        description="Replay real GPU allocation traces through allocator policies and see the memory they need.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f".commands.{name}", __package__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__package__}.commands.{name}":
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; bad input exits 2 with a one-line message, never a traceback."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (AllocsimError, ValueError) as exc:
+        print(f"allocsim {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0

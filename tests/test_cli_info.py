@@ -1,0 +1,91 @@
+"""``allocsim info`` and ``convert`` as a user runs them: real files, JSON keys, clean errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from allocsim.cli import main
+from allocsim.trace import read_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAPSHOTS = ROOT.parent / "shared" / "traces" / "pytorch-snapshots"
+
+# (file, device, allocs, frees, streams): counted independently in shared/traces/README.md
+README_COUNTS = [
+    ("Constructor-Sun__memory_snapshot.pickle", 0, 2434, 1918, 1),
+    ("Constructor-Sun__memory_snapshot.pickle", 1, 199, 175, 1),
+    ("Constructor-Sun__memory_snapshot.pickle", 2, 392, 206, 1),
+    ("MAGMA27__memory_snapshot.pickle", 0, 1721, 1721, 1),
+    ("Maphsge4__snapshot.pickle", 0, 3058, 3053, 10),
+    ("MercuryB1__cuda_memory_snapshot.pickle", 0, 2912, 2912, 1),
+    ("Wedsonlin__medium_128_inference_memory_snapshot.pickle", 0, 1280, 1280, 1),
+    ("Wedsonlin__medium_128_training_memory_snapshot.pickle", 0, 6526, 6305, 1),
+    ("kkaitlyn111__memory_ctx128_fullstep.pickle", 0, 6771, 5894, 1),
+    ("silmont2000__mem_snapshot.pickle", 0, 36, 26, 1),
+    ("silmont2000__memory_forward_bf16_128.pickle", 0, 937, 937, 1),
+    ("silmont2000__memory_forward_fp32_128.pickle", 0, 681, 681, 1),
+]
+REQUIRED_KEYS = {"format", "events", "allocs", "frees", "streams", "devices", "peak_live_bytes", "baseline_live_bytes"}
+
+
+def run_json(capsys, *argv) -> dict:
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("name,device,allocs,frees,streams", README_COUNTS)
+def test_info_matches_shared_readme(capsys, name, device, allocs, frees, streams):
+    path = SNAPSHOTS / name
+    if not path.exists():
+        pytest.skip("../shared/traces is not beside this checkout")
+    info = run_json(capsys, "info", str(path), "--device", str(device), "--json")
+    assert REQUIRED_KEYS <= set(info)
+    assert info["format"] == "pytorch-snapshot"
+    assert (info["allocs"], info["frees"], info["streams"]) == (allocs, frees, streams)
+    assert info["devices"] == [device]
+    # Peaks justified from first principles: the in-window peak is at least the largest request,
+    # and the peak with baseline never falls below either part.
+    trace = read_trace(path).for_device(device)
+    alloc_sizes = trace.events.loc[trace.events["kind"] == 1, "size_bytes"]
+    assert info["peak_live_bytes"] >= int(alloc_sizes.max())
+    assert info["peak_live_with_baseline_bytes"] >= max(info["peak_live_bytes"], info["baseline_live_bytes"])
+    assert info["peak_live_with_baseline_bytes"] <= info["peak_live_bytes"] + info["baseline_live_bytes"]
+
+
+def test_info_convert_round_trip(tmp_path, capsys):
+    from tests.test_native_format import sample_trace
+    from allocsim.trace import write_trace
+
+    src = tmp_path / "src.csv"
+    write_trace(sample_trace(), src)
+    before = run_json(capsys, "info", str(src), "--json")
+    assert main(["convert", str(src), "-o", str(tmp_path / "out.parquet")]) == 0
+    capsys.readouterr()
+    after = run_json(capsys, "info", str(tmp_path / "out.parquet"), "--json")
+    for key in ("events", "allocs", "frees", "streams", "devices", "peak_live_bytes", "baseline_live_bytes",
+                "peak_live_with_baseline_bytes", "recorded_decisions"):
+        assert before[key] == after[key], key
+    assert set(before["per_device"]) == {"0", "1"}
+    assert before["baseline_allocs"] == 2 and before["baseline_live_bytes"] == 4096 + 1000
+
+
+def test_info_text_and_bad_files(tmp_path, capsys):
+    from tests.test_native_format import sample_trace
+    from allocsim.trace import write_trace
+
+    src = tmp_path / "src.parquet"
+    write_trace(sample_trace(), src)
+    assert main(["info", str(src)]) == 0
+    text = capsys.readouterr().out
+    assert "peak_live_bytes" in text and "device 1:" in text
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"traceEvents": [')
+    assert main(["info", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.json" in err and "Traceback" not in err
+    assert main(["info", str(src), "--device", "9"]) == 2
+    assert "no device 9" in capsys.readouterr().err
