@@ -152,8 +152,8 @@ class Trace:
 
     def for_device(self, device: int) -> "Trace":
         """Return the part of this trace that happened on one device (indices renumbered)."""
-        keep = self.events["device"].to_numpy() == device
-        new_index = np.cumsum(keep) - 1
+        # Markers (step boundaries) belong to the whole run, so every device keeps them.
+        keep = (self.events["device"].to_numpy() == device) | (self.events["kind"].to_numpy() == EventKind.MARKER)
         events = self.events.loc[keep].reset_index(drop=True)
         decisions = self.decisions.loc[self.decisions["device"] == device].copy()
         if len(decisions):
@@ -161,7 +161,6 @@ class Trace:
             kept_positions = np.flatnonzero(keep)
             pos = np.searchsorted(kept_positions, decisions["event_index"].to_numpy())
             decisions["event_index"] = pos.astype(np.int64)
-        del new_index
         meta = dataclasses.replace(self.meta, devices=[device])
         return Trace(
             events=events,
