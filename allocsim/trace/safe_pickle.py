@@ -1,0 +1,185 @@
+"""Load untrusted pickles as plain data: ``load_pickle(path)`` refuses every global, so nothing can run.
+
+PyTorch's ``_dump_snapshot`` writes pickles of builtin types only (dict, list, str, int, float, bool,
+tuple, None). Here a pickle that names any global (``os.system``, ``builtins.eval``, a class to
+rebuild) or a persistent id is refused with ``UnsafePickleError`` before anything is called:
+``find_class`` is the only way a pickle can reach code, and it always raises. The opcodes that call
+objects (REDUCE, BUILD, NEWOBJ, OBJ) are refused as well, so the guarantee does not rest on one hook.
+
+Resources are bounded too. Files (and decompressed gzip data) over ``max_bytes`` are refused. The
+pure-Python unpickler is used on purpose: CPython's C unpickler pre-sizes and zeroes its memo table
+to the largest ``LONG_BINPUT`` index, so a 12-byte pickle can make it touch 32 GiB; the Python one
+keeps the memo in a dict. Dict keys and set items must be scalars (hashing a tuple that nests shared
+tuples takes time exponential in its depth), and out-of-band buffer opcodes are refused (``bytearray(n)``
+would zero ``n`` bytes). Everything else that can go wrong becomes ``TraceFormatError`` naming the file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import pickle
+import reprlib
+import zlib
+from typing import Any
+
+from ..errors import TraceFormatError, UnsafePickleError
+
+#: Files (and decompressed gzip streams) larger than this are refused unless the caller allows more.
+DEFAULT_MAX_BYTES = 4 << 30
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_SCALARS = (str, int, float, bool, type(None), bytes)
+_CHUNK = 1 << 20
+
+_short = reprlib.Repr()
+_short.maxlevel = 2
+_short.maxstring = _short.maxother = _short.maxlong = 40
+
+
+def short_repr(value: Any) -> str:
+    """A bounded repr: safe on huge or deeply shared structures from untrusted input."""
+    if type(value) is int and not -(1 << 128) < value < (1 << 128):
+        return f"<{value.bit_length()}-bit integer>"
+    try:
+        return _short.repr(value)
+    except Exception:  # noqa: BLE001 - e.g. ints too long for str() nested in a container
+        return f"<{type(value).__name__}>"
+
+
+def _check_scalars(path: str, values: Any, what: str) -> None:
+    for v in values:
+        if type(v) not in _SCALARS:
+            raise TraceFormatError(path, None, f"corrupt pickle: {what} of type {type(v).__name__} "
+                                   "(a snapshot uses plain keys only)")
+
+
+class _DataOnlyUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
+    """An unpickler that builds builtin containers and scalars only, and calls nothing."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
+
+    def __init__(self, file: Any, path: str):
+        super().__init__(file)
+        self._path = path
+
+    def find_class(self, module: str, name: str) -> Any:  # noqa: D401 - pickle API
+        raise UnsafePickleError(
+            self._path, None,
+            f"refused to load global {str(module)[:100]}.{str(name)[:100]}: a snapshot holds plain "
+            "data only, so this pickle may be hostile; nothing in it was run")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise UnsafePickleError(self._path, None,
+                                f"refused persistent id {short_repr(pid)}: a snapshot holds plain data only")
+
+    # -- opcodes that would call an object: never legitimate in a snapshot
+    def _refuse_call(self) -> None:
+        raise UnsafePickleError(self._path, None,
+                                "refused an opcode that calls an object: a snapshot holds plain data only")
+
+    def _refuse_buffer(self) -> None:
+        raise TraceFormatError(self._path, None,
+                               "corrupt pickle: bytearray / out-of-band buffer opcodes are not snapshot data")
+
+    # -- containers whose keys get hashed: scalars only
+    def _load_setitem(self) -> None:
+        _check_scalars(self._path, (self.stack[-2],), "dict key")
+        pickle._Unpickler.load_setitem(self)  # type: ignore[attr-defined]
+
+    def _load_setitems(self) -> None:
+        _check_scalars(self._path, self.stack[::2], "dict key")
+        pickle._Unpickler.load_setitems(self)  # type: ignore[attr-defined]
+
+    def _load_dict(self) -> None:
+        _check_scalars(self._path, self.stack[::2], "dict key")
+        pickle._Unpickler.load_dict(self)  # type: ignore[attr-defined]
+
+    def _load_additems(self) -> None:
+        _check_scalars(self._path, self.stack, "set item")
+        pickle._Unpickler.load_additems(self)  # type: ignore[attr-defined]
+
+    def _load_frozenset(self) -> None:
+        _check_scalars(self._path, self.stack, "set item")
+        pickle._Unpickler.load_frozenset(self)  # type: ignore[attr-defined]
+
+
+for _op in (pickle.REDUCE, pickle.BUILD, pickle.NEWOBJ, pickle.NEWOBJ_EX, pickle.OBJ):
+    _DataOnlyUnpickler.dispatch[_op[0]] = _DataOnlyUnpickler._refuse_call
+for _op in (pickle.BYTEARRAY8, pickle.NEXT_BUFFER, pickle.READONLY_BUFFER):
+    _DataOnlyUnpickler.dispatch[_op[0]] = _DataOnlyUnpickler._refuse_buffer
+_DataOnlyUnpickler.dispatch[pickle.SETITEM[0]] = _DataOnlyUnpickler._load_setitem
+_DataOnlyUnpickler.dispatch[pickle.SETITEMS[0]] = _DataOnlyUnpickler._load_setitems
+_DataOnlyUnpickler.dispatch[pickle.DICT[0]] = _DataOnlyUnpickler._load_dict
+_DataOnlyUnpickler.dispatch[pickle.ADDITEMS[0]] = _DataOnlyUnpickler._load_additems
+_DataOnlyUnpickler.dispatch[pickle.FROZENSET[0]] = _DataOnlyUnpickler._load_frozenset
+del _op
+
+
+def read_bounded(path: str | os.PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """Return the bytes of ``path``, gunzipped when it starts with the gzip magic, at most ``max_bytes``."""
+    path = os.fspath(path)
+    try:
+        size = os.path.getsize(path)
+    except OSError as exc:
+        raise TraceFormatError(path, None, f"cannot read: {exc.strerror or exc}") from None
+    if size > max_bytes:
+        raise TraceFormatError(path, None, f"file is {size} bytes, over the {max_bytes}-byte limit")
+    if size == 0:
+        raise TraceFormatError(path, None, "empty file")
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+        if data[:2] != _GZIP_MAGIC:
+            if len(data) > max_bytes:
+                raise TraceFormatError(path, None, f"file is over the {max_bytes}-byte limit")
+            return data
+        out = bytearray()
+        with gzip.GzipFile(fileobj=io.BytesIO(data), mode="rb") as gz:
+            while True:
+                chunk = gz.read(_CHUNK)
+                if not chunk:
+                    break
+                out += chunk
+                if len(out) > max_bytes:
+                    raise TraceFormatError(path, None,
+                                           f"decompressed data exceeds the {max_bytes}-byte limit")
+        if not out:
+            raise TraceFormatError(path, None, "empty file (after decompression)")
+        return bytes(out)
+    except TraceFormatError:
+        raise
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise TraceFormatError(path, None, f"truncated or corrupt gzip data: {type(exc).__name__}: {exc}") from None
+    except OSError as exc:
+        raise TraceFormatError(path, None, f"cannot read: {type(exc).__name__}: {exc}") from None
+
+
+def loads_data(data: bytes, path: str | os.PathLike = "<bytes>") -> object:
+    """Unpickle ``data`` as plain data (see module doc); ``path`` only names the source in errors."""
+    path = os.fspath(path)
+    try:
+        return _DataOnlyUnpickler(io.BytesIO(data), path).load()
+    except TraceFormatError:
+        raise  # includes UnsafePickleError
+    except RecursionError:
+        raise TraceFormatError(path, None, "corrupt pickle: nesting too deep") from None
+    except MemoryError:
+        raise TraceFormatError(path, None, "corrupt pickle: it asks for more memory than is available") from None
+    except EOFError:
+        raise TraceFormatError(path, None, "truncated pickle (data ends before the STOP opcode)") from None
+    except Exception as exc:  # noqa: BLE001 - any other unpickling failure means corrupt input
+        # pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+        # OverflowError, UnicodeDecodeError, struct.error ...: the bytes are not a well-formed pickle.
+        reason = short_repr(str(exc))
+        raise TraceFormatError(path, None, f"corrupt pickle: {type(exc).__name__}: {reason}") from None
+
+
+def load_pickle(path: str | os.PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> object:
+    """Return the object in the pickle at ``path`` (gzip-compressed or not) without running any code.
+
+    Raises ``UnsafePickleError`` for a pickle that references a global or persistent id, and
+    ``TraceFormatError`` for a file that is missing, too large, empty, truncated or otherwise corrupt.
+    """
+    return loads_data(read_bounded(path, max_bytes=max_bytes), path)

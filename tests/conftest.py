@@ -1,0 +1,18 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+#: ``../shared`` beside the repository root: real traces and research notes, not part of the repo.
+SHARED_DIR = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """The ``../shared`` folder; tests that use it skip cleanly when it is absent."""
+    if not SHARED_DIR.is_dir():
+        pytest.skip(f"shared data folder {SHARED_DIR} is absent (real traces live there)")
+    return SHARED_DIR
