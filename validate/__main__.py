@@ -1,0 +1,46 @@
+"""``python -m validate COMMAND``: hold allocsim's predictions against what real allocators did."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from allocsim.errors import AllocsimError
+
+#: Subcommand -> module under ``validate`` that has ``register(subparsers)``.
+COMMANDS = {
+    "snapshot": "validate.fidelity_cmd",   # recorded PyTorch decisions vs the pytorch preset
+    "replay": "validate.replay_cmd",       # policies on a real device (CuPy or host memory)
+    "calibrate": "validate.calibrate_cmd", # measure the device's costs into a cost-model file
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the parser with every available subcommand."""
+    parser = argparse.ArgumentParser(prog="python -m validate", description=__doc__.split("\n")[0])
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name, module_name in COMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one validation command; bad input exits 2 with a one-line message."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (AllocsimError, ValueError) as exc:
+        print(f"validate {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
