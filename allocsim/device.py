@@ -46,6 +46,15 @@ class SimulatedDevice:
         self.n_frees = 0
         self.freed_bytes = 0
         self.n_failed_mallocs = 0
+        # Expandable segments (cuMemAddressReserve + cuMemCreate/cuMemMap): virtual ranges cost no
+        # memory; mapped pages count in ``reserved_bytes`` exactly like cudaMalloc'd bytes.
+        self._address_spaces: dict[int, int] = {}   # base addr -> reserved virtual bytes
+        self._mapped: dict[int, int] = {}           # mapped range start -> bytes
+        self.n_maps = 0
+        self.map_bytes = 0
+        self.n_unmaps = 0
+        self.unmapped_bytes = 0
+        self.n_failed_maps = 0
 
     @property
     def device(self) -> "SimulatedDevice":
@@ -87,3 +96,68 @@ class SimulatedDevice:
         self.reserved_bytes -= footprint
         self.n_frees += 1
         self.freed_bytes += footprint
+
+    # ------------------------------------------------------------------ expandable segments
+    def reserve_address_space(self, size_bytes: int) -> int:
+        """cuMemAddressReserve: return the base of a fresh virtual range; it holds no memory until mapped."""
+        size_bytes = align_up(max(size_bytes, 1), self.granularity_bytes)
+        addr = self._next_addr
+        self._next_addr = align_up(addr + size_bytes, DEVICE_ALIGNMENT_BYTES)
+        self._address_spaces[addr] = size_bytes
+        return addr
+
+    def release_address_space(self, addr: int) -> None:
+        """cuMemAddressFree: drop a virtual range; every page in it must already be unmapped."""
+        size_bytes = self._address_spaces.pop(addr)
+        end = addr + size_bytes
+        if any(addr <= start < end for start in self._mapped):
+            self._address_spaces[addr] = size_bytes
+            raise ValueError(f"address range {addr:#x} still has mapped pages")
+
+    def map(self, addr: int, size_bytes: int) -> None:
+        """cuMemCreate + cuMemMap ``size_bytes`` at ``addr``, or raise ``DeviceOutOfMemory``.
+
+        The caller maps whole pages of its own size (PyTorch: 2 MiB small, 20 MiB large). All or nothing: like PyTorch's ``ExpandableSegment::map``, a failed map leaves nothing mapped.
+        """
+        if size_bytes <= 0:
+            raise ValueError(f"map size must be > 0, got {size_bytes}")
+        if self.capacity_bytes is not None and self.reserved_bytes + size_bytes > self.capacity_bytes:
+            self.n_failed_maps += 1
+            raise DeviceOutOfMemory(f"cannot map {size_bytes} bytes: {self.reserved_bytes} of "
+                                    f"{self.capacity_bytes} in use")
+        self._mapped[addr] = size_bytes
+        self.reserved_bytes += size_bytes
+        if self.reserved_bytes > self.peak_reserved_bytes:
+            self.peak_reserved_bytes = self.reserved_bytes
+        self.n_maps += 1
+        self.map_bytes += size_bytes
+
+    def unmap(self, addr: int, size_bytes: int) -> None:
+        """cuMemUnmap + cuMemRelease the pages of ``[addr, addr + size_bytes)``; they must be mapped.
+
+        Mapped ranges are tracked per map call; unmapping part of one splits it, so any whole-page
+        sub-range of mapped memory can be released (what PyTorch does with fully free pages).
+        """
+        end = addr + size_bytes
+        if size_bytes <= 0:
+            raise ValueError(f"unmap size must be > 0, got {size_bytes}")
+        cursor = addr
+        while cursor < end:
+            start = self._mapped_range_containing(cursor)
+            length = self._mapped.pop(start)
+            if start < cursor:
+                self._mapped[start] = cursor - start
+            range_end = start + length
+            if range_end > end:
+                self._mapped[end] = range_end - end
+            cursor = min(range_end, end)
+        self.reserved_bytes -= size_bytes
+        self.n_unmaps += 1
+        self.unmapped_bytes += size_bytes
+
+    def _mapped_range_containing(self, addr: int) -> int:
+        # Linear in the number of mapped ranges: unmaps are rare (cache release), maps stay fast.
+        for start, length in self._mapped.items():
+            if start <= addr < start + length:
+                return start
+        raise ValueError(f"address {addr:#x} is not mapped")

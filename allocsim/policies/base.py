@@ -24,6 +24,8 @@ class Policy:
 
     #: Registry name (``allocsim run --policy NAME``).
     name: ClassVar[str] = "base"
+    #: Every address this policy hands out is a multiple of this (the conformance battery checks it).
+    address_alignment_bytes: int = 512
 
     def __init__(self, upstream: Any):
         self.upstream = upstream
@@ -116,3 +118,13 @@ class Policy:
     def params(self) -> dict[str, Any]:
         """The policy's parameters as a JSON-ready dict (what ``allocsim policies`` prints)."""
         return {}
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` if the bookkeeping is inconsistent (O(live blocks): for tests).
+
+        Subclasses extend it with their own structures and call ``super().check_invariants()``.
+        """
+        assert self.requested_bytes == sum(v[1] for v in self.live.values()), "requested_bytes drifted"
+        assert self.allocated_bytes == sum(v[2] for v in self.live.values()), "allocated_bytes drifted"
+        assert self.pending <= self.live.keys(), "a pending free is not live"
+        assert self.pending_free_bytes == sum(self.live[i][2] for i in self.pending), "pending_free_bytes drifted"

@@ -1,0 +1,225 @@
+"""Keep one pool's free blocks with ``FreeList``: best-fit order per stream, coalescing inside a segment.
+
+A *segment* is one device allocation (a cudaMalloc, or an expandable segment's virtual range). It
+is tiled by blocks; the free ones live here, the allocated ones are the policy's (the base class
+keeps their address and size). Free blocks are indexed three ways, all plain ints:
+
+* ``size_at[start] -> size`` and ``start_ending_at[end] -> start``: the address neighbours a
+  freed block may merge with, found in O(1) without any per-block object;
+* one ``SortedList`` per stream key of packed ints ``size << 64 | addr``: ordered like PyTorch's
+  ``BlockComparatorSize`` (stream, size, address), so the first key ``>= size << 64`` is the
+  smallest block that fits, ties going to the lowest address.
+
+Blocks never merge across segments: an address that starts a segment is a hard boundary, because
+two cudaMallocs that happen to be adjacent are still separate allocations.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import Iterator
+
+from sortedcontainers import SortedList
+
+#: Addresses live in the low 64 bits of a packed key; sizes above them.
+ADDR_BITS = 64
+ADDR_MASK = (1 << ADDR_BITS) - 1
+
+
+def pack(size_bytes: int, addr: int) -> int:
+    """Return the sort key of a free block: size first, then address."""
+    return size_bytes << ADDR_BITS | addr
+
+
+class FreeList:
+    """Free blocks of one pool over many segments; every block belongs to one stream key.
+
+    ``stream_key`` is the allocating stream for stream-bound pools and 0 for pools any stream may
+    use; all blocks of a segment share the segment's key, so merges never mix streams.
+    """
+
+    __slots__ = ("by_stream", "size_at", "start_ending_at", "segment_size_at", "segment_stream_at",
+                 "free_bytes", "segment_bytes", "free_bytes_by_stream", "clock", "inserted_at")
+
+    def __init__(self, *, track_age: bool = False):
+        self.by_stream: dict[int, SortedList] = {}
+        self.size_at: dict[int, int] = {}
+        self.start_ending_at: dict[int, int] = {}
+        self.segment_size_at: dict[int, int] = {}
+        self.segment_stream_at: dict[int, int] = {}
+        self.free_bytes = 0
+        self.segment_bytes = 0
+        self.free_bytes_by_stream: dict[int, int] = {}
+        # PyTorch's garbage_collection_threshold ages free blocks by get_free_block calls: ``clock``
+        # is that call count and ``inserted_at`` the clock when each free block entered the set.
+        self.clock = 0
+        self.inserted_at: dict[int, int] | None = {} if track_age else None
+
+    # ------------------------------------------------------------------ segments
+    def add_segment(self, addr: int, size_bytes: int, stream_key: int) -> None:
+        """Register a new segment; it holds no free block until the caller adds one."""
+        self.segment_size_at[addr] = size_bytes
+        self.segment_stream_at[addr] = stream_key
+        self.segment_bytes += size_bytes
+
+    def is_whole_free(self, addr: int) -> bool:
+        """Tell whether the segment at ``addr`` is one free block (PyTorch: an unsplit free block)."""
+        return self.size_at.get(addr) == self.segment_size_at[addr]
+
+    def remove_segment(self, addr: int) -> int:
+        """Forget the wholly free segment at ``addr`` and its free block; return its size."""
+        size_bytes = self.segment_size_at.pop(addr)
+        stream_key = self.segment_stream_at.pop(addr)
+        self.take(stream_key, pack(size_bytes, addr))
+        self.segment_bytes -= size_bytes
+        return size_bytes
+
+    def whole_free_segments(self, stream_key: int | None = None) -> list[tuple[int, int, int]]:
+        """Return ``(addr, size, stream_key)`` of every wholly free segment, in (stream, size, addr) order."""
+        found = []
+        keys = sorted(self.by_stream) if stream_key is None else [stream_key]
+        seg_size_at = self.segment_size_at
+        for skey in keys:
+            for key in self.by_stream.get(skey, ()):
+                addr = key & ADDR_MASK
+                if seg_size_at.get(addr) == key >> ADDR_BITS:
+                    found.append((addr, key >> ADDR_BITS, skey))
+        return found
+
+    # ------------------------------------------------------------------ placement
+    def best_fit(self, stream_key: int, size_bytes: int) -> int:
+        """Return the key of the smallest free block of ``stream_key`` with ``size >= size_bytes`` or -1."""
+        blocks = self.by_stream.get(stream_key)
+        if not blocks:
+            return -1
+        # SortedList's own bisect_left builds a positional index after every change; these two
+        # bisects over its sublists find the same key without it (hot path: once per malloc).
+        maxes = blocks._maxes
+        key = size_bytes << ADDR_BITS
+        pos = bisect_left(maxes, key)
+        if pos == len(maxes):
+            return -1
+        sublist = blocks._lists[pos]
+        return sublist[bisect_left(sublist, key)]
+
+    def pop_best_fit(self, stream_key: int, size_bytes: int) -> int:
+        """Remove and return the key of the best-fit block (as ``best_fit`` finds it), or -1."""
+        blocks = self.by_stream.get(stream_key)
+        if not blocks:
+            return -1
+        maxes = blocks._maxes
+        key = size_bytes << ADDR_BITS
+        pos = bisect_left(maxes, key)
+        if pos == len(maxes):
+            return -1
+        sublist = blocks._lists[pos]
+        idx = bisect_left(sublist, key)
+        key = sublist[idx]
+        blocks._delete(pos, idx)   # the position is known: skip the second search remove() would do
+        size_bytes = key >> ADDR_BITS
+        addr = key & ADDR_MASK
+        del self.size_at[addr]
+        del self.start_ending_at[addr + size_bytes]
+        self.free_bytes -= size_bytes
+        self.free_bytes_by_stream[stream_key] -= size_bytes
+        if self.inserted_at is not None:
+            self.inserted_at.pop(addr, None)
+        return key
+
+    def keys(self, stream_key: int) -> SortedList | tuple:
+        """Return the sorted keys of one stream's free blocks (read-only use)."""
+        return self.by_stream.get(stream_key, ())
+
+    def take(self, stream_key: int, key: int) -> None:
+        """Remove the free block with sort key ``key`` (it is about to be handed out or released)."""
+        self.by_stream[stream_key].remove(key)
+        size_bytes = key >> ADDR_BITS
+        addr = key & ADDR_MASK
+        del self.size_at[addr]
+        del self.start_ending_at[addr + size_bytes]
+        self.free_bytes -= size_bytes
+        self.free_bytes_by_stream[stream_key] -= size_bytes
+        if self.inserted_at is not None:
+            self.inserted_at.pop(addr, None)
+
+    # ------------------------------------------------------------------ returning blocks
+    def add(self, addr: int, size_bytes: int, stream_key: int) -> None:
+        """Insert a free block whose neighbours are known not to be free (a split remainder)."""
+        self.size_at[addr] = size_bytes
+        self.start_ending_at[addr + size_bytes] = addr
+        blocks = self.by_stream.get(stream_key)
+        if blocks is None:
+            blocks = self.by_stream[stream_key] = SortedList()
+            self.free_bytes_by_stream[stream_key] = 0
+        blocks.add(size_bytes << ADDR_BITS | addr)
+        self.free_bytes += size_bytes
+        self.free_bytes_by_stream[stream_key] += size_bytes
+        if self.inserted_at is not None:
+            self.inserted_at[addr] = self.clock
+
+    def free(self, addr: int, size_bytes: int, stream_key: int) -> int:
+        """Return a block, merging it with free neighbours of its segment; return the merge count."""
+        merges = 0
+        segment_size_at = self.segment_size_at
+        if addr not in segment_size_at:
+            prev_addr = self.start_ending_at.get(addr)
+            if prev_addr is not None:
+                prev_size = self.size_at[prev_addr]
+                self.take(stream_key, prev_size << ADDR_BITS | prev_addr)
+                addr = prev_addr
+                size_bytes += prev_size
+                merges += 1
+        end = addr + size_bytes
+        if end not in segment_size_at:
+            next_size = self.size_at.get(end)
+            if next_size is not None:
+                self.take(stream_key, next_size << ADDR_BITS | end)
+                size_bytes += next_size
+                merges += 1
+        self.add(addr, size_bytes, stream_key)
+        return merges
+
+    # ------------------------------------------------------------------ reporting
+    def largest(self) -> int:
+        """Return the size of the largest free block (0 when there is none)."""
+        best = 0
+        for blocks in self.by_stream.values():
+            if blocks and blocks[-1] >> ADDR_BITS > best:
+                best = blocks[-1] >> ADDR_BITS
+        return best
+
+    def blocks(self) -> Iterator[tuple[int, int, int]]:
+        """Yield ``(addr, size, stream_key)`` of every free block (for checks and reports)."""
+        for skey, blocks in self.by_stream.items():
+            for key in blocks:
+                yield key & ADDR_MASK, key >> ADDR_BITS, skey
+
+    def segment_of(self, addr: int) -> int:
+        """Return the start of the segment holding ``addr`` (linear scan: for checks only)."""
+        for start, size in self.segment_size_at.items():
+            if start <= addr < start + size:
+                return start
+        raise KeyError(f"no segment holds {addr:#x}")
+
+    def check(self) -> None:
+        """Raise ``AssertionError`` if the indexes disagree or two free neighbours were left unmerged."""
+        total = 0
+        by_stream_total: dict[int, int] = {}
+        count = 0
+        for addr, size, skey in self.blocks():
+            assert self.size_at.get(addr) == size, f"free block {addr:#x} missing from size_at"
+            assert self.start_ending_at.get(addr + size) == addr, f"free block {addr:#x} missing from start_ending_at"
+            seg = self.segment_of(addr)
+            assert addr + size <= seg + self.segment_size_at[seg], f"free block {addr:#x} overruns its segment"
+            assert self.segment_stream_at[seg] == skey, f"free block {addr:#x} filed under the wrong stream"
+            end = addr + size
+            if end not in self.segment_size_at and end in self.size_at:
+                raise AssertionError(f"free blocks at {addr:#x} and {end:#x} were not merged")
+            total += size
+            by_stream_total[skey] = by_stream_total.get(skey, 0) + size
+            count += 1
+        assert count == len(self.size_at) == len(self.start_ending_at), "free-block indexes differ in size"
+        assert total == self.free_bytes, f"free_bytes {self.free_bytes} != {total}"
+        for skey, value in self.free_bytes_by_stream.items():
+            assert value == by_stream_total.get(skey, 0), f"free bytes of stream {skey} drifted"
+        assert self.segment_bytes == sum(self.segment_size_at.values()), "segment_bytes drifted"
