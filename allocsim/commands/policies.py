@@ -1,0 +1,70 @@
+"""``allocsim policies``: the policies ``allocsim run --policy`` accepts, with parameters, defaults and units."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..metrics.summary import jsonable
+from .common import print_json
+
+
+def register(subparsers) -> None:
+    """Add the ``policies`` subcommand."""
+    parser = subparsers.add_parser("policies", help="list allocator policies and their parameters",
+                                   description="List the allocator policies `allocsim run --policy NAME` "
+                                               "accepts, with each parameter's default, unit and meaning "
+                                               "(set one with `--set KEY=VALUE`).")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=main)
+
+
+def type_name(kind: Any) -> str:
+    """A parameter type as a short word ("int", "float", "bool", "str", ...)."""
+    if kind is None:
+        return "any"
+    if isinstance(kind, str):
+        return kind
+    return getattr(kind, "__name__", str(kind))
+
+
+def spec_dicts() -> list[dict[str, Any]]:
+    """Every registered policy as a JSON-ready dict: name, description, params."""
+    from ..policies.registry import policy_specs
+
+    return [{
+        "name": spec.name,
+        "description": spec.description,
+        "params": [{"name": p.name, "default": jsonable(p.default), "unit": p.unit, "type": type_name(p.type),
+                    "doc": p.doc} for p in spec.params],
+    } for spec in policy_specs()]
+
+
+def format_specs(specs: list[dict[str, Any]]) -> str:
+    """Render ``spec_dicts()`` as indented text."""
+    lines = []
+    for spec in specs:
+        lines.append(f"{spec['name']:<16} {spec['description']}")
+        if not spec["params"]:
+            lines.append("    (no parameters)")
+        for p in spec["params"]:
+            default = "None" if p["default"] is None else str(p["default"])
+            unit = f" {p['unit']}" if p["unit"] else ""
+            lines.append(f"    {p['name']:<30} = {default}{unit}  ({p['type']}) {p['doc']}".rstrip())
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Print the policy list."""
+    try:
+        specs = spec_dicts()
+    except ImportError as exc:
+        print(f"allocsim policies: error: policy registry unavailable: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print_json({"policies": specs})
+    else:
+        print(format_specs(specs))
+    return 0

@@ -1,0 +1,413 @@
+"""Replay a trace through a policy: ``run_fast`` for memory alone, ``run_simpy`` for memory and time.
+
+Both paths drive the *same* policy object through the same calls (``malloc``, ``free_requested``,
+``free_completed``, ``empty_cache``), so on a single-stream trace they produce identical memory
+results; a policy knows nothing about SimPy.
+
+Start state: the allocations alive when the trace starts (``trace.initial_allocs``) are allocated
+first, in ``alloc_id`` order, each on its own stream, so every peak counts them (row 0 of the time
+series is the state after placing them; they cost no simulated time).
+
+Out of memory: the first ``OutOfMemory`` a policy raises (after its own retry path) is recorded with
+its event index (-1 for an initial allocation), time, request, and the reserved/allocated bytes at
+that moment; the run stops there, or with ``continue_on_oom=True`` every failure is recorded, the
+failed allocation is skipped and its later frees are ignored.
+
+Timing model (``run_simpy``), all times integer nanoseconds on a clock that starts at the trace's
+first timestamp:
+
+- One SimPy process per stream walks that stream's events in (t_ns, index) order. The gap between
+  two consecutive events of a stream is *work* on that stream (kernels, host code), so event ``i``
+  of stream ``s`` is issued at ``t_i + delay_s``, where ``delay_s`` accumulates everything the
+  simulation added on that stream: the latency of its allocator calls, device-wide sync stalls and
+  waits for cross-stream dependencies. (The trace's gaps already contain the real allocator's own
+  latency; simulated latency comes on top, so compare policies by their *differences*.)
+- Each allocator call takes ``CostModel.call_cost(before, after)`` from the counter differences and
+  delays that stream's later events by that much. Its memory effect happens at its issue time.
+- A call that did a cudaFree synchronises the device: for its whole duration (a *sync window*) every
+  other stream is frozen. A stream that was working (waiting for its next issue time) has its
+  remaining work pushed back by the window; a stream that wants to issue a call during a window
+  waits until it ends. Windows never overlap because no call is issued during one. ``stall_ns`` is
+  the stream-time lost to syncs: the drain (``device_sync_ns``) on the calling stream plus the time
+  every other stream (started or not, but not yet finished) was frozen. In-flight GPU work is not
+  in an allocation trace, so the drain is the cost model's constant, not the real queue depth.
+- Streams are independent issuers (as if each had its own host thread); a free whose allocation
+  was made on another stream waits until that allocation has happened (``dependency_wait_ns``).
+
+Event order: in fast mode, and in SimPy mode on a single-stream trace, the policy sees the events
+in trace order. On a multi-stream trace, delays on one stream can reorder its events relative to
+other streams' (legitimately: that is what the delays do), so peaks may differ from fast mode;
+per-stream order, each event executed exactly once, and the final requested bytes always agree.
+With a zero cost model and distinct timestamps, SimPy reproduces the trace order exactly.
+
+Multi-device traces: one device per run (``device=N``); the default is the only device, and a trace
+with several devices must name one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator, Union
+
+import numpy as np
+import simpy
+
+from .cost import OP_FREE_COMPLETED, OP_FREE_REQUESTED, OP_MALLOC, OP_OTHER, CostModel, snapshotter
+from .device import SimulatedDevice
+from .errors import AllocsimError, OutOfMemory
+from .metrics.series import Samples
+from .metrics.summary import RunInfo, build_result
+from .policies.base import Policy
+from .result import RunResult
+from .trace.schema import EventKind, Trace
+
+ALLOC, FREE_REQUESTED, FREE_COMPLETED, EMPTY_CACHE = (int(EventKind.ALLOC), int(EventKind.FREE_REQUESTED),
+                                                      int(EventKind.FREE_COMPLETED), int(EventKind.EMPTY_CACHE))
+_OPS = {ALLOC: OP_MALLOC, FREE_REQUESTED: OP_FREE_REQUESTED, FREE_COMPLETED: OP_FREE_COMPLETED}
+#: The fast loop converts this many events at a time to Python lists (keeps memory bounded).
+CHUNK_EVENTS = 1 << 16
+
+PolicyLike = Union[Policy, str, Callable[[SimulatedDevice], Policy]]
+#: ``observer(event_index, policy)`` runs after every event (and once with -1 after the start state).
+Observer = Callable[[int, Policy], None]
+
+
+def select_device(trace: Trace, device: int | None = None) -> Trace:
+    """Return the part of ``trace`` on ``device``; None means the only device (an error if several)."""
+    devices = trace.devices
+    if device is None:
+        if len(devices) > 1:
+            raise AllocsimError(f"{trace.meta.source or 'trace'} has devices {devices}; "
+                                "choose one with --device N")
+        return trace
+    if device not in devices:
+        raise AllocsimError(f"{trace.meta.source or 'trace'}: no device {device} (devices: {devices})")
+    return trace if devices == [device] else trace.for_device(device)
+
+
+def make_policy(policy: PolicyLike, *, capacity_bytes: int | None = None, params: dict | None = None,
+                allocator_settings: dict | None = None) -> Policy:
+    """Return a fresh policy; a registry name or ``factory(device)`` is built on ``SimulatedDevice(capacity_bytes)``."""
+    if isinstance(policy, Policy):
+        if capacity_bytes is not None:
+            raise ValueError("capacity_bytes needs a policy name or factory; a built policy has its device already")
+        if policy.n_mallocs or policy.live or policy.device.n_mallocs:
+            raise ValueError("the policy has been used already; pass a fresh one")
+        return policy
+    device = SimulatedDevice(capacity_bytes)
+    if isinstance(policy, str):
+        from .policies.registry import build_policy
+
+        return build_policy(policy, device=device, params=params, allocator_settings=allocator_settings)
+    return policy(device)
+
+
+class _Replay:
+    """State shared by both engines: the policy, the samples, failures and the peak-time probe."""
+
+    def __init__(self, trace: Trace, policy: Policy, *, continue_on_oom: bool, timed: bool,
+                 observer: Observer | None):
+        self.trace = trace
+        self.policy = policy
+        self.continue_on_oom = continue_on_oom
+        self.observer = observer
+        self.samples = Samples(len(trace.events) + 1, timed=timed)
+        self.t_ns = trace.column("t_ns")
+        self.t0_ns = int(self.t_ns[0]) if len(self.t_ns) else 0
+        self.failed: set[int] = set()
+        self.ooms: list[dict[str, Any]] = []
+        self.stopped = False
+        # Read reserved bytes straight from the device unless the policy redefines them.
+        self.reserved_source = policy.device if type(policy).reserved_bytes is Policy.reserved_bytes else policy
+        self.peak_reserved = -1
+        self.lfb_at_peak = 0
+
+    # ------------------------------------------------------------------ shared pieces
+    def probe_peak(self, reserved: int) -> None:
+        """Remember the largest free block whenever reserved memory reaches a new peak."""
+        if reserved > self.peak_reserved:
+            self.peak_reserved = reserved
+            self.lfb_at_peak = self.policy.largest_free_block_bytes()
+
+    def record_oom(self, event_index: int, alloc_id: int, size_bytes: int, stream: int,
+                   exc: OutOfMemory, sim_t_ns: int | None = None) -> None:
+        """Record one failed allocation; stop the run unless ``continue_on_oom``."""
+        p = self.policy
+        active = p.allocated_bytes
+        t_ns = int(self.t_ns[event_index]) if event_index >= 0 else self.t0_ns
+        self.ooms.append({
+            "event_index": int(event_index), "t_ns": t_ns,
+            "sim_t_ns": sim_t_ns if sim_t_ns is not None else t_ns,
+            "alloc_id": int(alloc_id), "stream": int(stream), "requested_bytes": int(size_bytes),
+            "reserved_bytes": int(self.reserved_source.reserved_bytes),
+            "allocated_bytes": int(active - p.pending_free_bytes), "active_bytes": int(active),
+            "largest_free_block_bytes": int(p.largest_free_block_bytes()),
+            "capacity_bytes": p.device.capacity_bytes, "reason": str(exc),
+        })
+        if self.continue_on_oom:
+            self.failed.add(alloc_id)
+        else:
+            self.stopped = True
+
+    def place_initial(self) -> None:
+        """Allocate the trace's start state (alloc_id order) and write row 0."""
+        init = self.trace.initial_allocs.sort_values("alloc_id", kind="stable")
+        malloc = self.policy.malloc
+        for aid, size, stream in zip(init["alloc_id"].tolist(), init["size_bytes"].tolist(),
+                                     init["stream"].tolist()):
+            try:
+                malloc(aid, size, stream)
+            except OutOfMemory as exc:
+                self.record_oom(-1, aid, size, stream, exc)
+                if self.stopped:
+                    break
+        reserved = self.reserved_source.reserved_bytes
+        self.samples.write(0, self.policy, reserved)
+        if self.samples.timed:
+            self.samples.sim_t_ns[0] = self.t0_ns
+        self.samples.rows = 1
+        self.probe_peak(reserved)
+        if self.observer is not None:
+            self.observer(-1, self.policy)
+
+    def apply(self, i: int, kind: int, aid: int, size: int, stream: int, sim_t_ns: int | None = None) -> int:
+        """Run event ``i`` through the policy and write its row (the generic path); return the row."""
+        p = self.policy
+        if kind == ALLOC:
+            try:
+                p.malloc(aid, size, stream)
+            except OutOfMemory as exc:
+                self.record_oom(i, aid, size, stream, exc, sim_t_ns)
+        elif kind == FREE_REQUESTED:
+            if aid not in self.failed:
+                p.free_requested(aid)
+        elif kind == FREE_COMPLETED:
+            if aid not in self.failed:
+                p.free_completed(aid)
+        elif kind == EMPTY_CACHE:
+            p.empty_cache()
+        row = self.samples.rows
+        reserved = self.reserved_source.reserved_bytes
+        self.samples.write(row, p, reserved)
+        self.samples.rows = row + 1
+        if kind == ALLOC:
+            self.probe_peak(reserved)
+        if self.observer is not None:
+            self.observer(i, p)
+        return row
+
+    # ------------------------------------------------------------------ fast path
+    def run_generic(self) -> None:
+        """Every event through ``apply`` (used when an observer is attached)."""
+        cols = [self.trace.column(c).tolist() for c in ("kind", "alloc_id", "size_bytes", "stream")]
+        for i, (kind, aid, size, stream) in enumerate(zip(*cols)):
+            self.apply(i, kind, aid, size, stream)
+            if self.stopped:
+                return
+
+    def run_loop(self) -> None:
+        """The tight loop: same calls as ``apply``, locals only, samples written only where they change."""
+        p = self.policy
+        malloc, free_requested, free_completed, empty_cache = (
+            p.malloc, p.free_requested, p.free_completed, p.empty_cache)
+        src = self.reserved_source
+        req, act, pend, res = self.samples.views()
+        failed = self.failed
+        peak = self.peak_reserved
+        kind_col, id_col, size_col, stream_col = (self.trace.column(c)
+                                                  for c in ("kind", "alloc_id", "size_bytes", "stream"))
+        n = len(kind_col)
+        row = 1
+        for start in range(0, n, CHUNK_EVENTS):
+            stop = min(n, start + CHUNK_EVENTS)
+            for kind, aid, size, stream in zip(kind_col[start:stop].tolist(), id_col[start:stop].tolist(),
+                                               size_col[start:stop].tolist(), stream_col[start:stop].tolist()):
+                if kind == 1:  # ALLOC
+                    try:
+                        malloc(aid, size, stream)
+                    except OutOfMemory as exc:
+                        self.record_oom(row - 1, aid, size, stream, exc)
+                        if self.stopped:
+                            self.samples.write(row, p, src.reserved_bytes)
+                            self.samples.rows = row + 1
+                            return
+                    r = src.reserved_bytes
+                    req[row] = p.requested_bytes
+                    act[row] = p.allocated_bytes
+                    res[row] = r
+                    if r > peak:
+                        self.probe_peak(r)
+                        peak = r
+                elif kind == 2:  # FREE_REQUESTED
+                    if not failed or aid not in failed:
+                        free_requested(aid)
+                    pend[row] = p.pending_free_bytes
+                    res[row] = src.reserved_bytes
+                elif kind == 3:  # FREE_COMPLETED
+                    if not failed or aid not in failed:
+                        free_completed(aid)
+                    req[row] = p.requested_bytes
+                    act[row] = p.allocated_bytes
+                    pend[row] = p.pending_free_bytes
+                    res[row] = src.reserved_bytes
+                elif kind == 4:  # EMPTY_CACHE
+                    empty_cache()
+                    req[row] = p.requested_bytes
+                    act[row] = p.allocated_bytes
+                    res[row] = src.reserved_bytes
+                row += 1
+        self.samples.rows = row
+
+
+def run_fast(trace: Trace, policy: PolicyLike, *, capacity_bytes: int | None = None, device: int | None = None,
+             continue_on_oom: bool = False, observer: Observer | None = None, params: dict | None = None,
+             allocator_settings: dict | None = None) -> RunResult:
+    """Replay ``trace`` through ``policy`` with no notion of time: exact memory results, as fast as possible."""
+    trace = select_device(trace, device)
+    policy = make_policy(policy, capacity_bytes=capacity_bytes, params=params,
+                         allocator_settings=allocator_settings if allocator_settings is not None
+                         else trace.meta.allocator_settings)
+    replay = _Replay(trace, policy, continue_on_oom=continue_on_oom, timed=False, observer=observer)
+    started = time.perf_counter()
+    replay.place_initial()
+    if not replay.stopped:
+        if observer is None:
+            replay.run_loop()
+        else:
+            replay.run_generic()
+    wall_s = time.perf_counter() - started
+    return build_result(replay, RunInfo(mode="fast", wall_s=wall_s))
+
+
+class _Clock:
+    """The SimPy side of a run: stream processes, sync windows and the stall accounting."""
+
+    def __init__(self, replay: _Replay, cost_model: CostModel):
+        self.replay = replay
+        self.cost_model = cost_model
+        self.env = simpy.Environment(initial_time=replay.t0_ns)
+        self.pause_total = 0      # sum of all sync windows so far (they never overlap)
+        self.sync_end = replay.t0_ns
+        self.sync_count = 0
+        self.sync_ns = 0
+        self.stall_ns = 0
+        self.dependency_wait_ns = 0
+        self.end_ns = replay.t0_ns
+        self.done: dict[int, simpy.Event] = {}
+
+    def start(self) -> None:
+        """Create one process per stream, in stream-id order (deterministic tie-breaking)."""
+        trace = self.replay.trace
+        streams = trace.column("stream")
+        deps = _cross_stream_dependencies(trace)
+        self.done = {prev: self.env.event() for prev in sorted(set(deps.values()))}
+        cols = [trace.column(c) for c in ("t_ns", "kind", "alloc_id", "size_bytes", "stream")]
+        for stream in np.unique(streams).tolist():
+            index = np.flatnonzero(streams == stream)
+            self.env.process(self.stream_process(_chunked_rows(index, cols), deps))
+
+    def stream_process(self, events: Iterator[tuple[int, ...]], deps: dict[int, int]):
+        """Walk one stream's events: wait for the work before each, issue the call, pay its latency."""
+        env, replay, cost_model, samples = self.env, self.replay, self.cost_model, self.replay.samples
+        snapshot = snapshotter(replay.policy)
+        call_cost = cost_model.call_cost
+        delay = 0
+        seen = self.pause_total
+        for i, t, kind, aid, size, stream in events:
+            target = t + delay
+            while True:  # work until the issue time; sync windows freeze it
+                if target > env.now:
+                    yield env.timeout(target - env.now)
+                extra = self.pause_total - seen
+                if not extra:
+                    break
+                seen += extra
+                target += extra
+                self.stall_ns += extra
+            prev = deps.get(i)
+            if prev is not None and not self.done[prev].triggered:
+                waited_from = env.now
+                yield self.done[prev]
+                self.dependency_wait_ns += env.now - waited_from
+                seen = self.pause_total   # a blocked stream loses nothing to windows that ended meanwhile
+            while self.sync_end > env.now:  # no call is issued inside a sync window
+                self.stall_ns += self.sync_end - env.now
+                yield env.timeout(self.sync_end - env.now)
+                seen = self.pause_total
+            if replay.stopped:
+                return
+            now = env.now
+            before = snapshot()
+            row = replay.apply(i, kind, aid, size, stream, sim_t_ns=now)
+            latency, syncs = call_cost(before, snapshot(), _OPS.get(kind, OP_OTHER))
+            samples.event_index[row] = i
+            samples.sim_t_ns[row] = now
+            samples.latency_ns[row] = latency
+            if syncs:
+                self.sync_count += 1
+                self.sync_ns += latency
+                self.pause_total += latency
+                self.sync_end = now + latency
+                self.stall_ns += round(cost_model.device_sync_ns)
+                seen = self.pause_total
+            delay = now + latency - t
+            self.end_ns = max(self.end_ns, now + latency)
+            if i in self.done:
+                self.done[i].succeed()
+            if replay.stopped:
+                return
+
+
+def _chunked_rows(index: np.ndarray, cols: list[np.ndarray]) -> Iterator[tuple[int, ...]]:
+    """Yield (index, t_ns, kind, alloc_id, size_bytes, stream) of ``index``, converting a chunk at a time."""
+    for start in range(0, len(index), CHUNK_EVENTS):
+        part = index[start:start + CHUNK_EVENTS]
+        yield from zip(part.tolist(), *(c[part].tolist() for c in cols))
+
+
+def _cross_stream_dependencies(trace: Trace) -> dict[int, int]:
+    """Map event index -> index of the previous event of the same allocation when that was on another stream."""
+    kind = trace.column("kind")
+    mem = np.flatnonzero((kind == ALLOC) | (kind == FREE_REQUESTED) | (kind == FREE_COMPLETED))
+    if len(mem) < 2:
+        return {}
+    ids = trace.column("alloc_id")[mem]
+    by_id = np.lexsort((mem, ids))
+    order, sorted_ids = mem[by_id], ids[by_id]
+    same = sorted_ids[1:] == sorted_ids[:-1]
+    prev, cur = order[:-1][same], order[1:][same]
+    streams = trace.column("stream")
+    cross = streams[prev] != streams[cur]
+    return dict(zip(cur[cross].tolist(), prev[cross].tolist()))
+
+
+def run_simpy(trace: Trace, policy: PolicyLike, cost_model: CostModel | None = None, *,
+              capacity_bytes: int | None = None, device: int | None = None, continue_on_oom: bool = False,
+              observer: Observer | None = None, params: dict | None = None,
+              allocator_settings: dict | None = None) -> RunResult:
+    """Replay ``trace`` in simulated time: memory as ``run_fast`` plus latency, sync stalls and makespan."""
+    trace = select_device(trace, device)
+    cost_model = cost_model or CostModel()
+    policy = make_policy(policy, capacity_bytes=capacity_bytes, params=params,
+                         allocator_settings=allocator_settings if allocator_settings is not None
+                         else trace.meta.allocator_settings)
+    replay = _Replay(trace, policy, continue_on_oom=continue_on_oom, timed=True, observer=observer)
+    clock = _Clock(replay, cost_model)
+    started = time.perf_counter()
+    replay.place_initial()
+    if not replay.stopped:
+        clock.start()
+        clock.env.run()
+    wall_s = time.perf_counter() - started
+    return build_result(replay, RunInfo(
+        mode="simpy", wall_s=wall_s, cost_model=cost_model, sync_count=clock.sync_count,
+        sync_ns=clock.sync_ns, stall_ns=clock.stall_ns, dependency_wait_ns=clock.dependency_wait_ns,
+        makespan_ns=clock.end_ns - replay.t0_ns))
+
+
+def simulate(trace: Trace, policy: PolicyLike, *, fast: bool = False, cost_model: CostModel | None = None,
+             **kwargs: Any) -> RunResult:
+    """``run_fast`` when ``fast`` else ``run_simpy``; keyword arguments pass through."""
+    if fast:
+        return run_fast(trace, policy, **kwargs)
+    return run_simpy(trace, policy, cost_model, **kwargs)

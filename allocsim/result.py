@@ -1,0 +1,151 @@
+"""What a run returns: ``RunResult.summary`` (JSON-ready), ``.timeseries`` (one row per event), ``.save()``.
+
+``summary`` and the files ``save`` writes are deterministic: the same trace, policy, parameters and
+cost model give byte-identical ``summary.json``. Wall-clock figures (``sim_seconds``,
+``events_per_second``) live apart in ``perf`` (and ``perf.json``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .metrics.series import with_derived
+from .units import format_bytes
+
+
+@dataclasses.dataclass
+class RunResult:
+    """Summary, per-event time series, OOM table and wall-clock performance of one simulated run."""
+
+    summary: dict[str, Any]
+    #: event_index, t_ns, kind, [sim_t_ns, latency_ns,] requested/allocated/active/reserved_bytes;
+    #: row 0 (event_index -1) is the state after the initial allocations; rows in execution order.
+    timeseries: pd.DataFrame
+    #: One row per failed allocation (the first only, unless continue_on_oom).
+    ooms: pd.DataFrame
+    #: Wall-clock figures: sim_seconds, events_per_second (not deterministic).
+    perf: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self, *, include_perf: bool = False) -> dict[str, Any]:
+        """The summary, plus the wall-clock figures when ``include_perf``."""
+        data = dict(self.summary)
+        if include_perf:
+            data.update(self.perf)
+        return data
+
+    def to_json(self, *, include_perf: bool = False, indent: int | None = 2) -> str:
+        """The summary as JSON text (deterministic unless ``include_perf``)."""
+        return json.dumps(self.to_dict(include_perf=include_perf), indent=indent, allow_nan=False)
+
+    def save(self, out_dir: str | os.PathLike) -> dict[str, Path]:
+        """Write summary.json, timeseries.parquet (with derived columns), perf.json, and ooms.parquet after an OOM."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {"summary": out / "summary.json", "timeseries": out / "timeseries.parquet",
+                 "perf": out / "perf.json"}
+        paths["summary"].write_text(self.to_json() + "\n", encoding="utf-8")
+        with_derived(self.timeseries).to_parquet(paths["timeseries"], index=False)
+        paths["perf"].write_text(json.dumps(self.perf, indent=2) + "\n", encoding="utf-8")
+        if len(self.ooms):
+            paths["ooms"] = out / "ooms.parquet"
+            self.ooms.to_parquet(paths["ooms"], index=False)
+        return paths
+
+    def format_text(self) -> str:
+        """A human-readable report in the spirit of ``torch.cuda.memory_summary()``."""
+        return format_summary(self.summary, self.perf)
+
+
+_WIDTH = 79
+
+
+def _rule(char: str = "-") -> str:
+    return "|" + char * (_WIDTH - 2) + "|"
+
+
+def _row(*cells: str, widths: tuple[int, ...] = (31, 15, 15, 13)) -> str:
+    parts = [f" {cells[0]:<{widths[0] - 1}}"]
+    parts += [f"{cell:>{width - 1}} " for cell, width in zip(cells[1:], widths[1:])]
+    return "|" + "|".join(parts) + "|"
+
+
+def _title(text: str) -> str:
+    if len(text) > _WIDTH - 4:
+        text = text[:_WIDTH - 7] + "..."
+    return "|" + text.center(_WIDTH - 2) + "|"
+
+
+def _b(value: int | None) -> str:
+    return "-" if value is None else format_bytes(int(value))
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _ns(value: int | float | None) -> str:
+    if value is None:
+        return "-"
+    value = float(value)
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:.0f} ns"
+
+
+def format_summary(s: dict[str, Any], perf: dict[str, Any] | None = None) -> str:
+    """Render a run summary as a table: metric, current (end of run), peak, peak / lower bound."""
+    trace = s.get("trace", {})
+    lines = [_rule("="),
+             _title(f"allocsim run: policy {s['policy']} ({s['mode']})"),
+             _title(f"{trace.get('source') or 'trace'}, device(s) {trace.get('devices')}, "
+                    f"{s['events_replayed']:,} of {s['events']:,} events"),
+             _rule(), _row("Metric", "Current", "Peak", "Peak / LB"), _rule()]
+    vs = s.get("peak_over_lower_bound", {})
+    for label, key in (("Requested memory", "requested"), ("Allocated memory", "allocated"),
+                       ("Active memory (incl. pending)", "active"), ("Reserved memory", "reserved")):
+        lines.append(_row(label, _b(s[f"final_{key}_bytes"]), _b(s[f"peak_{key}_bytes"]), _ratio(vs.get(key))))
+    lines.append(_row("Inactive (cached free)", _b(s["final_inactive_bytes"]), _b(s["peak_inactive_bytes"]), ""))
+    lines.append(_row("Lower bound (peak live)", "", _b(s["peak_live_lower_bound_bytes"]), "1.000"))
+    at_peak = s["at_peak_reserved"]
+    lines += [_rule(), _row("At peak reserved", "", "", ""),
+              _row("  internal fragmentation", "", _b(at_peak["internal_fragmentation_bytes"]), ""),
+              _row("  external fragmentation", "", _b(at_peak["external_fragmentation_bytes"]), ""),
+              _row("  largest free block", _b(s["largest_free_block_final_bytes"]),
+                   _b(s["largest_free_block_at_peak_bytes"]), ""),
+              _row("Fragmentation 1 - A/R", "", _ratio(s["fragmentation"]["ratio"]), ""),
+              _rule(), _row("Device and pool calls", "Count", "Bytes", ""),
+              _row("  cudaMalloc", f"{s['device_mallocs']:,}", _b(s["device_malloc_bytes"]), ""),
+              _row("  cudaFree", f"{s['device_frees']:,}", _b(s["device_free_bytes"]), "")]
+    if s.get("device_maps") or s.get("device_unmaps"):
+        lines += [_row("  page maps", f"{s['device_maps']:,}", _b(s["device_map_bytes"]), ""),
+                  _row("  page unmaps", f"{s['device_unmaps']:,}", _b(s["device_unmap_bytes"]), "")]
+    lines += [_row("  pool hits", f"{s['pool_hits']:,}", "", ""),
+              _row("  splits / merges", f"{s['splits']:,} / {s['merges']:,}", "", ""),
+              _row("  GC batches", f"{s['gc_batches']:,}", "", ""),
+              _row("  OOMs", f"{s['oom_count']:,}", "", "")]
+    lat = s.get("alloc_latency_ns")
+    if lat:
+        lines += [_rule(), _row("Time (simulated)", "p50", "p99", "max"),
+                  _row("  allocation latency", _ns(lat["p50"]), _ns(lat["p99"]), _ns(lat["max"])),
+                  _row("  device syncs / stall", f"{s['sync_count']:,}", _ns(s["stall_ns"]), ""),
+                  _row("  makespan / trace span", _ns(s["makespan_ns"]), _ns(s["trace_span_ns"]),
+                       _ratio(s["makespan_over_span"]))]
+    lines.append(_rule("="))
+    oom = s.get("oom")
+    if oom:
+        lines.append(f"OUT OF MEMORY at event {oom['event_index']} (t={oom['t_ns']} ns): "
+                     f"{_b(oom['requested_bytes'])} requested with {_b(oom['reserved_bytes'])} reserved, "
+                     f"{_b(oom['allocated_bytes'])} allocated, capacity {_b(oom['capacity_bytes'])}"
+                     + ("" if s["completed"] else "; the run stopped there"))
+    if perf and perf.get("sim_seconds") is not None:
+        eps = perf.get("events_per_second")
+        lines.append(f"simulated in {perf['sim_seconds']:.3f} s"
+                     + (f" ({eps:,.0f} events/s)" if eps else ""))
+    return "\n".join(lines)
