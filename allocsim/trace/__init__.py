@@ -54,6 +54,10 @@ def read_trace(path: str | os.PathLike, *, format: str | None = None, lenient: b
         raise
     except (OSError, EOFError, UnicodeDecodeError, MemoryError, RecursionError) as exc:
         raise TraceFormatError(path, None, f"cannot read as {fmt}: {type(exc).__name__}: {exc}") from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as exc:
+        # Readers name the record for every failure they foresee; this net keeps a damaged file
+        # the reader did not foresee from ever surfacing as a traceback.
+        raise TraceFormatError(path, None, f"malformed {fmt} data: {type(exc).__name__}: {exc}") from None
 
 
 def write_trace(trace: Trace, path: str | os.PathLike) -> None:

@@ -142,7 +142,10 @@ def _load_header(path: str, raw: bytes | str | None) -> dict:
         raise TraceFormatError(path, "header", f"metadata is not JSON: {exc}") from None
     if not isinstance(header, dict) or not isinstance(header.get("meta", {}), dict):
         raise TraceFormatError(path, "header", "metadata is not an object")
-    if header.get("allocsim_format", FORMAT_VERSION) > FORMAT_VERSION:
+    version = header.get("allocsim_format", FORMAT_VERSION)
+    if not isinstance(version, int):
+        raise TraceFormatError(path, "header", f"allocsim_format is not an integer: {version!r}")
+    if version > FORMAT_VERSION:
         raise TraceFormatError(path, "header", f"written by a newer allocsim (format {header['allocsim_format']})")
     return header
 
@@ -150,7 +153,11 @@ def _load_header(path: str, raw: bytes | str | None) -> dict:
 def _assemble(path: str, events: pd.DataFrame, header: dict, side: dict, fmt: str, lenient: bool) -> Trace:
     from .validate import validate_events
 
-    meta = TraceMeta.from_dict(header.get("meta") or {"format": fmt})
+    try:
+        meta = _meta_from_header(header, fmt)
+        labels = [str(x) for x in header.get("labels", [])]
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise TraceFormatError(path, "header", f"malformed metadata: {exc}") from None
     if meta.format != fmt:
         # Say what the file is, and remember what it was converted from.
         meta.version_hints = {**meta.version_hints, "converted_from": meta.version_hints.get("converted_from", meta.format)}
@@ -158,11 +165,26 @@ def _assemble(path: str, events: pd.DataFrame, header: dict, side: dict, fmt: st
     if meta.source and meta.source != os.path.basename(path):
         meta.version_hints = {**meta.version_hints, "converted_from_file": meta.source}
     meta.source = os.path.basename(path)
-    labels = [str(x) for x in header.get("labels", [])]
     trace = Trace(events=events, meta=meta, labels=labels, **side)
     check_schema(trace)
     validate_events(trace, path, lenient=lenient)
     return trace
+
+
+def _meta_from_header(header: dict, fmt: str) -> TraceMeta:
+    """Rebuild ``TraceMeta`` from a header, checking the types a hand-edited file could break."""
+    data = header.get("meta") or {"format": fmt}
+    meta = TraceMeta.from_dict(data)
+    for name in ("devices", "repairs", "notes"):
+        if not isinstance(getattr(meta, name), list):
+            raise TypeError(f"meta.{name} is not a list")
+    for name in ("version_hints",):
+        if not isinstance(getattr(meta, name), dict):
+            raise TypeError(f"meta.{name} is not an object")
+    if not isinstance(meta.format, str) or not isinstance(meta.source, str):
+        raise TypeError("meta.format and meta.source must be strings")
+    meta.devices = [int(d) for d in meta.devices]
+    return meta
 
 
 def write_csv(trace: Trace, path: str) -> None:
