@@ -55,6 +55,12 @@ class SimulatedDevice:
         self.n_unmaps = 0
         self.unmapped_bytes = 0
         self.n_failed_maps = 0
+        # Replay aids (fidelity checks against a recorded run; unused otherwise): addresses the next
+        # cudaMallocs should get, and a count of device calls to refuse as if the GPU were full.
+        self._address_hints: list[tuple[int, int]] = []
+        self._refuse: int | None = 0
+        self.n_adopted = 0
+        self.adopted_bytes = 0
 
     @property
     def device(self) -> "SimulatedDevice":
@@ -76,12 +82,17 @@ class SimulatedDevice:
     def malloc(self, size_bytes: int) -> int:
         """cudaMalloc: return the address of a fresh range, or raise ``DeviceOutOfMemory``."""
         footprint = self.footprint(size_bytes)
+        if self._refused():
+            self.n_failed_mallocs += 1
+            raise DeviceOutOfMemory(f"cannot reserve {footprint} bytes: the device refuses (replay)")
         if self.capacity_bytes is not None and self.reserved_bytes + footprint > self.capacity_bytes:
             self.n_failed_mallocs += 1
             raise DeviceOutOfMemory(f"cannot reserve {footprint} bytes: {self.reserved_bytes} of "
                                     f"{self.capacity_bytes} in use")
-        addr = self._next_addr
-        self._next_addr = align_up(addr + footprint, DEVICE_ALIGNMENT_BYTES)
+        addr = self._hinted_address(footprint)
+        if addr is None:
+            addr = self._next_addr
+            self._next_addr = align_up(addr + footprint, DEVICE_ALIGNMENT_BYTES)
         self._sizes[addr] = footprint
         self.reserved_bytes += footprint
         if self.reserved_bytes > self.peak_reserved_bytes:
@@ -89,6 +100,92 @@ class SimulatedDevice:
         self.n_mallocs += 1
         self.malloc_bytes += footprint
         return addr
+
+    # ------------------------------------------------------------------ replaying a recorded run
+    def adopt(self, addr: int, size_bytes: int) -> None:
+        """Take over a device allocation that already exists at ``addr`` (the start of a recorded window).
+
+        It counts in ``reserved_bytes`` (and the peak) like a cudaMalloc'd range but not as a call;
+        fresh addresses are handed out above every adopted range, so later allocations never collide.
+        """
+        if size_bytes <= 0 or addr < 0:
+            raise ValueError(f"cannot adopt [{addr:#x}, +{size_bytes})")
+        if self._overlaps(addr, size_bytes):
+            raise ValueError(f"adopted range [{addr:#x}, +{size_bytes}) overlaps device memory in use")
+        self._sizes[addr] = size_bytes
+        self._grow_reserved(size_bytes)
+        self._next_addr = max(self._next_addr, align_up(addr + size_bytes, DEVICE_ALIGNMENT_BYTES))
+        self.n_adopted += 1
+        self.adopted_bytes += size_bytes
+
+    def adopt_address_space(self, addr: int, size_bytes: int) -> None:
+        """Take over a reserved virtual range (an expandable segment existing at the window's start)."""
+        if size_bytes <= 0 or addr < 0 or self._overlaps(addr, size_bytes):
+            raise ValueError(f"cannot adopt the address range [{addr:#x}, +{size_bytes})")
+        self._address_spaces[addr] = size_bytes
+        self._next_addr = max(self._next_addr, align_up(addr + size_bytes, DEVICE_ALIGNMENT_BYTES))
+
+    def adopt_mapped(self, addr: int, size_bytes: int) -> None:
+        """Take over mapped pages inside an adopted virtual range; they count in ``reserved_bytes``."""
+        if size_bytes <= 0:
+            raise ValueError(f"cannot adopt a mapping of {size_bytes} bytes")
+        if not any(base <= addr and addr + size_bytes <= base + size
+                   for base, size in self._address_spaces.items()):
+            raise ValueError(f"mapping [{addr:#x}, +{size_bytes}) lies in no reserved address range")
+        if any(start < addr + size_bytes and addr < start + length for start, length in self._mapped.items()):
+            raise ValueError(f"mapping [{addr:#x}, +{size_bytes}) overlaps mapped pages")
+        self._mapped[addr] = size_bytes
+        self._grow_reserved(size_bytes)
+        self.adopted_bytes += size_bytes
+
+    def hint_addresses(self, hints: list[tuple[int, int]]) -> None:
+        """Ask the next cudaMallocs to return these ``(addr, size_bytes)`` (replaying a recorded run).
+
+        A malloc takes the first hint of its size whose range is free, else a fresh address; the
+        driver's choice of address is outside any allocator policy, so a replay may impose it.
+        ``hint_addresses([])`` drops the hints left over.
+        """
+        self._address_hints = list(hints)
+
+    def refuse(self, count: int | None) -> None:
+        """Make the next ``count`` device calls (cudaMalloc or map) fail as if the GPU were full.
+
+        ``None`` refuses every call until ``refuse(0)``; replays use it to reproduce a recorded
+        out-of-memory where the device's capacity is unknown.
+        """
+        if count is not None and count < 0:
+            raise ValueError("count must be >= 0 or None")
+        self._refuse = count
+
+    def _refused(self) -> bool:
+        if self._refuse is None:
+            return True
+        if self._refuse > 0:
+            self._refuse -= 1
+            return True
+        return False
+
+    def _hinted_address(self, footprint: int) -> int | None:
+        hints = self._address_hints
+        for k, (addr, size) in enumerate(hints):
+            if size == footprint and not self._overlaps(addr, footprint):
+                del hints[k]
+                self._next_addr = max(self._next_addr, align_up(addr + footprint, DEVICE_ALIGNMENT_BYTES))
+                return addr
+        return None
+
+    def _overlaps(self, addr: int, size_bytes: int) -> bool:
+        end = addr + size_bytes
+        for ranges in (self._sizes, self._address_spaces):
+            for start, length in ranges.items():
+                if start < end and addr < start + length:
+                    return True
+        return False
+
+    def _grow_reserved(self, size_bytes: int) -> None:
+        self.reserved_bytes += size_bytes
+        if self.reserved_bytes > self.peak_reserved_bytes:
+            self.peak_reserved_bytes = self.reserved_bytes
 
     def free(self, addr: int) -> None:
         """cudaFree: release the range at ``addr`` (device-wide synchronisation is the cost model's)."""
@@ -121,6 +218,9 @@ class SimulatedDevice:
         """
         if size_bytes <= 0:
             raise ValueError(f"map size must be > 0, got {size_bytes}")
+        if self._refused():
+            self.n_failed_maps += 1
+            raise DeviceOutOfMemory(f"cannot map {size_bytes} bytes: the device refuses (replay)")
         if self.capacity_bytes is not None and self.reserved_bytes + size_bytes > self.capacity_bytes:
             self.n_failed_maps += 1
             raise DeviceOutOfMemory(f"cannot map {size_bytes} bytes: {self.reserved_bytes} of "

@@ -362,3 +362,23 @@ def test_expandable_snapshot_maps_and_unmaps_exactly_like_pytorch(device, capaci
                   zip(decisions["action"], decisions["addr"], decisions["size_bytes"]) if size % (20 * MiB) == 0]
     assert large == real_large
     policy.check_invariants()
+
+
+@pytest.mark.shared
+def test_load_state_takes_over_a_real_start_state_exactly():
+    """MAGMA27's window starts mid-run: 216 segments, 227 live blocks, the free gaps between them."""
+    path = SNAPSHOTS / "MAGMA27__memory_snapshot.pickle"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent")
+    trace = read_trace(path)
+    policy = build_policy("pytorch", device=SimulatedDevice(), allocator_settings=trace.meta.allocator_settings,
+                          params={"record_decisions": True})
+    policy.load_state(trace.initial_segments, trace.initial_blocks)
+    policy.check_invariants()
+    assert policy.reserved_bytes == int(trace.initial_segments["size_bytes"].sum()) == 14_180_941_824
+    live = trace.initial_blocks[trace.initial_blocks["alloc_id"] >= 0]
+    assert len(policy.live) == len(live) == len(trace.initial_allocs)
+    assert policy.allocated_bytes == int(live["size_bytes"].sum())
+    replay(trace, policy)                     # every free of a pre-window block finds its block
+    assert policy.decisions == [] and policy.device.peak_reserved_bytes == 14_180_941_824
+    policy.check_invariants()

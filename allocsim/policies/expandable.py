@@ -188,9 +188,9 @@ class ExpandableSegments:
             if unmapped.size_at.get(base) == pool.segment_size_at[base]:
                 # Newer PyTorch frees a fully unmapped segment's address space (release_expandable_segment).
                 unmapped.take(base)
-                pool.segment_size_at.pop(base)
                 pool.segment_stream_at.pop(base)
-                pool.segment_bytes -= self.address_space_bytes
+                # A range adopted by load_state may differ from address_space_bytes.
+                pool.segment_bytes -= pool.segment_size_at.pop(base)
                 self.policy.device.release_address_space(base)
         return released
 

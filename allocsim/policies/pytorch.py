@@ -83,7 +83,127 @@ class PyTorchPolicy(PoolPolicy):
         """Return constructor kwargs from a snapshot's ``allocator_settings`` (``max_split_size`` -1 = unlimited)."""
         return allocator_settings_to_kwargs(settings)
 
+    # ------------------------------------------------------------------ start state
+    def load_state(self, segments: Any, blocks: Any) -> None:
+        """Start from an existing allocator state: a snapshot's ``initial_segments`` / ``initial_blocks``.
+
+        ``segments`` and ``blocks`` are tables (DataFrames or row dicts) with the columns of
+        ``allocsim.trace.schema.SEGMENT_DTYPES`` / ``BLOCK_DTYPES`` for ONE device. Every segment
+        is adopted by the device at its real address (reserved, not a device call); blocks with
+        ``alloc_id >= 0`` become live allocations of that id (freed later by the trace), the others
+        free blocks of their segment's stream and pool. Blocks must tile their segments exactly.
+        Expandable segments (``is_expandable``) are mapped ranges: those of one (stream, pool) share
+        one reserved virtual range starting at the lowest of them, and the gaps are unmapped.
+
+        Free pieces that touch are merged, since PyTorch never leaves two free neighbours apart
+        (``free_block`` -> ``try_merge_blocks``); nothing else here is a policy rule.
+        """
+        if self.live or self.segment_bytes() or self.device.n_mallocs or self.device.n_maps:
+            raise ValueError("load_state needs a fresh policy")
+        seg_rows = _rows(segments, ("addr", "size_bytes", "stream", "pool", "is_expandable"))
+        by_segment: dict[int, list[tuple[int, int, int, int, str]]] = {}
+        for seg_addr, addr, size, req, state, aid in _rows(
+                blocks, ("segment_addr", "addr", "size_bytes", "requested_bytes", "state", "alloc_id")):
+            by_segment.setdefault(int(seg_addr), []).append((int(addr), int(size), int(req), int(aid), str(state)))
+        plain = [r for r in seg_rows if not bool(r[4])]
+        expandable = [r for r in seg_rows if bool(r[4])]
+        if expandable and self._expandable is None:
+            raise ValueError("the start state has expandable segments but the policy has expandable_segments off")
+        if plain and self._expandable is not None:
+            # PyTorch with expandable_segments:True makes only expandable segments (no mixing).
+            raise ValueError("the start state has plain segments but the policy has expandable_segments on")
+        for addr, size, stream, pool_name, _exp in plain:
+            addr, size, stream = int(addr), int(size), int(stream)
+            pool = self.small if pool_name == "small" else self.large
+            self.device.adopt(addr, size)
+            pool.add_segment(addr, size, stream)
+            self.total_allocated_memory += size
+            self._load_blocks(pool, addr, size, stream, by_segment.pop(addr, None))
+        if expandable:
+            self._load_expandable(expandable, by_segment)
+        if by_segment:
+            raise ValueError(f"blocks of unknown segments {sorted(by_segment)[:3]}")
+
+    def _load_blocks(self, pool: FreeList, seg_addr: int, seg_size: int, stream: int,
+                     rows: list[tuple[int, int, int, int, str]] | None) -> None:
+        if not rows:
+            raise ValueError(f"segment {seg_addr:#x} has no blocks (blocks must tile every segment)")
+        # Called for a cudaMalloc'd segment or for one mapped range of an expandable segment.
+        cursor = seg_addr
+        small = pool is self.small
+        for addr, size, req, aid, state in sorted(rows):
+            if addr != cursor or size <= 0:
+                raise ValueError(f"segment {seg_addr:#x}: blocks do not tile it at {cursor:#x}")
+            cursor += size
+            if aid < 0:
+                pool.free(addr, size, stream)   # merges touching free pieces, as PyTorch keeps them
+                continue
+            if small != (size <= K_SMALL_SIZE):
+                raise ValueError(f"live block {addr:#x} of {size} bytes cannot be in the "
+                                 f"{'small' if small else 'large'} pool")
+            if aid in self.live:
+                raise ValueError(f"allocation id {aid} appears twice in the start state")
+            self.live[aid] = (addr, req, size, stream)
+            self.requested_bytes += req
+            self.allocated_bytes += size
+            if state in ("active_pending_free", "active_awaiting_free"):
+                self.pending.add(aid)
+                self.pending_free_bytes += size
+        if cursor != seg_addr + seg_size:
+            raise ValueError(f"segment {seg_addr:#x}: blocks end at {cursor:#x}, not at its end")
+
+    def _load_expandable(self, rows: list, by_segment: dict) -> None:
+        groups: dict[tuple[int, str], list[tuple[int, int]]] = {}
+        for addr, size, stream, pool_name, _exp in rows:
+            groups.setdefault((int(stream), str(pool_name)), []).append((int(addr), int(size)))
+        bases = sorted((min(a for a, _ in ranges), key) for key, ranges in groups.items())
+        for k, (base, (stream, pool_name)) in enumerate(bases):
+            pool = self.small if pool_name == "small" else self.large
+            segs = self._expandable[id(pool)]
+            ranges = sorted(groups[(stream, pool_name)])
+            span = ranges[-1][0] + ranges[-1][1] - base
+            va_size = max(segs.address_space_bytes, span)
+            if k + 1 < len(bases):
+                va_size = min(va_size, bases[k + 1][0] - base)   # never overlap the next range
+            if va_size < span:
+                raise ValueError(f"expandable segments of stream {stream} overlap another stream's")
+            self.device.adopt_address_space(base, va_size)
+            pool.add_segment(base, va_size, stream)
+            cursor = base
+            for addr, size in ranges:
+                if addr > cursor:
+                    segs.unmapped.add(cursor, addr - cursor, stream, pool.segment_size_at)
+                self.device.adopt_mapped(addr, size)
+                self.total_allocated_memory += size
+                # Blocks tile each mapped range; free ones cannot merge across the unmapped gaps
+                # because unmapped pages are not in the free list.
+                self._load_blocks(pool, addr, size, stream, by_segment.pop(addr, None))
+                cursor = addr + size
+            if cursor < base + va_size:
+                segs.unmapped.add(cursor, base + va_size - cursor, stream, pool.segment_size_at)
+
     # ------------------------------------------------------------------ malloc
+    def rounded_size(self, size_bytes: int) -> int:
+        """``round_size`` with this policy's ``roundup_power2_divisions``."""
+        if size_bytes < K_MIN_BLOCK_SIZE:
+            return K_MIN_BLOCK_SIZE
+        if self.roundup_power2_divisions is None:
+            return -(-size_bytes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+        return round_size(size_bytes, self.roundup_power2_divisions)
+
+    def would_reuse(self, size_bytes: int, stream: int) -> bool:
+        """Tell (changing nothing) whether a request would be served from cached free blocks.
+
+        The first step of ``DeviceCachingAllocator::malloc`` (``c10/cuda/CUDACachingAllocator.cpp``):
+        ``round_size`` -> ``get_pool`` -> ``get_free_block`` with its oversize rules. A replay uses it
+        to tell an ``empty_cache()`` from the cudaMalloc-failure path (which needs a miss here).
+        """
+        if size_bytes == 0:
+            return True
+        size = self.rounded_size(size_bytes)
+        pool = self.small if size <= K_SMALL_SIZE else self.large
+        return self._get_free_block(pool, stream, size) >= 0
+
     def _do_malloc(self, alloc_id: int, size_bytes: int, stream: int) -> tuple[int, int]:
         self.last_stream = stream
         if size_bytes == 0:
@@ -307,3 +427,10 @@ class PyTorchPolicy(PoolPolicy):
         assert self.device.reserved_bytes == self.total_allocated_memory, "device and PyTorch disagree on reserved"
         for _a, _r, allocated, _s in self.live.values():
             assert allocated % K_MIN_BLOCK_SIZE == 0, "block size not a multiple of 512"
+
+
+def _rows(table: Any, columns: tuple[str, ...]) -> list[tuple]:
+    """Rows of a DataFrame (or a list of dicts) as tuples of ``columns``."""
+    if hasattr(table, "columns"):
+        return list(zip(*(table[c].tolist() for c in columns)))
+    return [tuple(row[c] for c in columns) for row in table]
