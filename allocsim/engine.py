@@ -121,6 +121,8 @@ class _Replay:
         self.reserved_source = policy.device if type(policy).reserved_bytes is Policy.reserved_bytes else policy
         self.peak_reserved = -1
         self.lfb_at_peak = 0
+        self.start_state = "allocated"
+        self.start_state_note = ""
 
     # ------------------------------------------------------------------ shared pieces
     def probe_peak(self, reserved: int) -> None:
@@ -149,9 +151,34 @@ class _Replay:
         else:
             self.stopped = True
 
+    def load_recorded_state(self) -> bool:
+        """Adopt the real allocator's start state (segments and blocks) when the policy can; say if it did.
+
+        PyTorch snapshots record where every block lived; a policy with ``load_state`` (the pytorch
+        preset) starts from exactly that layout instead of re-allocating the start state, so peaks
+        and later placements are those of the real run, not of a fresh allocator.
+        """
+        trace, policy = self.trace, self.policy
+        load_state = getattr(policy, "load_state", None)
+        if load_state is None or not len(trace.initial_segments) or not len(trace.initial_blocks):
+            return False
+        live_in_blocks = set(trace.initial_blocks["alloc_id"].tolist()) - {-1}
+        if live_in_blocks != set(trace.initial_allocs["alloc_id"].tolist()):
+            return False  # the reconstruction left some start allocations outside the segments
+        try:
+            load_state(trace.initial_segments, trace.initial_blocks)
+        except ValueError as exc:
+            # e.g. expandable_segments overridden against the recorded layout: start fresh instead.
+            self.start_state_note = f"recorded start state not used: {exc}"
+            return False
+        return True
+
     def place_initial(self) -> None:
-        """Allocate the trace's start state (alloc_id order) and write row 0."""
+        """Place the trace's start state (recorded layout, else allocations in alloc_id order); write row 0."""
+        self.start_state = "recorded" if self.load_recorded_state() else "allocated"
         init = self.trace.initial_allocs.sort_values("alloc_id", kind="stable")
+        if self.start_state == "recorded":
+            init = init.iloc[:0]
         malloc = self.policy.malloc
         for aid, size, stream in zip(init["alloc_id"].tolist(), init["size_bytes"].tolist(),
                                      init["stream"].tolist()):

@@ -136,6 +136,9 @@ def summarize(replay: "_Replay", info: RunInfo, timeseries: pd.DataFrame) -> dic
         "completed": not replay.stopped,
         "initial_allocs": int(len(trace.initial_allocs)),
         "initial_alloc_bytes": int(trace.initial_allocs["size_bytes"].sum()),
+        # "recorded": the real allocator's start layout was adopted; "allocated": re-allocated in order.
+        "start_state": replay.start_state,
+        "start_state_note": replay.start_state_note or None,
     }
     for name, (value, _) in peaks.items():
         summary[f"peak_{name}_bytes"] = value
