@@ -5,12 +5,11 @@
 # 1. Downloads wheels (Python 3.12, manylinux x86-64, no dependencies) into .whl/ at the repository
 #    root: allocsim's pure-Python dependencies that the GPU image may lack (simpy, sortedcontainers,
 #    tqdm), plus any names given as arguments. The GPU image already has numpy, pandas, pyarrow,
-#    matplotlib, CuPy (cupy-cuda13x) and PyTorch (see /work/.library/device/KINDS.md); run_gpu.sh
+#    matplotlib, CuPy (cupy-cuda13x) and PyTorch; run_gpu.sh
 #    installs a wheel only when `python3 -c "import X"` fails there.
 # 2. Copies one real PyTorch snapshot from ../shared/traces (when present) into .gpu_traces/, so
 #    that the GPU run validates a shared trace too (../shared does not travel to the GPU machine).
-# Both folders are ignored through .git/info/exclude (added here if missing) and must be named in
-# the device tool's `carry`: ["./.whl", ".gpu_traces"] -> carry: [".whl", ".gpu_traces"].
+# Both folders are git-ignored; copy them to the GPU machine together with the working tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

@@ -5,8 +5,7 @@
 #     bash validate/fetch_wheels.sh          # here, once: wheels into .whl/, a shared snapshot into .gpu_traces/
 #     bash validate/run_gpu.sh               # there: results into $OUT (or validate/results/gpu)
 #
-# With this workplace's device tool: run(command="bash validate/run_gpu.sh", carry=[".whl", ".gpu_traces"],
-# timeout_s=540). Expected: 4-6 minutes (a minute or two more for the machine to start).
+# .whl/ and .gpu_traces/ are git-ignored: copy them to the GPU machine with the tree. Expected: 4-6 minutes.
 #
 # Steps, each under its own time limit inside an overall budget (BUDGET_S, default 450 s); a failed or
 # timed-out step is logged and the script goes on to the next one:
@@ -21,7 +20,7 @@
 #   6. a shared PyTorch snapshot copied into .gpu_traces/ (if any), policies and real allocators
 #   7. the captured trace, policies and real allocators
 #   8. merge everything into report.md + results.json; 9. the GPU-marked tests, if time is left
-# Files in the output folder (at most 8 come back from the device tool): report.md, results.json,
+# Files in the output folder (kept to five): report.md, results.json,
 # calibration.json, captured_mlp.parquet, log.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
