@@ -69,6 +69,18 @@ def cost_model_from_args(args: argparse.Namespace) -> CostModel:
     return CostModel.from_overrides(overrides, base=base) if overrides else base
 
 
+def device_for(capacity_bytes: int | None, cost_model: CostModel) -> SimulatedDevice:
+    """A simulated device with the footprint rule a calibration measured (``_granularity_bytes`` keys), if any."""
+    footprint = {}
+    for key in ("granularity_bytes", "small_granularity_bytes"):
+        value = cost_model.provenance.get(f"_{key}")
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"cost model _{key}: not a positive integer: {value!r}")
+            footprint[key] = value
+    return SimulatedDevice(capacity_bytes, **footprint)
+
+
 def find_spec(name: str) -> Any:
     """The registry's ``PolicySpec`` called ``name``; ``ValueError`` listing the names if there is none."""
     from ..policies.registry import policy_specs
@@ -84,12 +96,13 @@ def execute(args: argparse.Namespace):
     from ..policies.registry import build_policy
 
     capacity = parse_bytes(args.capacity) if args.capacity is not None else None
-    cost_model = None if args.fast else cost_model_from_args(args)
+    calibrated = cost_model_from_args(args)
+    cost_model = None if args.fast else calibrated
     spec = find_spec(args.policy)
     params = policy_params(args.settings)
     trace = select_device(load_trace(args), args.device)
     try:
-        policy = build_policy(spec.name, device=SimulatedDevice(capacity), params=params or None,
+        policy = build_policy(spec.name, device=device_for(capacity, calibrated), params=params or None,
                               allocator_settings=trace.meta.allocator_settings)
     except (KeyError, TypeError) as exc:
         raise ValueError(f"policy {spec.name}: {exc}") from None
