@@ -117,6 +117,10 @@ class PaddleNaivePolicy(PoolPolicy):
     def segment_bytes(self) -> int:
         return super().segment_bytes() + sum(self._huge.values())
 
+    def huge_chunks(self) -> dict[int, int]:
+        """``addr -> bytes`` of the direct cudaMallocs that bypass the pool (for reports; a copy)."""
+        return dict(self._huge)
+
     def params(self) -> dict[str, Any]:
         return {
             "fraction_of_gpu_memory_to_use": self.fraction_of_gpu_memory_to_use,
