@@ -382,3 +382,14 @@ def test_load_state_takes_over_a_real_start_state_exactly():
     replay(trace, policy)                     # every free of a pre-window block finds its block
     assert policy.decisions == [] and policy.device.peak_reserved_bytes == 14_180_941_824
     policy.check_invariants()
+
+
+def test_max_split_size_below_20_mib_is_refused_like_pytorch():
+    import pytest as _pytest
+
+    from allocsim.device import SimulatedDevice
+    from allocsim.policies.registry import build_policy
+
+    with _pytest.raises(ValueError, match="at least 20971520"):
+        build_policy("pytorch", device=SimulatedDevice(), params={"max_split_size": "8MiB"})
+    assert build_policy("pytorch", device=SimulatedDevice(), params={"max_split_size": "20MiB"}).max_split_size_bytes == 20 << 20

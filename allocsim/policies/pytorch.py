@@ -50,6 +50,11 @@ class PyTorchPolicy(PoolPolicy):
                          small_pool_max_bytes=K_SMALL_SIZE, stream_bound=True, oom_release="all")
         if max_split_size_bytes is not None and max_split_size_bytes < 0:
             max_split_size_bytes = None   # a snapshot's -1
+        if max_split_size_bytes is not None and max_split_size_bytes < K_LARGE_BUFFER:
+            # CUDAAllocatorConfig::parseMaxSplitSize refuses values under kLargeBuffer (20 MB): below it a
+            # 20 MiB segment would be oversize yet split, which the allocator's rules never produce.
+            raise ValueError(f"max_split_size must be at least {K_LARGE_BUFFER} bytes (20MiB), as in PyTorch; "
+                             f"got {max_split_size_bytes}")
         if not 0.0 <= garbage_collection_threshold < 1.0:
             raise ValueError("garbage_collection_threshold must be in [0, 1)")
         if memory_fraction is not None and not 0.0 <= memory_fraction <= 1.0:
