@@ -1,0 +1,98 @@
+"""``allocsim sweep TRACE... --policy NAME --grid KEY=V1,V2 -o RESULTS.parquet``: run a parameter grid.
+
+One row per trace x policy x parameter point with every ``allocsim run --json`` metric; rows are
+journaled as they finish (``RESULTS.parquet.parts/``), so a killed sweep resumes where it stopped.
+Bad grids (unknown policy or key, malformed items) exit 2 before anything runs; a config that fails
+(a bad value) is a row with an ``error``. Exit 0 when every row finished, 1 when some did not
+(rerun to finish them), 130 on Ctrl-C (finished rows are kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import AllocsimError
+from ..units import parse_bytes
+
+
+def register(subparsers) -> None:
+    """Add the ``sweep`` subcommand."""
+    parser = subparsers.add_parser(
+        "sweep", help="replay traces through a grid of policies and parameters (resumable, parallel)",
+        description="Replay each TRACE through every point of each policy's parameter grid and write one\n"
+                    "row per trace x policy x parameters with every `allocsim run --json` metric to a\n"
+                    "Parquet file. Finished rows are journaled in RESULTS.parquet.parts/: rerunning the\n"
+                    "same command skips them. Pick winners with `allocsim winners RESULTS.parquet`.",
+        epilog="examples:\n"
+               "  allocsim sweep traces/bert_fp32.json.gz --policy pytorch --capacity 16GiB \\\n"
+               "      --set memory_fraction=1 --grid max_split_size=none,256MiB "
+               "--grid garbage_collection_threshold=0,0.6 -o results.parquet\n"
+               "  allocsim sweep T1 T2 --grid-file grid.json --fast -o results.parquet --dask local --workers 4\n"
+               "grid file: {\"pytorch\": {\"max_split_size\": [\"none\", \"256MiB\"]}, "
+               "\"deferred-gc\": {\"threshold\": [\"0\", \"64MiB\"]}}",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (any format allocsim reads)")
+    parser.add_argument("--policy", action="append", default=[], metavar="NAME",
+                        help="policy to sweep (repeatable; default: the grid file's policies)")
+    parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                        help="sweep a parameter over values (repeatable; every --policy must accept KEY); "
+                             "commas inside [...] stay in one value")
+    parser.add_argument("--grid-file", metavar="FILE",
+                        help="JSON object: policy -> {key: [values]} (keys scoped per policy)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                        help="fix a parameter for every policy (repeatable)")
+    parser.add_argument("--capacity", metavar="SIZE", help="device memory, e.g. 16GiB (default: unlimited)")
+    parser.add_argument("--device", type=int, metavar="N", help="device to replay (required if a trace has several)")
+    parser.add_argument("--fast", action="store_true", help="no timing: memory results only, much faster")
+    parser.add_argument("-o", "--output", required=True, metavar="RESULTS.parquet", help="results file to write")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--scheduler", metavar="ADDRESS",
+                       help="run on an existing Dask cluster (tcp://HOST:PORT); traces must be readable there")
+    where.add_argument("--dask", metavar="local", choices=["local"],
+                       help="start a Dask LocalCluster of --workers processes")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="worker processes (default: CPU count; 1 = run here, no pool)")
+    parser.add_argument("--retry-errors", action="store_true",
+                        help="recompute journaled rows that ended in an error")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
+    parser.set_defaults(func=main)
+
+
+def _text_report(report) -> str:
+    lines = [f"{report.rows} of {report.expected} rows in {report.output} "
+             f"({report.computed} computed, {report.skipped} from the journal, {report.errors} with errors) "
+             f"in {report.wall_seconds:.1f} s on {report.executor}"]
+    for failure in report.failed[:10]:
+        lines.append(f"  not finished: {failure}")
+    if report.failed:
+        lines.append(f"{len(report.failed)} rows did not finish; rerun the same command to retry them")
+    if report.rows:
+        lines.append(f"next: allocsim winners {report.output}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Build the grid (exit 2 on bad input), run the sweep, print the report."""
+    from ..sweep import build_configs, executor_from_options, run_sweep
+
+    try:
+        configs = build_configs(args.policy, args.grid, args.settings, args.grid_file)
+        capacity = parse_bytes(args.capacity) if args.capacity is not None else None
+        executor = executor_from_options(args.workers, args.scheduler, args.dask)
+        progress = not args.json and sys.stderr.isatty()
+        report = run_sweep(args.traces, configs, output=args.output, capacity_bytes=capacity, device=args.device,
+                           fast=args.fast, executor=executor, retry_errors=args.retry_errors, progress=progress)
+    except (AllocsimError, ValueError, OSError) as exc:
+        print(f"allocsim sweep: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"allocsim sweep: interrupted; finished rows are kept in {args.output}.parts "
+              "(rerun the same command to resume)", file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(_text_report(report))
+    return 0 if report.complete else 1

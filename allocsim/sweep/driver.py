@@ -1,0 +1,146 @@
+"""Run a sweep end to end: ``run_sweep(traces, configs, output=...) -> SweepReport``.
+
+1. Hash every trace file (the row key uses the content, not the path) and build the tasks.
+2. Load the journal beside ``output`` and skip every task whose row is already there (resume).
+3. Run the rest on the executor; journal each row the moment it arrives (a kill loses no finished row).
+4. Write ``output`` from the journaled rows of *this* sweep, in (trace, policy, grid) order, even
+   when interrupted (marked incomplete in the file's metadata); compact the journal when complete.
+
+Test hooks: ``stop_after_rows=k`` raises ``SweepStopped`` after k new rows are journaled; the
+environment variable ``ALLOCSIM_SWEEP_KILL_AFTER_ROWS=k`` SIGKILLs this process at the same point
+(a real crash, for resume tests).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .executors import InProcessExecutor, make_executor
+from .grid import Config
+from .journal import Journal, journal_dir
+from .results import write_results
+from .tasks import file_sha256, make_tasks
+
+KILL_ENV = "ALLOCSIM_SWEEP_KILL_AFTER_ROWS"
+
+
+class SweepStopped(RuntimeError):
+    """Raised by the ``stop_after_rows`` test hook once that many rows are journaled."""
+
+
+@dataclass
+class SweepReport:
+    """What a sweep did: row counts, failures, where the results are and how long it took."""
+
+    output: str
+    journal: str
+    executor: str
+    expected: int                  # rows this sweep asks for
+    rows: int = 0                  # rows in the results file
+    computed: int = 0              # rows simulated by this invocation
+    skipped: int = 0               # rows found finished in the journal
+    errors: int = 0                # rows whose config failed (``error`` column set)
+    failed: list[str] = field(default_factory=list)   # tasks that did not finish (retried on rerun)
+    complete: bool = False
+    wall_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (what ``allocsim sweep --json`` prints)."""
+        return {"output": self.output, "journal": self.journal, "executor": self.executor,
+                "expected_rows": self.expected, "rows": self.rows, "computed": self.computed,
+                "skipped": self.skipped, "errors": self.errors, "failed": len(self.failed),
+                "failures": self.failed[:20], "complete": self.complete,
+                "wall_seconds": round(self.wall_seconds, 3)}
+
+
+def hash_traces(paths: list[str], log: Callable[[str], None]) -> list[tuple[str, str]]:
+    """(path, sha256) for each existing trace file; the same content twice is swept once."""
+    out, seen = [], {}
+    for path in paths:
+        if not os.path.isfile(path):
+            raise ValueError(f"trace not found: {path}")
+        sha = file_sha256(path)
+        if sha in seen:
+            log(f"{path} has the same content as {seen[sha]}; sweeping it once")
+            continue
+        seen[sha] = path
+        out.append((path, sha))
+    return out
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, disable=not enabled, file=sys.stderr, unit="run", dynamic_ncols=True,
+                desc="sweep", smoothing=0.1)
+
+
+def _stderr(message: str) -> None:
+    print(f"allocsim sweep: {message}", file=sys.stderr)
+
+
+def run_sweep(traces: list[str], configs: list[Config], *, output: str | os.PathLike,
+              capacity_bytes: int | None = None, device: int | None = None, fast: bool = False,
+              executor: Any = None, retry_errors: bool = False, progress: bool = False,
+              log: Callable[[str], None] = _stderr, stop_after_rows: int | None = None) -> SweepReport:
+    """Sweep ``configs`` over ``traces``; see the module docstring. ``executor`` defaults to in-process."""
+    started = time.perf_counter()
+    executor = executor or InProcessExecutor()
+    output = os.fspath(output)
+    tasks = make_tasks(hash_traces(list(traces), log), configs, capacity_bytes=capacity_bytes,
+                       device=device, fast=fast)
+    tasks.sort(key=lambda t: t.order)
+    journal = Journal(journal_dir(output))
+    finished = journal.load()
+    if retry_errors:
+        finished = {k: r for k, r in finished.items() if r.get("error") is None}
+    wanted = {t.row_key for t in tasks}
+    todo = [t for t in tasks if t.row_key not in finished]
+    report = SweepReport(output=output, journal=str(journal.directory), executor=executor.name,
+                         expected=len(tasks), skipped=len(wanted & finished.keys()))
+    if report.skipped:
+        log(f"resuming: {report.skipped} of {len(tasks)} rows already finished in {journal.directory}; "
+            f"running {len(todo)}")
+    kill_after = int(os.environ.get(KILL_ENV, "0") or 0)
+    try:
+        if todo:
+            with executor, _progress(len(todo), progress) as bar:
+                for task, outcome in executor.run(todo):
+                    bar.update(1)
+                    if not isinstance(outcome, dict):
+                        report.failed.append(f"{task.trace} {task.policy} {task.params_json}: "
+                                             f"{type(outcome).__name__}: {outcome}")
+                        continue
+                    journal.write(outcome)
+                    finished[task.row_key] = outcome
+                    report.computed += 1
+                    if kill_after and report.computed >= kill_after:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    if stop_after_rows is not None and report.computed >= stop_after_rows:
+                        raise SweepStopped(f"stopped after {report.computed} rows (test hook)")
+    finally:
+        rows = []
+        for task in tasks:
+            row = finished.get(task.row_key)
+            if row is not None:
+                rows.append({**row, "trace": task.trace})
+        report.rows = len(rows)
+        report.errors = sum(row.get("error") is not None for row in rows)
+        report.complete = report.rows == len(tasks)
+        write_results(rows, output, complete=report.complete, expected_rows=len(tasks))
+        if report.complete:
+            journal.compact()
+        report.wall_seconds = time.perf_counter() - started
+    return report
+
+
+def executor_from_options(workers: int | None, scheduler: str | None, dask: str | None):
+    """``--workers``, ``--scheduler``, ``--dask local`` -> an executor (``ValueError`` on bad combinations)."""
+    if dask is not None and dask != "local":
+        raise ValueError(f"--dask {dask}: only 'local' is supported (use --scheduler ADDRESS for a cluster)")
+    return make_executor(workers=workers, scheduler=scheduler, dask_local=dask == "local")

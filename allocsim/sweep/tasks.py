@@ -1,0 +1,86 @@
+"""What one sweep row needs, small enough to ship to any worker: ``Task`` (a path, never the trace itself).
+
+A row is keyed by ``(allocsim version, trace_sha256, policy, params_json, capacity_bytes, device, fast)``:
+``Task.row_key`` is the SHA-256 of that tuple as canonical JSON. The same key always gives the same
+deterministic summary, which is what lets a sweep skip finished rows on resume and compare
+executors row for row. The version is in the key because a new simulator may give new results:
+rows journaled by another version are recomputed, never reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import __version__
+from .grid import Config
+
+#: Read files in blocks of this size when hashing them.
+HASH_BLOCK_BYTES = 1 << 20
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file's bytes (streamed: constant memory for any size)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(HASH_BLOCK_BYTES), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def row_key(trace_sha256: str, policy: str, params_json: str, capacity_bytes: int | None,
+            device: int | None, fast: bool) -> str:
+    """Hex SHA-256 identifying a row; equal keys mean equal deterministic results."""
+    text = json.dumps([__version__, trace_sha256, policy, params_json, capacity_bytes, device, bool(fast)],
+                      separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True, eq=False)
+class Task:
+    """One simulation to run: trace file (+ its hash), policy and canonical params, run options."""
+
+    trace: str                 # the path as the user gave it (the ``trace`` column)
+    trace_path: str            # absolute path the worker opens
+    trace_sha256: str
+    policy: str
+    params: dict[str, Any] = field(repr=False)
+    params_json: str = "{}"
+    param_texts: dict[str, str] = field(default_factory=dict, repr=False)
+    capacity_bytes: int | None = None
+    device: int | None = None
+    fast: bool = False
+    #: (trace position, config position): the row order of the results file.
+    order: tuple[int, int] = (0, 0)
+
+    @property
+    def row_key(self) -> str:
+        """See ``row_key()``."""
+        return row_key(self.trace_sha256, self.policy, self.params_json, self.capacity_bytes,
+                       self.device, self.fast)
+
+    def key_columns(self) -> dict[str, Any]:
+        """The identifying columns every row starts with (``param.<key>`` holds ``--set`` texts)."""
+        cols: dict[str, Any] = {"trace": self.trace, "trace_sha256": self.trace_sha256, "policy": self.policy,
+                                "params_json": self.params_json}
+        cols.update({f"param.{k}": v for k, v in self.param_texts.items()})
+        cols.update({"capacity_bytes": self.capacity_bytes, "device": self.device, "fast": self.fast,
+                     "row_key": self.row_key})
+        return cols
+
+
+def make_tasks(traces: list[tuple[str, str]], configs: list[Config], *, capacity_bytes: int | None = None,
+               device: int | None = None, fast: bool = False) -> list[Task]:
+    """The trace-major product of ``traces`` ((path, sha256) pairs) and ``configs``."""
+    tasks = []
+    for i, (path, sha) in enumerate(traces):
+        absolute = os.path.abspath(path)
+        for config in configs:
+            tasks.append(Task(trace=path, trace_path=absolute, trace_sha256=sha, policy=config.policy,
+                              params=dict(config.params), params_json=config.params_json,
+                              param_texts=dict(config.texts), capacity_bytes=capacity_bytes, device=device,
+                              fast=fast, order=(i, config.order)))
+    return tasks
