@@ -34,6 +34,18 @@ first timestamp:
 - Streams are independent issuers (as if each had its own host thread); a free whose allocation
   was made on another stream waits until that allocation has happened (``dependency_wait_ns``).
 
+Speed (results are the same as with one SimPy event and one policy call per trace event):
+
+- A stream process moves the clock itself (``_Environment.advance_to``) whenever no other event is
+  due before its next call, which is exactly when a timeout would have resumed it next; it yields
+  to SimPy only when another stream (or a sync window, or a dependency) is due first, so a
+  single-stream trace runs without any SimPy event. The counters ``call_cost`` compares are
+  snapshotted once per call (the snapshot after one call is the one before the next), and not at
+  all for ``Policy.free_requested``, which can make no device call.
+- A policy with a batch fast path (``Policy.replay_run``, the ``pytorch`` preset) replays runs of
+  events that need no device call itself, in both modes; the engine takes each event it stops at
+  through the per-event methods (``stepper``) and hands the rest back.
+
 Event order: in fast mode, and in SimPy mode on a single-stream trace, the policy sees the events
 in trace order. On a multi-stream trace, delays on one stream can reorder its events relative to
 other streams' (legitimately: that is what the delays do), so peaks may differ from fast mode;
@@ -47,6 +59,7 @@ with several devices must name one.
 from __future__ import annotations
 
 import time
+from itertools import islice
 from typing import Any, Callable, Iterator, Union
 
 import numpy as np
@@ -57,15 +70,16 @@ from .device import SimulatedDevice
 from .errors import AllocsimError, OutOfMemory
 from .metrics.series import Samples
 from .metrics.summary import RunInfo, build_result
-from .policies.base import Policy
+from .policies.base import Policy, ReplayRun
 from .result import RunResult
 from .trace.schema import EventKind, Trace
 
 ALLOC, FREE_REQUESTED, FREE_COMPLETED, EMPTY_CACHE = (int(EventKind.ALLOC), int(EventKind.FREE_REQUESTED),
                                                       int(EventKind.FREE_COMPLETED), int(EventKind.EMPTY_CACHE))
 _OPS = {ALLOC: OP_MALLOC, FREE_REQUESTED: OP_FREE_REQUESTED, FREE_COMPLETED: OP_FREE_COMPLETED}
-#: The fast loop converts this many events at a time to Python lists (keeps memory bounded).
-CHUNK_EVENTS = 1 << 16
+#: Both loops convert this many events at a time to Python lists (keeps memory bounded: ~40 B per
+#: event and column while a chunk is alive).
+CHUNK_EVENTS = 1 << 13
 
 PolicyLike = Union[Policy, str, Callable[[SimulatedDevice], Policy]]
 #: ``observer(event_index, policy)`` runs after every event (and once with -1 after the start state).
@@ -123,6 +137,7 @@ class _Replay:
         self.lfb_at_peak = 0
         self.start_state = "allocated"
         self.start_state_note = ""
+        self.views = self.samples.views()   # memoryviews of (requested, active, pending, reserved)
 
     # ------------------------------------------------------------------ shared pieces
     def probe_peak(self, reserved: int) -> None:
@@ -223,6 +238,53 @@ class _Replay:
             self.observer(i, p)
         return row
 
+    def stepper(self) -> Callable[..., int]:
+        """Return ``step(i, kind, aid, size, stream, sim_t_ns) -> row``: ``apply`` for a run with no observer.
+
+        Same calls and rows as ``apply``, but it writes only the sample columns the event can change
+        (the others stay ``UNCHANGED`` and are forward-filled, as in ``run_loop``), and it is a
+        closure over the run's state because the SimPy loop calls it once per event.
+        """
+        p, samples, failed, src = self.policy, self.samples, self.failed, self.reserved_source
+        malloc, free_requested, free_completed, empty_cache = (
+            p.malloc, p.free_requested, p.free_completed, p.empty_cache)
+        req, act, pend, res = self.views
+
+        def step(i: int, kind: int, aid: int, size: int, stream: int, sim_t_ns: int | None = None) -> int:
+            row = samples.rows
+            if kind == ALLOC:
+                try:
+                    malloc(aid, size, stream)
+                except OutOfMemory as exc:
+                    self.record_oom(i, aid, size, stream, exc, sim_t_ns)
+                reserved = src.reserved_bytes
+                req[row] = p.requested_bytes
+                act[row] = p.allocated_bytes
+                res[row] = reserved
+                if reserved > self.peak_reserved:
+                    self.probe_peak(reserved)
+            elif kind == FREE_REQUESTED:
+                if not failed or aid not in failed:
+                    free_requested(aid)
+                pend[row] = p.pending_free_bytes
+                res[row] = src.reserved_bytes
+            elif kind == FREE_COMPLETED:
+                if not failed or aid not in failed:
+                    free_completed(aid)
+                req[row] = p.requested_bytes
+                act[row] = p.allocated_bytes
+                pend[row] = p.pending_free_bytes
+                res[row] = src.reserved_bytes
+            elif kind == EMPTY_CACHE:
+                empty_cache()
+                req[row] = p.requested_bytes
+                act[row] = p.allocated_bytes
+                res[row] = src.reserved_bytes
+            samples.rows = row + 1
+            return row
+
+        return step
+
     # ------------------------------------------------------------------ fast path
     def run_generic(self) -> None:
         """Every event through ``apply`` (used when an observer is attached)."""
@@ -234,11 +296,14 @@ class _Replay:
 
     def run_loop(self) -> None:
         """The tight loop: same calls as ``apply``, locals only, samples written only where they change."""
+        if self.policy.replay_run is not None:   # the policy replays runs of events itself
+            self.run_batched()
+            return
         p = self.policy
         malloc, free_requested, free_completed, empty_cache = (
             p.malloc, p.free_requested, p.free_completed, p.empty_cache)
         src = self.reserved_source
-        req, act, pend, res = self.samples.views()
+        req, act, pend, res = self.views
         failed = self.failed
         peak = self.peak_reserved
         kind_col, id_col, size_col, stream_col = (self.trace.column(c)
@@ -285,6 +350,32 @@ class _Replay:
                 row += 1
         self.samples.rows = row
 
+    def run_batched(self) -> None:
+        """``run_loop`` for a policy with ``replay_run``: it runs what it can, ``step`` the events it leaves."""
+        replay_run, samples = self.policy.replay_run, self.samples
+        step = self.stepper()
+        run = ReplayRun(*self.views[:3])
+        columns = [self.trace.column(c) for c in ("kind", "alloc_id", "size_bytes", "stream")]
+        n = len(columns[0])
+        run.row = 1
+        for start in range(0, n, CHUNK_EVENTS):
+            run.kind, run.alloc_id, run.size_bytes, run.stream = (c[start:start + CHUNK_EVENTS].tolist()
+                                                                  for c in columns)
+            run.pos = 0
+            chunk_events = len(run.kind)
+            while True:
+                replay_run(run)
+                pos = run.pos
+                if pos >= chunk_events:
+                    break
+                samples.rows = run.row
+                step(start + pos, run.kind[pos], run.alloc_id[pos], run.size_bytes[pos], run.stream[pos])
+                if self.stopped:
+                    return
+                run.pos = pos + 1
+                run.row = samples.rows
+        samples.rows = run.row
+
 
 def run_fast(trace: Trace, policy: PolicyLike, *, capacity_bytes: int | None = None, device: int | None = None,
              continue_on_oom: bool = False, observer: Observer | None = None, params: dict | None = None,
@@ -306,21 +397,44 @@ def run_fast(trace: Trace, policy: PolicyLike, *, capacity_bytes: int | None = N
     return build_result(replay, RunInfo(mode="fast", wall_s=wall_s))
 
 
+class _Environment(simpy.Environment):
+    """A SimPy environment whose running process may move the clock itself when nothing is due first."""
+
+    def advance_to(self, t_ns: int) -> bool:
+        """Set the clock to ``t_ns`` and return True if no scheduled event is due at or before it.
+
+        Then ``yield env.timeout(t_ns - env.now)`` would make that timeout the very next event
+        processed (an event already queued for the same time goes first, hence ``<=``), and
+        processing it would only resume the caller: skipping the round trip through the queue
+        changes nothing but the cost. A stream with no other stream due before its next event
+        runs on without yielding; a single-stream trace never yields at all.
+        """
+        queue = self._queue
+        if queue and queue[0][0] <= t_ns:
+            return False
+        self._now = t_ns
+        return True
+
+
 class _Clock:
     """The SimPy side of a run: stream processes, sync windows and the stall accounting."""
 
     def __init__(self, replay: _Replay, cost_model: CostModel):
         self.replay = replay
         self.cost_model = cost_model
-        self.env = simpy.Environment(initial_time=replay.t0_ns)
+        self.env = _Environment(initial_time=replay.t0_ns)
         self.pause_total = 0      # sum of all sync windows so far (they never overlap)
         self.sync_end = replay.t0_ns
         self.sync_count = 0
         self.sync_ns = 0
         self.stall_ns = 0
         self.dependency_wait_ns = 0
-        self.end_ns = replay.t0_ns
         self.done: dict[int, simpy.Event] = {}
+        self.special: frozenset[int] = frozenset()
+        self.snapshot = snapshotter(replay.policy)
+        # The counters after the last call, whichever stream made it: the policy changes only in
+        # calls, so they are also the counters before the next call (one snapshot per event).
+        self.counters: tuple[int, ...] = ()
 
     def start(self) -> None:
         """Create one process per stream, in stream-id order (deterministic tie-breaking)."""
@@ -328,72 +442,145 @@ class _Clock:
         streams = trace.column("stream")
         deps = _cross_stream_dependencies(trace)
         self.done = {prev: self.env.event() for prev in sorted(set(deps.values()))}
+        self.special = frozenset(deps) | frozenset(self.done)   # events with a cross-stream dependency
+        self.counters = self.snapshot()
         cols = [trace.column(c) for c in ("t_ns", "kind", "alloc_id", "size_bytes", "stream")]
         for stream in np.unique(streams).tolist():
             index = np.flatnonzero(streams == stream)
-            self.env.process(self.stream_process(_chunked_rows(index, cols), deps))
+            self.env.process(self.stream_process(_chunks(index, cols), deps))
 
-    def stream_process(self, events: Iterator[tuple[int, ...]], deps: dict[int, int]):
-        """Walk one stream's events: wait for the work before each, issue the call, pay its latency."""
-        env, replay, cost_model, samples = self.env, self.replay, self.cost_model, self.replay.samples
-        snapshot = snapshotter(replay.policy)
-        call_cost = cost_model.call_cost
+    def stream_process(self, chunks: Iterator[list[list[int]]], deps: dict[int, int]):
+        """Walk one stream's events: wait for the work before each, issue the call, pay its latency.
+
+        ``now`` mirrors ``env.now``: it is re-read after every yield and set wherever this process
+        moves the clock itself (``advance_to``). Whenever nothing is pending before the next event
+        (no pause to absorb, no sync window, no dependency, nothing else due first) the policy's
+        ``replay_run`` may take a run of events; the loop body below handles the one it stops at.
+        """
+        env, replay, cost_model = self.env, self.replay, self.cost_model
+        event_index, sim_t_ns, latency_ns = replay.samples.timed_views()
+        observing = replay.observer is not None
+        step = replay.apply if observing else replay.stepper()
+        snapshot, call_cost, done = self.snapshot, cost_model.call_cost, self.done
+        advance_to = env.advance_to
+        sync_drain_ns = round(cost_model.device_sync_ns)
+        # What call_cost gives a call that changed no counter, indexed by event kind (a uint8).
+        unchanged = self.counters
+        quiet_ns = [call_cost(unchanged, unchanged, _OPS.get(kind, OP_OTHER))[0] for kind in range(256)]
+        # Policy.free_requested only marks the block pending (no device call, no GC): skip its snapshot.
+        policy = replay.policy
+        quiet_free_requests = (type(policy).free_requested is Policy.free_requested
+                               and not policy._hooks_free_requested)
+        # The policy's batch fast path takes the runs of events that need nothing from this loop.
+        replay_run = None if observing else policy.replay_run
+        samples = replay.samples
+        run = ReplayRun(*replay.views[:3])
+        special = self.special
+        run.timed, run.quiet_ns, run.special = True, quiet_ns, special
+        run.event_index, run.sim_t_ns, run.latency_ns = event_index, sim_t_ns, latency_ns
         delay = 0
         seen = self.pause_total
-        for i, t, kind, aid, size, stream in events:
-            target = t + delay
-            while True:  # work until the issue time; sync windows freeze it
-                if target > env.now:
-                    yield env.timeout(target - env.now)
-                extra = self.pause_total - seen
-                if not extra:
-                    break
-                seen += extra
-                target += extra
-                self.stall_ns += extra
-            prev = deps.get(i)
-            if prev is not None and not self.done[prev].triggered:
-                waited_from = env.now
-                yield self.done[prev]
-                self.dependency_wait_ns += env.now - waited_from
-                seen = self.pause_total   # a blocked stream loses nothing to windows that ended meanwhile
-            while self.sync_end > env.now:  # no call is issued inside a sync window
-                self.stall_ns += self.sync_end - env.now
-                yield env.timeout(self.sync_end - env.now)
-                seen = self.pause_total
-            if replay.stopped:
-                return
-            now = env.now
-            before = snapshot()
-            row = replay.apply(i, kind, aid, size, stream, sim_t_ns=now)
-            latency, syncs = call_cost(before, snapshot(), _OPS.get(kind, OP_OTHER))
-            samples.event_index[row] = i
-            samples.sim_t_ns[row] = now
-            samples.latency_ns[row] = latency
-            if syncs:
-                self.sync_count += 1
-                self.sync_ns += latency
-                self.pause_total += latency
-                self.sync_end = now + latency
-                self.stall_ns += round(cost_model.device_sync_ns)
-                seen = self.pause_total
-            delay = now + latency - t
-            self.end_ns = max(self.end_ns, now + latency)
-            if i in self.done:
-                self.done[i].succeed()
-            if replay.stopped:
-                return
+        now = env.now
+        for chunk in chunks:
+            run.index, run.t_ns, run.kind, run.alloc_id, run.size_bytes, run.stream = chunk
+            chunk_events = len(chunk[0])
+            events = zip(*chunk)
+            pos = -1   # position in the chunk of the event being handled
+            for i, t, kind, aid, size, stream in events:
+                pos += 1
+                if (replay_run is not None and self.pause_total == seen and self.sync_end <= now
+                        and i not in special and not replay.stopped
+                        and (t + delay <= now or t + delay < env.peek())):
+                    # Nothing to wait for before this event: let the policy run events until one needs
+                    # this loop (a device call, a dependency, another stream's event due first).
+                    run.pos, run.row, run.delay_ns, run.now_ns, run.due_ns = pos, samples.rows, delay, now, env.peek()
+                    replay_run(run)
+                    ran = run.pos - pos
+                    if ran:
+                        samples.rows, delay = run.row, run.delay_ns
+                        if run.now_ns > now:
+                            now = run.now_ns
+                            moved = advance_to(now)   # before due_ns, so nothing is skipped
+                            assert moved, "replay_run ran past an event due first"
+                        if run.pos == chunk_events:
+                            break
+                        pos = run.pos   # skip what the policy ran; handle the event it stopped at
+                        i, t, kind, aid, size, stream = next(islice(events, ran - 1, None))
+                target = t + delay
+                while True:  # work until the issue time; sync windows freeze it
+                    if target > now:
+                        if not advance_to(target):
+                            yield env.timeout(target - now)
+                        now = target
+                    extra = self.pause_total - seen
+                    if not extra:
+                        break
+                    seen += extra
+                    target += extra
+                    self.stall_ns += extra
+                if deps:
+                    prev = deps.get(i)
+                    if prev is not None and not done[prev].triggered:
+                        yield done[prev]
+                        self.dependency_wait_ns += env.now - now
+                        now = env.now
+                        seen = self.pause_total   # a blocked stream loses nothing to windows that ended meanwhile
+                while self.sync_end > now:  # no call is issued inside a sync window
+                    sync_end = self.sync_end
+                    self.stall_ns += sync_end - now
+                    if not advance_to(sync_end):
+                        yield env.timeout(sync_end - now)
+                    now = sync_end
+                    seen = self.pause_total
+                if replay.stopped:   # another stream's allocation failed while this one waited
+                    return
+                if observing:
+                    self.counters = snapshot()   # an observer runs between calls: trust no cached counters
+                row = step(i, kind, aid, size, stream, now)
+                if kind == FREE_REQUESTED and quiet_free_requests:
+                    latency, syncs = quiet_ns[kind], False
+                else:
+                    after = snapshot()
+                    if after == self.counters:
+                        latency, syncs = quiet_ns[kind], False
+                    else:
+                        latency, syncs = call_cost(self.counters, after, _OPS.get(kind, OP_OTHER))
+                        self.counters = after
+                event_index[row] = i
+                sim_t_ns[row] = now
+                latency_ns[row] = latency
+                if syncs:
+                    self.sync_count += 1
+                    self.sync_ns += latency
+                    self.pause_total += latency
+                    self.sync_end = now + latency
+                    self.stall_ns += sync_drain_ns
+                    seen = self.pause_total
+                delay = now + latency - t
+                if done and i in done:
+                    done[i].succeed()
+                if replay.stopped:
+                    return
+
+    def end_ns(self) -> int:
+        """When the last call ended: the latest ``sim_t_ns + latency_ns`` of any row (row 0: the start)."""
+        samples = self.replay.samples
+        rows = samples.rows
+        return int((samples.sim_t_ns[:rows] + samples.latency_ns[:rows]).max())
 
 
-def _chunked_rows(index: np.ndarray, cols: list[np.ndarray]) -> Iterator[tuple[int, ...]]:
-    """Yield (index, t_ns, kind, alloc_id, size_bytes, stream) of ``index``, converting a chunk at a time."""
+def _chunks(index: np.ndarray, cols: list[np.ndarray]) -> Iterator[list[list[int]]]:
+    """Yield [index, t_ns, kind, alloc_id, size_bytes, stream] of ``index`` as lists, a chunk at a time."""
     for start in range(0, len(index), CHUNK_EVENTS):
         part = index[start:start + CHUNK_EVENTS]
-        yield from zip(part.tolist(), *(c[part].tolist() for c in cols))
+        yield [part.tolist()] + [c[part].tolist() for c in cols]
 
 
 def _cross_stream_dependencies(trace: Trace) -> dict[int, int]:
     """Map event index -> index of the previous event of the same allocation when that was on another stream."""
+    streams = trace.column("stream")
+    if not len(streams) or streams.min() == streams.max():
+        return {}   # one stream: nothing to wait for (and no per-event scratch arrays to build)
     kind = trace.column("kind")
     mem = np.flatnonzero((kind == ALLOC) | (kind == FREE_REQUESTED) | (kind == FREE_COMPLETED))
     if len(mem) < 2:
@@ -403,7 +590,6 @@ def _cross_stream_dependencies(trace: Trace) -> dict[int, int]:
     order, sorted_ids = mem[by_id], ids[by_id]
     same = sorted_ids[1:] == sorted_ids[:-1]
     prev, cur = order[:-1][same], order[1:][same]
-    streams = trace.column("stream")
     cross = streams[prev] != streams[cur]
     return dict(zip(cur[cross].tolist(), prev[cross].tolist()))
 
@@ -429,7 +615,7 @@ def run_simpy(trace: Trace, policy: PolicyLike, cost_model: CostModel | None = N
     return build_result(replay, RunInfo(
         mode="simpy", wall_s=wall_s, cost_model=cost_model, sync_count=clock.sync_count,
         sync_ns=clock.sync_ns, stall_ns=clock.stall_ns, dependency_wait_ns=clock.dependency_wait_ns,
-        makespan_ns=clock.end_ns - replay.t0_ns))
+        makespan_ns=clock.end_ns() - replay.t0_ns))
 
 
 def simulate(trace: Trace, policy: PolicyLike, *, fast: bool = False, cost_model: CostModel | None = None,

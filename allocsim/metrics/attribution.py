@@ -118,7 +118,7 @@ def _free_parts(pool: PoolPolicy, stream: int) -> dict[str, int]:
         seg_size_at = fl.segment_size_at
         for skey, blocks in fl.by_stream.items():
             if bound and skey != stream:
-                stranded += fl.free_bytes_by_stream.get(skey, 0)
+                stranded += sum(key >> ADDR_BITS for key in blocks)   # only another stream may reuse them
                 continue
             for key in blocks:
                 size = key >> ADDR_BITS

@@ -14,9 +14,52 @@ whose ``upstream`` is another policy; the bottom of every stack is a ``Simulated
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from ..errors import InvalidFree, OutOfMemory
+
+
+class ReplayRun:
+    """A stretch of trace events a policy may replay in one call (``Policy.replay_run``), and where to write.
+
+    The engine fills it, calls ``policy.replay_run(run)``, and the policy executes events
+    ``pos, pos + 1, ...`` of the column lists itself for as long as each is one it can do without
+    the device and without anything the engine must see (see ``Policy.replay_run``), advancing
+    ``pos`` and ``row`` and writing each event's sample row. It stops at (and leaves) the first
+    other event; the engine runs that one through the per-event methods and calls again.
+
+    Untimed (fast mode) it writes ``requested``/``active``/``pending`` where the event changes
+    them, exactly as the engine's loop would (``reserved`` cannot change, so it stays unwritten and
+    is forward-filled). Timed (SimPy mode, ``timed`` True) it also plays the stream's clock: it
+    stops before an event in ``special`` (a cross-stream dependency) or one whose issue time
+    ``t_ns + delay_ns`` is not before ``due_ns`` (another SimPy event is due first); each event it
+    runs is issued at ``max(now_ns, t_ns + delay_ns)``, costs ``quiet_ns[kind]`` (no device call)
+    and fills ``event_index``/``sim_t_ns``/``latency_ns``; it leaves ``delay_ns``/``now_ns`` updated.
+    """
+
+    __slots__ = ("kind", "alloc_id", "size_bytes", "stream", "pos", "row", "requested", "active", "pending",
+                 "timed", "index", "t_ns", "special", "due_ns", "delay_ns", "now_ns", "quiet_ns",
+                 "event_index", "sim_t_ns", "latency_ns")
+
+    def __init__(self, requested: Any, active: Any, pending: Any) -> None:
+        self.requested, self.active, self.pending = requested, active, pending   # writable int64 views
+        self.kind: list[int] = []          # the chunk's columns, as lists
+        self.alloc_id: list[int] = []
+        self.size_bytes: list[int] = []
+        self.stream: list[int] = []
+        self.pos = 0                       # next event of the chunk to run
+        self.row = 0                       # its sample row
+        self.timed = False
+        self.index: list[int] = []         # timed only: trace event index and time of each chunk event
+        self.t_ns: list[int] = []
+        self.special: frozenset[int] | set[int] = frozenset()
+        self.due_ns: float = float("inf")
+        self.delay_ns = 0
+        self.now_ns = 0
+        self.quiet_ns: list[int] = []
+        self.event_index: Any = None
+        self.sim_t_ns: Any = None
+        self.latency_ns: Any = None
 
 
 class Policy:
@@ -26,6 +69,11 @@ class Policy:
     name: ClassVar[str] = "base"
     #: Every address this policy hands out is a multiple of this (the conformance battery checks it).
     address_alignment_bytes: int = 512
+    #: Optional batch fast path, ``replay_run(run: ReplayRun) -> None``: execute the run's events from
+    #: ``run.pos`` on while each is one that makes no device call and changes no counter the cost
+    #: model reads, with exactly the state changes the per-event methods would make (a pool hit, a
+    #: free request, a completed free). None: the engine calls the per-event methods.
+    replay_run: Callable[[ReplayRun], None] | None = None
 
     def __init__(self, upstream: Any):
         self.upstream = upstream
@@ -43,6 +91,8 @@ class Policy:
         self.n_splits = 0         # blocks split to serve a request
         self.n_merges = 0         # coalescings of a freed block with a free neighbour
         self.n_gc_batches = 0     # batched releases (deferred GC, garbage_collection_threshold)
+        # Skip the call to the empty default hook (free_requested runs once per trace event in three).
+        self._hooks_free_requested = type(self)._on_free_requested is not Policy._on_free_requested
 
     # ------------------------------------------------------------------ program-facing API
     def malloc(self, alloc_id: int, size_bytes: int, stream: int = 0) -> int:
@@ -62,19 +112,23 @@ class Policy:
 
     def free_requested(self, alloc_id: int) -> None:
         """The program freed ``alloc_id``; its memory is reusable only after ``free_completed``."""
-        if alloc_id not in self.live or alloc_id in self.pending:
+        entry = self.live.get(alloc_id)
+        pending = self.pending
+        if entry is None or alloc_id in pending:
             raise InvalidFree(f"free of allocation id {alloc_id} which is not allocated")
-        self.pending.add(alloc_id)
-        self.pending_free_bytes += self.live[alloc_id][2]
-        self._on_free_requested(alloc_id)
+        pending.add(alloc_id)
+        self.pending_free_bytes += entry[2]
+        if self._hooks_free_requested:
+            self._on_free_requested(alloc_id)
 
     def free_completed(self, alloc_id: int) -> None:
         """The stream-ordered free of ``alloc_id`` finished: hand the block back to the policy."""
-        if alloc_id not in self.pending:
+        pending = self.pending
+        if alloc_id not in pending:
             if alloc_id not in self.live:
                 raise InvalidFree(f"free of allocation id {alloc_id} which is not allocated")
             self.free_requested(alloc_id)
-        self.pending.discard(alloc_id)
+        pending.discard(alloc_id)
         addr, requested, allocated, stream = self.live.pop(alloc_id)
         self.pending_free_bytes -= allocated
         self.requested_bytes -= requested

@@ -15,6 +15,8 @@ merge across pages); unmapped ranges live in ``UnmappedRanges`` beside it.
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 from sortedcontainers import SortedList
 
 from ..device import DeviceOutOfMemory
@@ -88,7 +90,9 @@ class ExpandableSegments:
             return -1
         best = key
         best_room = self.expandable_size(key)
-        for candidate in pool.by_stream[stream].irange(minimum=key, inclusive=(False, True)):
+        blocks = pool.by_stream[stream]
+        for idx in range(bisect_right(blocks, key), len(blocks)):   # the blocks after the best fit
+            candidate = blocks[idx]
             room = self.expandable_size(candidate)
             if room >= best_room:
                 break

@@ -6,9 +6,16 @@ keeps their address and size). Free blocks are indexed three ways, all plain int
 
 * ``size_at[start] -> size`` and ``start_ending_at[end] -> start``: the address neighbours a
   freed block may merge with, found in O(1) without any per-block object;
-* one ``SortedList`` per stream key of packed ints ``size << 64 | addr``: ordered like PyTorch's
-  ``BlockComparatorSize`` (stream, size, address), so the first key ``>= size << 64`` is the
-  smallest block that fits, ties going to the lowest address.
+* one sorted plain ``list`` per stream key of packed ints ``size << 64 | addr``: ordered like
+  PyTorch's ``BlockComparatorSize`` (stream, size, address), so the first key ``>= size << 64`` is
+  the smallest block that fits, ties going to the lowest address.
+
+Why a plain list and ``bisect`` rather than a balanced structure: a pool holds hundreds to a few
+thousand free blocks, and for those ``bisect`` plus the memmove of ``list.insert``/``list.pop``
+(both in C) cost less than any Python-level tree or ``SortedList`` method call. The price is
+O(n) memmove per change, which only matters for pools of ~10^5 free blocks. Hot paths (the
+``pytorch`` and pool presets' fused ``malloc``/``free_completed``) work on these lists directly
+with ``bisect``; everything else goes through the methods below.
 
 Blocks never merge across segments: an address that starts a segment is a hard boundary, because
 two cudaMallocs that happen to be adjacent are still separate allocations.
@@ -16,10 +23,8 @@ two cudaMallocs that happen to be adjacent are still separate allocations.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from typing import Iterator
-
-from sortedcontainers import SortedList
 
 #: Addresses live in the low 64 bits of a packed key; sizes above them.
 ADDR_BITS = 64
@@ -39,21 +44,32 @@ class FreeList:
     """
 
     __slots__ = ("by_stream", "size_at", "start_ending_at", "segment_size_at", "segment_stream_at",
-                 "free_bytes", "segment_bytes", "free_bytes_by_stream", "clock", "inserted_at")
+                 "segment_bytes", "clock", "inserted_at")
 
     def __init__(self, *, track_age: bool = False):
-        self.by_stream: dict[int, SortedList] = {}
+        self.by_stream: dict[int, list[int]] = {}   # stream key -> sorted packed keys
         self.size_at: dict[int, int] = {}
         self.start_ending_at: dict[int, int] = {}
         self.segment_size_at: dict[int, int] = {}
         self.segment_stream_at: dict[int, int] = {}
-        self.free_bytes = 0
         self.segment_bytes = 0
-        self.free_bytes_by_stream: dict[int, int] = {}
         # PyTorch's garbage_collection_threshold ages free blocks by get_free_block calls: ``clock``
         # is that call count and ``inserted_at`` the clock when each free block entered the set.
         self.clock = 0
         self.inserted_at: dict[int, int] | None = {} if track_age else None
+
+    # ------------------------------------------------------------------ byte counts
+    # Derived on demand (O(free blocks)) instead of kept up to date: they are read by reports and
+    # checks, while every malloc and free would pay for maintaining them.
+    @property
+    def free_bytes(self) -> int:
+        """Bytes in free blocks."""
+        return sum(self.size_at.values())
+
+    @property
+    def free_bytes_by_stream(self) -> dict[int, int]:
+        """Stream key -> bytes in its free blocks (every key that ever held a free block)."""
+        return {skey: sum(key >> ADDR_BITS for key in blocks) for skey, blocks in self.by_stream.items()}
 
     # ------------------------------------------------------------------ segments
     def add_segment(self, addr: int, size_bytes: int, stream_key: int) -> None:
@@ -92,53 +108,40 @@ class FreeList:
         blocks = self.by_stream.get(stream_key)
         if not blocks:
             return -1
-        # SortedList's own bisect_left builds a positional index after every change; these two
-        # bisects over its sublists find the same key without it (hot path: once per malloc).
-        maxes = blocks._maxes
-        key = size_bytes << ADDR_BITS
-        pos = bisect_left(maxes, key)
-        if pos == len(maxes):
-            return -1
-        sublist = blocks._lists[pos]
-        return sublist[bisect_left(sublist, key)]
+        idx = bisect_left(blocks, size_bytes << ADDR_BITS)
+        return blocks[idx] if idx < len(blocks) else -1
 
     def pop_best_fit(self, stream_key: int, size_bytes: int) -> int:
         """Remove and return the key of the best-fit block (as ``best_fit`` finds it), or -1."""
         blocks = self.by_stream.get(stream_key)
         if not blocks:
             return -1
-        maxes = blocks._maxes
-        key = size_bytes << ADDR_BITS
-        pos = bisect_left(maxes, key)
-        if pos == len(maxes):
+        idx = bisect_left(blocks, size_bytes << ADDR_BITS)
+        if idx == len(blocks):
             return -1
-        sublist = blocks._lists[pos]
-        idx = bisect_left(sublist, key)
-        key = sublist[idx]
-        blocks._delete(pos, idx)   # the position is known: skip the second search remove() would do
-        size_bytes = key >> ADDR_BITS
-        addr = key & ADDR_MASK
-        del self.size_at[addr]
-        del self.start_ending_at[addr + size_bytes]
-        self.free_bytes -= size_bytes
-        self.free_bytes_by_stream[stream_key] -= size_bytes
-        if self.inserted_at is not None:
-            self.inserted_at.pop(addr, None)
+        key = blocks.pop(idx)
+        self._forget(stream_key, key)
         return key
 
-    def keys(self, stream_key: int) -> SortedList | tuple:
+    def keys(self, stream_key: int) -> list[int] | tuple:
         """Return the sorted keys of one stream's free blocks (read-only use)."""
         return self.by_stream.get(stream_key, ())
 
     def take(self, stream_key: int, key: int) -> None:
         """Remove the free block with sort key ``key`` (it is about to be handed out or released)."""
-        self.by_stream[stream_key].remove(key)
+        blocks = self.by_stream[stream_key]
+        idx = bisect_left(blocks, key)
+        if idx == len(blocks) or blocks[idx] != key:
+            raise ValueError(f"no free block with key {key:#x} in stream {stream_key}")
+        del blocks[idx]
+        self._forget(stream_key, key)
+
+    def _forget(self, stream_key: int, key: int) -> None:
+        """Drop the address indexes (and age) of a block just removed from its sorted list."""
         size_bytes = key >> ADDR_BITS
         addr = key & ADDR_MASK
         del self.size_at[addr]
         del self.start_ending_at[addr + size_bytes]
-        self.free_bytes -= size_bytes
-        self.free_bytes_by_stream[stream_key] -= size_bytes
         if self.inserted_at is not None:
             self.inserted_at.pop(addr, None)
 
@@ -149,34 +152,46 @@ class FreeList:
         self.start_ending_at[addr + size_bytes] = addr
         blocks = self.by_stream.get(stream_key)
         if blocks is None:
-            blocks = self.by_stream[stream_key] = SortedList()
-            self.free_bytes_by_stream[stream_key] = 0
-        blocks.add(size_bytes << ADDR_BITS | addr)
-        self.free_bytes += size_bytes
-        self.free_bytes_by_stream[stream_key] += size_bytes
+            blocks = self.by_stream[stream_key] = []
+        insort(blocks, size_bytes << ADDR_BITS | addr)
         if self.inserted_at is not None:
             self.inserted_at[addr] = self.clock
 
     def free(self, addr: int, size_bytes: int, stream_key: int) -> int:
-        """Return a block, merging it with free neighbours of its segment; return the merge count."""
+        """Return a block, merging it with free neighbours of its segment; return the merge count.
+
+        Hot path (once per completed free): the neighbours are taken out inline rather than through
+        ``take`` and the result is inserted as ``add`` would.
+        """
+        size_at, start_ending_at, segment_size_at = self.size_at, self.start_ending_at, self.segment_size_at
+        blocks = self.by_stream.get(stream_key)
+        if blocks is None:
+            blocks = self.by_stream[stream_key] = []
+        inserted_at = self.inserted_at
         merges = 0
-        segment_size_at = self.segment_size_at
-        if addr not in segment_size_at:
-            prev_addr = self.start_ending_at.get(addr)
+        if addr not in segment_size_at:   # a segment's start is a hard boundary
+            prev_addr = start_ending_at.pop(addr, None)
             if prev_addr is not None:
-                prev_size = self.size_at[prev_addr]
-                self.take(stream_key, prev_size << ADDR_BITS | prev_addr)
+                prev_size = size_at.pop(prev_addr)
+                del blocks[bisect_left(blocks, prev_size << ADDR_BITS | prev_addr)]
                 addr = prev_addr
                 size_bytes += prev_size
-                merges += 1
+                merges = 1
         end = addr + size_bytes
         if end not in segment_size_at:
-            next_size = self.size_at.get(end)
+            next_size = size_at.pop(end, None)
             if next_size is not None:
-                self.take(stream_key, next_size << ADDR_BITS | end)
+                del start_ending_at[end + next_size]
+                del blocks[bisect_left(blocks, next_size << ADDR_BITS | end)]
+                if inserted_at is not None:
+                    inserted_at.pop(end, None)
                 size_bytes += next_size
                 merges += 1
-        self.add(addr, size_bytes, stream_key)
+        size_at[addr] = size_bytes
+        start_ending_at[addr + size_bytes] = addr
+        insort(blocks, size_bytes << ADDR_BITS | addr)
+        if inserted_at is not None:   # the merged block is new to the set: its age restarts
+            inserted_at[addr] = self.clock
         return merges
 
     # ------------------------------------------------------------------ reporting
@@ -204,7 +219,6 @@ class FreeList:
     def check(self) -> None:
         """Raise ``AssertionError`` if the indexes disagree or two free neighbours were left unmerged."""
         total = 0
-        by_stream_total: dict[int, int] = {}
         count = 0
         for addr, size, skey in self.blocks():
             assert self.size_at.get(addr) == size, f"free block {addr:#x} missing from size_at"
@@ -216,10 +230,9 @@ class FreeList:
             if end not in self.segment_size_at and end in self.size_at:
                 raise AssertionError(f"free blocks at {addr:#x} and {end:#x} were not merged")
             total += size
-            by_stream_total[skey] = by_stream_total.get(skey, 0) + size
             count += 1
         assert count == len(self.size_at) == len(self.start_ending_at), "free-block indexes differ in size"
+        for skey, blocks in self.by_stream.items():
+            assert all(a < b for a, b in zip(blocks, blocks[1:])), f"free blocks of stream {skey} are not sorted"
         assert total == self.free_bytes, f"free_bytes {self.free_bytes} != {total}"
-        for skey, value in self.free_bytes_by_stream.items():
-            assert value == by_stream_total.get(skey, 0), f"free bytes of stream {skey} drifted"
         assert self.segment_bytes == sum(self.segment_size_at.values()), "segment_bytes drifted"

@@ -9,6 +9,7 @@ its free neighbours inside its segment. Nothing moves a live block.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from typing import Any
 
 from ..device import DeviceOutOfMemory
@@ -70,6 +71,12 @@ class PoolPolicy(Policy):
         self.last_stream = 0
         self.n_released_segments = 0
         self.released_bytes = 0
+        # The fused malloc/free_completed below inline this class's _round/_do_malloc/_do_free; a
+        # subclass that overrides one of them keeps the generic route for that call.
+        cls = type(self)
+        self._fused_malloc = (cls._do_malloc is PoolPolicy._do_malloc and cls._round is PoolPolicy._round
+                              and all(pool.inserted_at is None for pool in self.pools))
+        self._fused_free = cls._do_free is PoolPolicy._do_free
 
     # ------------------------------------------------------------------ request path
     def _round(self, size_bytes: int) -> int:
@@ -111,6 +118,77 @@ class PoolPolicy(Policy):
         if len(self.pools) > 1:
             self._pool_of[addr] = pool
         return addr, block_size
+
+    # ------------------------------------------------------------------ fused hot path
+    # A replay spends most of its time in malloc and free_completed. The generic route (Policy.malloc
+    # -> _do_malloc -> FreeList.pop_best_fit -> FreeList.add) is four Python calls per request;
+    # malloc below makes the same state changes for a pool hit in one, on the FreeList's dicts and
+    # sorted key lists directly, and free_completed saves the _do_free call. Anything else (a miss,
+    # a zero-byte request, a misuse, a subclass with its own _do_malloc/_do_free) takes the generic
+    # route, so _do_malloc/_do_free stay the reference (tests/test_hot_paths.py compares the two).
+    def malloc(self, alloc_id: int, size_bytes: int, stream: int = 0) -> int:
+        """``Policy.malloc``; a request the cache serves is handled inline, all others generically."""
+        live = self.live
+        if size_bytes <= 0 or alloc_id in live or not self._fused_malloc:
+            return Policy.malloc(self, alloc_id, size_bytes, stream)
+        align = self.alignment_bytes
+        size = -(-size_bytes // align) * align
+        pool = self.small if size <= (self.small_pool_max_bytes or 0) else self.large
+        skey = stream if self.stream_bound else 0
+        blocks = pool.by_stream.get(skey)
+        idx = bisect_left(blocks, size << ADDR_BITS) if blocks else 0
+        if not blocks or idx == len(blocks):
+            return Policy.malloc(self, alloc_id, size_bytes, stream)   # a miss: other streams, then grow
+        key = blocks.pop(idx)
+        block_size = key >> ADDR_BITS
+        addr = key & ADDR_MASK
+        remaining = block_size - size
+        size_at, start_ending_at = pool.size_at, pool.start_ending_at
+        del size_at[addr]
+        del start_ending_at[addr + block_size]
+        if remaining >= self.min_split_remainder_bytes:
+            rest = addr
+            if self.carve_from_high_end:
+                addr += remaining   # the remainder stays at the low end
+            else:
+                rest += size
+            size_at[rest] = remaining
+            start_ending_at[rest + remaining] = rest
+            insort(blocks, remaining << ADDR_BITS | rest, 0, idx)   # smaller than the key taken at idx
+            self.n_splits += 1
+            block_size = size
+        if len(self.pools) > 1:
+            self._pool_of[addr] = pool
+        self.n_pool_hits += 1
+        self.last_stream = stream
+        live[alloc_id] = (addr, size_bytes, block_size, stream)
+        self.requested_bytes += size_bytes
+        self.allocated_bytes += block_size
+        self.n_mallocs += 1
+        return addr
+
+    def free_completed(self, alloc_id: int) -> None:
+        """``Policy.free_completed`` then ``_do_free`` (merge with free neighbours), inline."""
+        pending = self.pending
+        if alloc_id not in pending or not self._fused_free:
+            return Policy.free_completed(self, alloc_id)   # not requested first, or a subclass's _do_free
+        pending.remove(alloc_id)
+        addr, requested, allocated, stream = self.live.pop(alloc_id)
+        self.pending_free_bytes -= allocated
+        self.requested_bytes -= requested
+        self.allocated_bytes -= allocated
+        if not allocated:
+            return
+        pool = self._pool_of.pop(addr) if len(self.pools) > 1 else self.large
+        if self._foreign and addr in self._foreign:
+            skey = self._foreign.pop(addr)
+        else:
+            skey = stream if self.stream_bound else 0
+        merges = pool.free(addr, allocated, skey)
+        if merges:
+            self.n_merges += merges
+        if self._has_after_free:
+            self._after_free(pool, skey)
 
     def _find_elsewhere(self, pool: FreeList, stream_key: int, size_bytes: int) -> tuple[int, int] | None:
         """Hook: serve a miss from another stream's free blocks; return ``(key, owner)`` or None."""
