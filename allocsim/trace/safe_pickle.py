@@ -169,6 +169,10 @@ def loads_data(data: bytes, path: str | os.PathLike = "<bytes>") -> object:
         raise TraceFormatError(path, None, "corrupt pickle: it asks for more memory than is available") from None
     except EOFError:
         raise TraceFormatError(path, None, "truncated pickle (data ends before the STOP opcode)") from None
+    except KeyError as exc:
+        # The pure-Python unpickler reports a GET of a memo slot that was never PUT as a bare KeyError.
+        raise TraceFormatError(path, None, f"corrupt pickle: refers back to object {short_repr(str(exc))} "
+                               "that was never stored") from None
     except Exception as exc:  # noqa: BLE001 - any other unpickling failure means corrupt input
         # pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, AttributeError,
         # OverflowError, UnicodeDecodeError, struct.error ...: the bytes are not a well-formed pickle.
