@@ -111,6 +111,9 @@ class TraceMeta:
     allocator_settings: dict[str, Any] | None = None
     repairs: list[str] = dataclasses.field(default_factory=list)   #: what --lenient changed, one line each
     notes: list[str] = dataclasses.field(default_factory=list)     #: facts a user should know (e.g. orphan frees)
+    #: What the recording proves about the real run, per device (``str(device)`` -> the dict of
+    #: ``allocsim.trace.recorded.RecordedRun``): real peaks and device calls, inferred capacity, OOMs.
+    recorded: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict (inverse of ``from_dict``)."""
@@ -161,7 +164,8 @@ class Trace:
             kept_positions = np.flatnonzero(keep)
             pos = np.searchsorted(kept_positions, decisions["event_index"].to_numpy())
             decisions["event_index"] = pos.astype(np.int64)
-        meta = dataclasses.replace(self.meta, devices=[device])
+        meta = dataclasses.replace(self.meta, devices=[device],
+                                   recorded={k: v for k, v in self.meta.recorded.items() if k == str(device)})
         return Trace(
             events=events,
             meta=meta,
