@@ -58,9 +58,12 @@ class SimulatedDevice:
         # Replay aids (fidelity checks against a recorded run; unused otherwise): addresses the next
         # cudaMallocs should get, and a count of device calls to refuse as if the GPU were full.
         self._address_hints: list[tuple[int, int]] = []
+        self._address_plan: list[tuple[int, int]] = []   # reversed: the next planned address is last
         self._refuse: int | None = 0
         self.n_adopted = 0
         self.adopted_bytes = 0
+        # Whatever really backs an address (a real device's handle and pointer); empty here.
+        self._backing: dict[int, object] = {}
 
     @property
     def device(self) -> "SimulatedDevice":
@@ -89,17 +92,60 @@ class SimulatedDevice:
             self.n_failed_mallocs += 1
             raise DeviceOutOfMemory(f"cannot reserve {footprint} bytes: {self.reserved_bytes} of "
                                     f"{self.capacity_bytes} in use")
+        try:
+            backing = self._back_malloc(size_bytes)
+        except DeviceOutOfMemory:
+            self.n_failed_mallocs += 1
+            raise
         addr = self._hinted_address(footprint)
         if addr is None:
-            addr = self._next_addr
-            self._next_addr = align_up(addr + footprint, DEVICE_ALIGNMENT_BYTES)
+            addr = self._fresh_address(footprint, backing)
         self._sizes[addr] = footprint
+        if backing is not None:
+            self._backing[addr] = backing
         self.reserved_bytes += footprint
         if self.reserved_bytes > self.peak_reserved_bytes:
             self.peak_reserved_bytes = self.reserved_bytes
         self.n_mallocs += 1
         self.malloc_bytes += footprint
+        self._after_call()
         return addr
+
+    def _fresh_address(self, footprint: int, backing: object) -> int:
+        """The next address of the bump pointer (a real device may hand out its real pointer)."""
+        addr = self._next_addr
+        self._next_addr = align_up(addr + footprint, DEVICE_ALIGNMENT_BYTES)
+        return addr
+
+    # ------------------------------------------------------------------ what a real device adds
+    # A simulated device holds no memory: these do nothing. ``validate.devices.RealDevice`` backs
+    # every call with real memory (and times it); the bookkeeping above and below stays shared.
+    def _back_malloc(self, size_bytes: int) -> object:
+        """Really allocate (raise ``DeviceOutOfMemory`` if the device cannot); return the backing."""
+        return None
+
+    def _back_free(self, backing: object, footprint: int) -> None:
+        """Really free what ``_back_malloc`` returned."""
+
+    def _back_adopt(self, size_bytes: int) -> object:
+        """Really allocate a range taken over from a recorded start state (not a timed call)."""
+        return None
+
+    def _back_reserve(self, size_bytes: int, timed: bool = True) -> object:
+        """Really reserve a virtual range; return its backing."""
+        return None
+
+    def _back_release(self, backing: object) -> None:
+        """Really release a virtual range."""
+
+    def _back_map(self, addr: int, size_bytes: int, timed: bool = True) -> None:
+        """Really map pages (raise ``DeviceOutOfMemory`` if the device cannot)."""
+
+    def _back_unmap(self, addr: int, size_bytes: int) -> None:
+        """Really unmap pages."""
+
+    def _after_call(self) -> None:
+        """Runs after every device call and adoption (a real device measures what it holds)."""
 
     # ------------------------------------------------------------------ replaying a recorded run
     def adopt(self, addr: int, size_bytes: int) -> None:
@@ -112,17 +158,24 @@ class SimulatedDevice:
             raise ValueError(f"cannot adopt [{addr:#x}, +{size_bytes})")
         if self._overlaps(addr, size_bytes):
             raise ValueError(f"adopted range [{addr:#x}, +{size_bytes}) overlaps device memory in use")
+        backing = self._back_adopt(size_bytes)
         self._sizes[addr] = size_bytes
+        if backing is not None:
+            self._backing[addr] = backing
         self._grow_reserved(size_bytes)
         self._next_addr = max(self._next_addr, align_up(addr + size_bytes, DEVICE_ALIGNMENT_BYTES))
         self.n_adopted += 1
         self.adopted_bytes += size_bytes
+        self._after_call()
 
     def adopt_address_space(self, addr: int, size_bytes: int) -> None:
         """Take over a reserved virtual range (an expandable segment existing at the window's start)."""
         if size_bytes <= 0 or addr < 0 or self._overlaps(addr, size_bytes):
             raise ValueError(f"cannot adopt the address range [{addr:#x}, +{size_bytes})")
+        backing = self._back_reserve(size_bytes, timed=False)
         self._address_spaces[addr] = size_bytes
+        if backing is not None:
+            self._backing[addr] = backing
         self._next_addr = max(self._next_addr, align_up(addr + size_bytes, DEVICE_ALIGNMENT_BYTES))
 
     def adopt_mapped(self, addr: int, size_bytes: int) -> None:
@@ -134,9 +187,11 @@ class SimulatedDevice:
             raise ValueError(f"mapping [{addr:#x}, +{size_bytes}) lies in no reserved address range")
         if any(start < addr + size_bytes and addr < start + length for start, length in self._mapped.items()):
             raise ValueError(f"mapping [{addr:#x}, +{size_bytes}) overlaps mapped pages")
+        self._back_map(addr, size_bytes, timed=False)
         self._mapped[addr] = size_bytes
         self._grow_reserved(size_bytes)
         self.adopted_bytes += size_bytes
+        self._after_call()
 
     def hint_addresses(self, hints: list[tuple[int, int]]) -> None:
         """Ask the next cudaMallocs to return these ``(addr, size_bytes)`` (replaying a recorded run).
@@ -146,6 +201,16 @@ class SimulatedDevice:
         ``hint_addresses([])`` drops the hints left over.
         """
         self._address_hints = list(hints)
+
+    def follow_addresses(self, plan: list[tuple[int, int]]) -> None:
+        """Give the k-th cudaMalloc the k-th ``(addr, size_bytes)`` of a recorded run while the two agree.
+
+        A replay of a recording hands the device the addresses the real driver returned, in order,
+        because PyTorch breaks best-fit ties by address. The first cudaMalloc whose size differs
+        from the plan's next entry (or whose planned range is in use) ends the plan: from there on
+        the run is no longer the recorded one and gets fresh addresses.
+        """
+        self._address_plan = list(reversed(plan))
 
     def refuse(self, count: int | None) -> None:
         """Make the next ``count`` device calls (cudaMalloc or map) fail as if the GPU were full.
@@ -166,6 +231,13 @@ class SimulatedDevice:
         return False
 
     def _hinted_address(self, footprint: int) -> int | None:
+        plan = self._address_plan
+        if plan:
+            addr, size = plan.pop()
+            if size == footprint and not self._overlaps(addr, footprint):
+                self._next_addr = max(self._next_addr, align_up(addr + footprint, DEVICE_ALIGNMENT_BYTES))
+                return addr
+            plan.clear()   # diverged from the recording
         hints = self._address_hints
         for k, (addr, size) in enumerate(hints):
             if size == footprint and not self._overlaps(addr, footprint):
@@ -190,17 +262,21 @@ class SimulatedDevice:
     def free(self, addr: int) -> None:
         """cudaFree: release the range at ``addr`` (device-wide synchronisation is the cost model's)."""
         footprint = self._sizes.pop(addr)
+        self._back_free(self._backing.pop(addr, None), footprint)
         self.reserved_bytes -= footprint
         self.n_frees += 1
         self.freed_bytes += footprint
+        self._after_call()
 
     # ------------------------------------------------------------------ expandable segments
     def reserve_address_space(self, size_bytes: int) -> int:
         """cuMemAddressReserve: return the base of a fresh virtual range; it holds no memory until mapped."""
         size_bytes = align_up(max(size_bytes, 1), self.granularity_bytes)
-        addr = self._next_addr
-        self._next_addr = align_up(addr + size_bytes, DEVICE_ALIGNMENT_BYTES)
+        backing = self._back_reserve(size_bytes)
+        addr = self._fresh_address(size_bytes, backing)
         self._address_spaces[addr] = size_bytes
+        if backing is not None:
+            self._backing[addr] = backing
         return addr
 
     def release_address_space(self, addr: int) -> None:
@@ -210,6 +286,7 @@ class SimulatedDevice:
         if any(addr <= start < end for start in self._mapped):
             self._address_spaces[addr] = size_bytes
             raise ValueError(f"address range {addr:#x} still has mapped pages")
+        self._back_release(self._backing.pop(addr, None))
 
     def map(self, addr: int, size_bytes: int) -> None:
         """cuMemCreate + cuMemMap ``size_bytes`` at ``addr``, or raise ``DeviceOutOfMemory``.
@@ -225,12 +302,18 @@ class SimulatedDevice:
             self.n_failed_maps += 1
             raise DeviceOutOfMemory(f"cannot map {size_bytes} bytes: {self.reserved_bytes} of "
                                     f"{self.capacity_bytes} in use")
+        try:
+            self._back_map(addr, size_bytes)
+        except DeviceOutOfMemory:
+            self.n_failed_maps += 1
+            raise
         self._mapped[addr] = size_bytes
         self.reserved_bytes += size_bytes
         if self.reserved_bytes > self.peak_reserved_bytes:
             self.peak_reserved_bytes = self.reserved_bytes
         self.n_maps += 1
         self.map_bytes += size_bytes
+        self._after_call()
 
     def unmap(self, addr: int, size_bytes: int) -> None:
         """cuMemUnmap + cuMemRelease the pages of ``[addr, addr + size_bytes)``; they must be mapped.
@@ -251,9 +334,11 @@ class SimulatedDevice:
             if range_end > end:
                 self._mapped[end] = range_end - end
             cursor = min(range_end, end)
+        self._back_unmap(addr, size_bytes)
         self.reserved_bytes -= size_bytes
         self.n_unmaps += 1
         self.unmapped_bytes += size_bytes
+        self._after_call()
 
     def _mapped_range_containing(self, addr: int) -> int:
         # Linear in the number of mapped ranges: unmaps are rare (cache release), maps stay fast.

@@ -186,6 +186,13 @@ class _Replay:
             # e.g. expandable_segments overridden against the recorded layout: start fresh instead.
             self.start_state_note = f"recorded start state not used: {exc}"
             return False
+        follow = getattr(policy.device, "follow_addresses", None)
+        if follow is not None:
+            # The driver's addresses are not the policy's choice, but PyTorch breaks best-fit ties by
+            # address: a replay of the recording gets the recorded ones for as long as it follows it.
+            dec = trace.decisions
+            plan = dec[dec["action"] == "segment_alloc"]
+            follow(list(zip(plan["addr"].to_numpy().tolist(), plan["size_bytes"].to_numpy().tolist())))
         return True
 
     def place_initial(self) -> None:

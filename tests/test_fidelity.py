@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import pickle
 from pathlib import Path
 
 import pandas as pd
@@ -23,7 +22,9 @@ from allocsim.trace import read_trace
 from allocsim.trace.schema import BLOCK_DTYPES, SEGMENT_DTYPES, frame_from_columns
 from allocsim.units import MiB
 from validate.__main__ import main as validate_main
-from validate.fidelity import check_snapshot, check_trace, format_report, infer_start_state
+from validate.fidelity import check_snapshot, check_trace, format_report
+
+from .recorder import BASE, S1, S2, Recorder
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 SNAPSHOTS = SHARED / "traces" / "pytorch-snapshots"
@@ -141,90 +142,6 @@ def test_command_json_keys_per_device_and_for_one_device():
 
 
 # ---------------------------------------------------------------------- synthetic snapshots
-BASE = 0x7F00_0000_0000
-S1, S2 = 0x1111, 0x2222
-
-
-def rnd(size: int) -> int:
-    return max(512, -(-size // 512) * 512)
-
-
-class Recorder:
-    """Write a snapshot as PyTorch would: trace entries plus the final segments (every block)."""
-
-    def __init__(self):
-        self.entries: list[dict] = []
-        self.t_us = 1_700_000_000_000_000
-        self.segments: dict[int, list] = {}      # addr -> [size, stream, pool]
-        self.live: dict[int, list] = {}          # addr -> [block size, requested, state]
-
-    def _entry(self, action: str, addr: int, size: int, stream: int, **extra) -> None:
-        self.t_us += 10
-        entry = {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": self.t_us,
-                 "frames": []}
-        entry.update(extra)
-        if action == "oom":
-            del entry["addr"]
-        self.entries.append(entry)
-
-    # the state before the window (no entries)
-    def before(self, addr: int, size: int, stream: int, blocks=(), pool: str = "large") -> None:
-        self.segments[addr] = [size, stream, pool]
-        for baddr, bsize, requested in blocks:
-            self.live[baddr] = [bsize, requested, "active_allocated"]
-
-    # what the real allocator recorded
-    def segment_alloc(self, addr: int, size: int, stream: int, pool: str = "large") -> None:
-        self._entry("segment_alloc", addr, size, stream)
-        self.segments[addr] = [size, stream, pool]
-
-    def segment_free(self, addr: int) -> None:
-        size, stream, _pool = self.segments.pop(addr)
-        self._entry("segment_free", addr, size, stream)
-
-    def alloc(self, addr: int, size: int, stream: int, block: int | None = None) -> None:
-        self._entry("alloc", addr, size, stream)
-        self.live[addr] = [block or rnd(size), size, "active_allocated"]
-
-    def free_requested(self, addr: int, stream: int) -> None:
-        self._entry("free_requested", addr, self.live[addr][1], stream)
-        self.live[addr][2] = "active_pending_free"
-
-    def free_completed(self, addr: int, stream: int) -> None:
-        self._entry("free_completed", addr, self.live.pop(addr)[1], stream)
-
-    def free(self, addr: int, stream: int) -> None:
-        self.free_requested(addr, stream)
-        self.free_completed(addr, stream)
-
-    def oom(self, size: int, stream: int, device_free: int) -> None:
-        self._entry("oom", -1, size, stream, device_free=device_free)
-
-    def dump(self, path: Path) -> Path:
-        segments = []
-        for addr, (size, stream, pool) in sorted(self.segments.items()):
-            blocks, cursor = [], addr
-            for baddr in sorted(a for a in self.live if addr <= a < addr + size):
-                bsize, requested, state = self.live[baddr]
-                if baddr > cursor:
-                    blocks.append({"address": cursor, "size": baddr - cursor, "requested_size": 0,
-                                   "state": "inactive", "frames": []})
-                blocks.append({"address": baddr, "size": bsize, "requested_size": requested, "state": state,
-                               "frames": []})
-                cursor = baddr + bsize
-            if cursor < addr + size:
-                blocks.append({"address": cursor, "size": addr + size - cursor, "requested_size": 0,
-                               "state": "inactive", "frames": []})
-            segments.append({"device": 0, "address": addr, "total_size": size, "stream": stream,
-                             "segment_type": pool, "segment_pool_id": (0, 0), "is_expandable": False,
-                             "allocated_size": 0, "active_size": 0, "requested_size": 0, "frames": [],
-                             "blocks": blocks})
-        data = {"segments": segments, "device_traces": [self.entries],
-                "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1,
-                                       "garbage_collection_threshold": 0.0, "expandable_segments": False}}
-        path.write_bytes(pickle.dumps(data, protocol=4))
-        return path
-
 
 def deferred_free_snapshot(*, misplace_last: bool = False) -> Recorder:
     """Two streams; two frees complete long after they were requested (record_stream).
@@ -328,7 +245,7 @@ def test_empty_cache_oom_path_and_oom_are_told_apart(tmp_path):
     path = release_snapshot().dump(tmp_path / "release.pickle")
     rep = check_snapshot(path, 0)
     assert rep["match_rate"] == 1.0, rep["first_mismatch"]
-    assert [(p["mode"], p["real_releases"]) for p in rep["release_points"]] == [
+    assert [(p["mode"], p["releases"]) for p in rep["release_points"]] == [
         ("empty_cache", 2), ("oom_path", 1), ("oom", 0), ("empty_cache", 2)]
     assert rep["by_kind"]["oom"] == {"decisions": 1, "matched": 1}
     assert rep["real_peak_reserved_bytes"] == rep["predicted_peak_reserved_bytes"] == 50 * MiB
@@ -359,10 +276,10 @@ def test_a_gap_of_at_most_1mib_after_a_large_block_is_its_unsplit_tail(tmp_path)
     rec.alloc(BASE, 20 * MiB, S1)
     rec.free(BASE, S1)
     trace = read_trace(rec.dump(tmp_path / "tail.pickle"))
-    blocks = trace.initial_blocks
-    assert blocks["size_bytes"].tolist() == [19 * MiB + 512 * 1024, 512 * 1024]   # reader: round_size
-    segments, fixed, notes = infer_start_state(trace)
-    assert fixed["size_bytes"].tolist() == [20 * MiB] and len(notes) == 1
+    # round_size gives 19.5 MiB; the 0.5 MiB gap after it can only be its unsplit tail.
+    assert trace.initial_blocks["size_bytes"].tolist() == [20 * MiB]
+    assert trace.initial_allocs["block_size_bytes"].tolist() == [20 * MiB]
+    assert sum("unsplit tail" in note for note in trace.meta.notes) == 1
     rep = check_trace(trace, 0)
     assert rep["match_rate"] == 1.0
 
@@ -450,8 +367,7 @@ def test_start_state_tables_from_a_trace_without_initial_state(tmp_path):
     rec.segment_alloc(BASE, 2 * MiB, S1, pool="small")
     rec.alloc(BASE, 1000, S1)
     trace = read_trace(rec.dump(tmp_path / "small.pickle"))
-    segments, blocks, notes = infer_start_state(trace)
-    assert segments.empty and blocks.empty and notes == []
+    assert trace.initial_segments.empty and trace.initial_blocks.empty
     rep = check_trace(trace)
     assert rep["devices"]["0"]["match_rate"] == 1.0
     assert isinstance(pd.DataFrame(rep["devices"]["0"]["release_points"]), pd.DataFrame)

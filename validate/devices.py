@@ -42,7 +42,7 @@ import os
 import time
 from typing import Any
 
-from allocsim.device import DEFAULT_GRANULARITY_BYTES, DEVICE_ALIGNMENT_BYTES, DeviceOutOfMemory
+from allocsim.device import DEFAULT_GRANULARITY_BYTES, DeviceOutOfMemory, SimulatedDevice
 from allocsim.errors import AllocsimError
 from allocsim.units import MiB, align_up
 
@@ -86,44 +86,27 @@ def gpu_available() -> bool:
     return True
 
 
-class RealDevice:
-    """What ``HostDevice`` and ``CupyDevice`` share: counters, timing, virtual addresses, measurement.
+class RealDevice(SimulatedDevice):
+    """What ``HostDevice`` and ``CupyDevice`` share: real memory and timing under ``SimulatedDevice``'s books.
 
+    The footprint rule, capacity checks, counters, addresses and the recorded-run aids are
+    ``SimulatedDevice``'s own (so the two cannot drift); this class only backs each call with real
+    memory (``_back_*``), times it and measures what the device really holds after it.
     Subclasses write ``_raw_malloc(size) -> (handle, pointer)``, ``_raw_free(handle)`` and
-    ``_measure() -> bytes held now`` (called after every device call).
+    ``_measure() -> bytes held now`` (and, for expandable segments, ``_raw_reserve``/``_raw_release``/
+    ``_raw_map``/``_raw_unmap``).
     """
 
     backend = "base"
 
     def __init__(self, capacity_bytes: int | None = None, *, granularity_bytes: int = DEFAULT_GRANULARITY_BYTES,
                  small_granularity_bytes: int | None = None, real_addresses: bool = False):
-        if capacity_bytes is not None and capacity_bytes < 0:
-            raise ValueError("capacity_bytes must be >= 0")
         if granularity_bytes <= 0 or (small_granularity_bytes is not None and small_granularity_bytes <= 0):
             raise ValueError("granularities must be > 0")
-        self.capacity_bytes = capacity_bytes
-        self.granularity_bytes = granularity_bytes
-        self.small_granularity_bytes = small_granularity_bytes or granularity_bytes
-        self.real_addresses = real_addresses
+        super().__init__(capacity_bytes, granularity_bytes=granularity_bytes,
+                         small_granularity_bytes=small_granularity_bytes)
         self._next_addr = FIRST_VIRTUAL_ADDR
-        # addr handed out -> (handle, real pointer, footprint)
-        self._live: dict[int, tuple[Any, int, int]] = {}
-        self.reserved_bytes = 0
-        self.peak_reserved_bytes = 0
-        self.n_mallocs = 0
-        self.malloc_bytes = 0
-        self.n_frees = 0
-        self.freed_bytes = 0
-        self.n_failed_mallocs = 0
-        self._address_spaces: dict[int, tuple[Any, int, int]] = {}   # base -> (handle, real base, bytes)
-        self._mapped: dict[int, int] = {}                            # mapped range start -> bytes
-        self.n_maps = 0
-        self.map_bytes = 0
-        self.n_unmaps = 0
-        self.unmapped_bytes = 0
-        self.n_failed_maps = 0
-        self.n_adopted = 0
-        self.adopted_bytes = 0
+        self.real_addresses = real_addresses
         # Timing and measurement.
         self.call_ops: list[int] = []
         self.call_bytes: list[int] = []
@@ -133,191 +116,65 @@ class RealDevice:
         self.peak_measured_bytes = 0
         self.n_samples = 0
 
-    @property
-    def device(self) -> "RealDevice":
-        """A device is its own device (so adaptors can always ask ``upstream.device``)."""
-        return self
-
-    # ------------------------------------------------------------------ SimulatedDevice interface
-    def footprint(self, size_bytes: int) -> int:
-        """Bytes the counters charge for a ``size_bytes`` request (``SimulatedDevice``'s rule)."""
-        if size_bytes >= self.granularity_bytes:
-            return align_up(size_bytes, self.granularity_bytes)
-        return align_up(max(size_bytes, 1), self.small_granularity_bytes)
-
-    def free_capacity_bytes(self) -> int | None:
-        """What cudaMemGetInfo would report free under the counters, or None for an unlimited device."""
-        if self.capacity_bytes is None:
-            return None
-        return self.capacity_bytes - self.reserved_bytes
-
-    def malloc(self, size_bytes: int) -> int:
-        """Really allocate ``size_bytes`` (at least 1); return its address or raise ``DeviceOutOfMemory``."""
-        footprint = self.footprint(size_bytes)
-        if self.capacity_bytes is not None and self.reserved_bytes + footprint > self.capacity_bytes:
-            self.n_failed_mallocs += 1
-            raise DeviceOutOfMemory(f"cannot reserve {footprint} bytes: {self.reserved_bytes} of "
-                                    f"{self.capacity_bytes} in use")
+    # ------------------------------------------------------------------ real memory behind the books
+    def _back_malloc(self, size_bytes: int) -> tuple[Any, int]:
         t0 = _perf_ns()
         try:
             handle, pointer = self._raw_malloc(max(size_bytes, 1))
-        except DeviceOutOfMemory:
-            self.n_failed_mallocs += 1
+        finally:
             self._log(OP_MALLOC, size_bytes, _perf_ns() - t0)
-            raise
-        self._log(OP_MALLOC, size_bytes, _perf_ns() - t0)
-        if self.real_addresses:
-            addr = pointer
-        else:
-            addr = self._next_addr
-            self._next_addr = align_up(addr + footprint, DEVICE_ALIGNMENT_BYTES)
-        self._live[addr] = (handle, pointer, footprint)
-        self.reserved_bytes += footprint
-        if self.reserved_bytes > self.peak_reserved_bytes:
-            self.peak_reserved_bytes = self.reserved_bytes
-        self.n_mallocs += 1
-        self.malloc_bytes += footprint
         self._on_malloc(size_bytes)
-        self._sample()
-        return addr
+        return handle, pointer
 
-    def free(self, addr: int) -> None:
-        """Really free the allocation at ``addr``."""
-        handle, _pointer, footprint = self._live.pop(addr)
+    def _fresh_address(self, footprint: int, backing: object) -> int:
+        if self.real_addresses and backing is not None:
+            return backing[1]
+        return super()._fresh_address(footprint, backing)
+
+    def _back_free(self, backing: object, footprint: int) -> None:
         t0 = _perf_ns()
-        self._raw_free(handle)
+        self._raw_free(backing[0])
         self._log(OP_FREE, footprint, _perf_ns() - t0)
-        self.reserved_bytes -= footprint
-        self.n_frees += 1
-        self.freed_bytes += footprint
-        self._sample()
 
-    # ------------------------------------------------------------------ a recorded start state
-    def adopt(self, addr: int, size_bytes: int) -> None:
-        """Take over an allocation that existed at ``addr`` when a recorded window began (``SimulatedDevice.adopt``).
-
-        Really allocated (untimed, not counted as a device call) and kept under the recorded address;
-        later addresses are handed out above it, as ``SimulatedDevice`` does.
-        """
-        if size_bytes <= 0 or addr < 0 or addr in self._live:
-            raise ValueError(f"cannot adopt [{addr:#x}, +{size_bytes})")
-        handle, pointer = self._raw_malloc(size_bytes)
+    def _back_adopt(self, size_bytes: int) -> tuple[Any, int]:
+        handle, pointer = self._raw_malloc(size_bytes)   # untimed: not a call the policy made
         self._on_malloc(size_bytes)
-        self._live[addr] = (handle, pointer, size_bytes)
-        self._grow(size_bytes)
-        self._next_addr = max(self._next_addr, align_up(addr + size_bytes, DEVICE_ALIGNMENT_BYTES))
-        self.n_adopted += 1
-        self.adopted_bytes += size_bytes
-        self._sample()
+        return handle, pointer
 
-    def adopt_address_space(self, addr: int, size_bytes: int) -> None:
-        """Take over a reserved virtual range (an expandable segment at the window's start)."""
-        if size_bytes <= 0 or addr < 0:
-            raise ValueError(f"cannot adopt the address range [{addr:#x}, +{size_bytes})")
-        handle, real_base = self._raw_reserve(size_bytes)
-        self._address_spaces[addr] = (handle, real_base, size_bytes)
-        self._next_addr = max(self._next_addr, align_up(addr + size_bytes, DEVICE_ALIGNMENT_BYTES))
+    def _back_reserve(self, size_bytes: int, timed: bool = True) -> tuple[Any, int]:
+        return self._raw_reserve(size_bytes)
 
-    def adopt_mapped(self, addr: int, size_bytes: int) -> None:
-        """Take over mapped pages inside an adopted virtual range (really mapped, not counted as a call)."""
-        if size_bytes <= 0:
-            raise ValueError(f"cannot adopt a mapping of {size_bytes} bytes")
-        self._raw_map(self.real_pointer(addr), size_bytes)
-        self._mapped[addr] = size_bytes
-        self._grow(size_bytes)
-        self.adopted_bytes += size_bytes
-        self._sample()
+    def _back_release(self, backing: object) -> None:
+        self._raw_release(backing[0])
 
-    def _grow(self, size_bytes: int) -> None:
-        self.reserved_bytes += size_bytes
-        if self.reserved_bytes > self.peak_reserved_bytes:
-            self.peak_reserved_bytes = self.reserved_bytes
-
-    def real_pointer(self, addr: int) -> int:
-        """The real pointer behind an address this device handed out (a segment start or a mapped page)."""
-        if addr in self._live:
-            return self._live[addr][1]
-        for base, (_handle, real_base, size) in self._address_spaces.items():
-            if base <= addr < base + size:
-                return real_base + (addr - base)
-        raise KeyError(f"address {addr:#x} was not handed out by this device")
-
-    # ------------------------------------------------------------------ expandable segments
-    def reserve_address_space(self, size_bytes: int) -> int:
-        """cuMemAddressReserve: a virtual range that holds no memory until mapped."""
-        size_bytes = align_up(max(size_bytes, 1), self.granularity_bytes)
-        handle, real_base = self._raw_reserve(size_bytes)
-        if self.real_addresses:
-            addr = real_base
-        else:
-            addr = self._next_addr
-            self._next_addr = align_up(addr + size_bytes, DEVICE_ALIGNMENT_BYTES)
-        self._address_spaces[addr] = (handle, real_base, size_bytes)
-        return addr
-
-    def release_address_space(self, addr: int) -> None:
-        """cuMemAddressFree: drop a virtual range; every page in it must already be unmapped."""
-        handle, _real_base, size_bytes = self._address_spaces[addr]
-        end = addr + size_bytes
-        if any(addr <= start < end for start in self._mapped):
-            raise ValueError(f"address range {addr:#x} still has mapped pages")
-        del self._address_spaces[addr]
-        self._raw_release(handle)
-
-    def map(self, addr: int, size_bytes: int) -> None:
-        """Back ``[addr, addr + size_bytes)`` of a reserved range with memory, or raise ``DeviceOutOfMemory``."""
-        if size_bytes <= 0:
-            raise ValueError(f"map size must be > 0, got {size_bytes}")
-        if self.capacity_bytes is not None and self.reserved_bytes + size_bytes > self.capacity_bytes:
-            self.n_failed_maps += 1
-            raise DeviceOutOfMemory(f"cannot map {size_bytes} bytes: {self.reserved_bytes} of "
-                                    f"{self.capacity_bytes} in use")
+    def _back_map(self, addr: int, size_bytes: int, timed: bool = True) -> None:
         pointer = self.real_pointer(addr)
+        if not timed:
+            self._raw_map(pointer, size_bytes)
+            return
         t0 = _perf_ns()
         try:
             self._raw_map(pointer, size_bytes)
-        except DeviceOutOfMemory:
-            self.n_failed_maps += 1
+        finally:
             self._log(OP_MAP, size_bytes, _perf_ns() - t0)
-            raise
-        self._log(OP_MAP, size_bytes, _perf_ns() - t0)
-        self._mapped[addr] = size_bytes
-        self.reserved_bytes += size_bytes
-        if self.reserved_bytes > self.peak_reserved_bytes:
-            self.peak_reserved_bytes = self.reserved_bytes
-        self.n_maps += 1
-        self.map_bytes += size_bytes
-        self._sample()
 
-    def unmap(self, addr: int, size_bytes: int) -> None:
-        """Give back the pages of ``[addr, addr + size_bytes)``; any whole-page sub-range of mapped memory."""
-        if size_bytes <= 0:
-            raise ValueError(f"unmap size must be > 0, got {size_bytes}")
-        end = addr + size_bytes
-        cursor = addr
-        while cursor < end:   # split the recorded ranges exactly as SimulatedDevice does
-            start = self._mapped_range_containing(cursor)
-            length = self._mapped.pop(start)
-            if start < cursor:
-                self._mapped[start] = cursor - start
-            range_end = start + length
-            if range_end > end:
-                self._mapped[end] = range_end - end
-            cursor = min(range_end, end)
+    def _back_unmap(self, addr: int, size_bytes: int) -> None:
         pointer = self.real_pointer(addr)
         t0 = _perf_ns()
         self._raw_unmap(pointer, size_bytes)
         self._log(OP_UNMAP, size_bytes, _perf_ns() - t0)
-        self.reserved_bytes -= size_bytes
-        self.n_unmaps += 1
-        self.unmapped_bytes += size_bytes
+
+    def _after_call(self) -> None:
         self._sample()
 
-    def _mapped_range_containing(self, addr: int) -> int:
-        for start, length in self._mapped.items():
-            if start <= addr < start + length:
-                return start
-        raise ValueError(f"address {addr:#x} is not mapped")
+    def real_pointer(self, addr: int) -> int:
+        """The real pointer behind an address this device handed out (a segment start or a mapped page)."""
+        if addr in self._sizes:
+            return self._backing[addr][1]
+        for base, size in self._address_spaces.items():
+            if base <= addr < base + size:
+                return self._backing[base][1] + (addr - base)
+        raise KeyError(f"address {addr:#x} was not handed out by this device")
 
     # ------------------------------------------------------------------ measurement
     def _log(self, op: int, size_bytes: int, ns: int) -> None:
@@ -350,10 +207,11 @@ class RealDevice:
             self.reserved_bytes -= length
         self._mapped.clear()
         for base in list(self._address_spaces):
-            self._raw_release(self._address_spaces.pop(base)[0])
-        for addr in list(self._live):
-            handle, _pointer, footprint = self._live.pop(addr)
-            self._raw_free(handle)
+            del self._address_spaces[base]
+            self._raw_release(self._backing.pop(base)[0])
+        for addr in list(self._sizes):
+            footprint = self._sizes.pop(addr)
+            self._raw_free(self._backing.pop(addr)[0])
             self.reserved_bytes -= footprint
         self._sample()
 
@@ -530,7 +388,8 @@ class HostDevice(RealDevice):
 
         starts = [s for s, _ in spans]
         checked = 0
-        for handle, pointer, _fp in self._live.values():
+        for addr in self._sizes:
+            handle, pointer = self._backing[addr]
             need_end = pointer + align_up(len(handle), PAGE_BYTES)
             i = bisect.bisect_right(starts, pointer) - 1
             assert i >= 0 and spans[i][0] <= pointer and spans[i][1] >= need_end, \

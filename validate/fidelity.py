@@ -20,11 +20,8 @@ cudaMallocs or frees); ``matched`` = real decisions reproduced exactly. ``free_r
 
 Start state: segments at their real addresses, sizes, streams and pools; live blocks at their
 real addresses bound to the trace's allocation ids; free gaps as free blocks of their stream and
-pool (``PyTorchPolicy.load_state``). Blocks known only from a free in the window ("orphans") get
-the size ``round_size`` gives; a large-pool block followed by a free gap of at most 1 MiB is
-grown over that gap (``infer_start_state``), because a large-pool free block is always bigger
-than 1 MiB in PyTorch (``should_split`` leaves > kSmallSize or nothing), so such a gap can only be
-the unsplit tail of the block before it.
+pool (``PyTorchPolicy.load_state``). The trace layer makes the block sizes exact
+(``allocsim.trace.start_state``); this module only uses them.
 
 Segment identity: initial segments keep their real addresses. A segment the model creates while
 serving request *i* is paired, in creation order, with the segments the real allocator created
@@ -35,22 +32,14 @@ expandable segment's virtual range is paired the same way through its first mapp
 addresses are compared as offsets from that range's base.
 
 Segment releases no request explains (PyTorch only frees segments in ``empty_cache`` or when a
-cudaMalloc fails) are inferred from the trace, because the real device's capacity is unknown:
-
-* a run of ``segment_free``/``segment_unmap`` entries recorded before request *i* (the entries
-  carry the index of the next request) followed by a ``segment_alloc``/``segment_map`` for *i*,
-  where our model finds no cached block for *i*, is the **OOM path** (``malloc`` →
-  ``alloc_block`` fails → ``release_cached_blocks`` → retry): the simulated device refuses the
-  next device call (``SimulatedDevice.refuse(1)``) and the model runs its own release path.
-  (``empty_cache()`` right before such a request would leave the same state: the two are
-  indistinguishable in a snapshot and replay identically.)
-* any other such run is the program calling ``torch.cuda.empty_cache()``
-  (``release_cached_blocks``): the replay calls ``policy.empty_cache()`` before request *i*;
-* an ``oom`` entry is a request that failed and left no ``alloc`` entry: the replay issues a
-  request of the recorded (rounded) size on the recorded stream with the device refusing every
-  call, so the model runs its whole failure path (release, retry, OOM).
-
-Which segments are freed, in which order, is then the model's decision and is compared.
+cudaMalloc fails) are classified by the trace layer (``allocsim.trace.recorded``): the program's
+``empty_cache()`` calls are EMPTY_CACHE events of the trace, a recorded OOM's failed request is an
+ALLOC event, and the points where the allocator released its cache on the out-of-memory path are
+``RecordedRun.release_points``. The replay here refuses the recorded request's first cudaMalloc at
+an OOM-path point (``SimulatedDevice.refuse(1)``) and every device call of a recorded OOM's failed
+request, so the model runs its own failure path; which segments are freed, in which order, is
+then the model's decision and is compared. With ``capacity_bytes`` the replay runs on a device of
+that size instead (the inferred capacity explains both kinds of point when one exists).
 """
 
 from __future__ import annotations
@@ -62,7 +51,6 @@ import os
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from allocsim.device import SimulatedDevice
 from allocsim.errors import AllocsimError, OutOfMemory
@@ -71,6 +59,7 @@ from allocsim.policies.growth import K_SMALL_SIZE
 from allocsim.policies.pytorch import PyTorchPolicy
 from allocsim.policies.pytorch_rules import allocator_settings_to_kwargs
 from allocsim.trace import read_trace
+from allocsim.trace.recorded import RecordedRun, recorded_run
 from allocsim.trace.schema import EventKind, Trace
 
 SEGMENT_ALLOCS = ("segment_alloc", "segment_map")
@@ -83,51 +72,6 @@ ALLOC, FREE_REQUESTED, FREE_COMPLETED, EMPTY_CACHE = (int(EventKind.ALLOC), int(
 MAX_EXAMPLES = 20
 #: How many free blocks the first mismatch's context lists.
 MAX_CONTEXT_BLOCKS = 64
-
-
-# ---------------------------------------------------------------------- start state
-def infer_start_state(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """Return ``(initial_segments, initial_blocks, notes)`` for one device, block sizes repaired.
-
-    The reader gives a block known only from its free in the window ``round_size`` of the
-    request. In the large pool of a plain (non-expandable) segment every free block is bigger
-    than 1 MiB: ``should_split`` (``c10/cuda/CUDACachingAllocator.cpp``) leaves a remainder only
-    when it is > kSmallSize, large-pool allocations are > kSmallSize and merging only grows
-    blocks. So a free gap of at most 1 MiB after a live block is that block's unsplit tail: the
-    block is grown over it.
-    """
-    segments = trace.initial_segments.reset_index(drop=True)
-    blocks = trace.initial_blocks.reset_index(drop=True)
-    notes: list[str] = []
-    if len(segments) and not len(blocks):
-        raise AllocsimError("the snapshot's start state could not be reconstructed (no initial blocks): "
-                            + "; ".join(trace.meta.notes[-2:]))
-    if not len(blocks):
-        return segments, blocks, notes
-    plain_large = {int(a) for a, pool, exp in zip(segments["addr"], segments["pool"], segments["is_expandable"])
-                   if pool == "large" and not exp}
-    rows = blocks.sort_values(["segment_addr", "addr"], kind="stable").to_dict("records")
-    out: list[dict[str, Any]] = []
-    grown = grown_bytes = 0
-    odd_gaps = 0
-    for row in rows:
-        prev = out[-1] if out else None
-        same_segment = prev is not None and prev["segment_addr"] == row["segment_addr"]
-        if (row["alloc_id"] < 0 and int(row["segment_addr"]) in plain_large and row["size_bytes"] <= K_SMALL_SIZE):
-            if same_segment and prev["alloc_id"] >= 0:
-                prev["size_bytes"] += row["size_bytes"]
-                grown += 1
-                grown_bytes += int(row["size_bytes"])
-                continue
-            odd_gaps += 1
-        out.append(dict(row))
-    if grown:
-        notes.append(f"{grown} initial large-pool blocks grown over the free gap of <= 1 MiB after them "
-                     f"({grown_bytes} bytes): such a gap is an unsplit tail (should_split)")
-    if odd_gaps:
-        notes.append(f"{odd_gaps} free gaps of <= 1 MiB in large segments could not be explained")
-    fixed = pd.DataFrame(out, columns=list(blocks.columns)).astype(blocks.dtypes.to_dict())
-    return segments, fixed, notes
 
 
 # ---------------------------------------------------------------------- the report
@@ -171,8 +115,16 @@ class _DeviceCheck:
         self.sim = SimulatedDevice(capacity_bytes)
         self.policy = PyTorchPolicy(self.sim, record_decisions=True, **kwargs)
         self.expandable = bool(self.policy.expandable_segments)
-        segments, blocks, self.start_notes = infer_start_state(trace)
+        segments, blocks = trace.initial_segments, trace.initial_blocks
+        if len(segments) and not len(blocks):
+            raise AllocsimError("the snapshot's start state could not be reconstructed (no initial blocks): "
+                                + "; ".join(trace.meta.notes[-2:]))
         self.policy.load_state(segments, blocks)
+        self.start_notes = [n for n in trace.meta.notes if "start-of-window" in n or "start-state" in n]
+        self.recorded = recorded_run(trace, device) or RecordedRun(device=device, allocator="unknown")
+        # Event index -> how the recorded run released its cache there (see the module docstring).
+        self.release_mode = {int(p["event_index"]): p["mode"] for p in self.recorded.release_points
+                             if p["mode"] in ("oom_path", "oom")}
         # Real segment decisions per request index, in recorded order; real alloc addresses by id.
         dec = trace.decisions
         self.real: dict[int, list[tuple]] = {}
@@ -204,9 +156,6 @@ class _DeviceCheck:
         self.kinds: dict[str, list[int]] = {}    # decision kind -> [decisions, matched]
         self.examples: list[dict[str, Any]] = []
         self.first: dict[str, Any] | None = None
-        self.releases: list[dict[str, Any]] = []
-        self.next_id = int(max([-1] + trace.events["alloc_id"].tolist()
-                               + trace.initial_allocs["alloc_id"].tolist())) + 1
         self._context: list[dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------ addresses
@@ -287,66 +236,31 @@ class _DeviceCheck:
         ev = self.trace.events
         cols = [ev[c].tolist() for c in ("kind", "alloc_id", "size_bytes", "stream")]
         n = len(cols[0])
-        for i in range(n + 1):
-            items = self.real.get(i, [])
-            # Each oom entry ends the decisions of one failed request that left no alloc entry.
-            while any(it[0] == "oom" for it in items):
-                k = next(j for j, it in enumerate(items) if it[0] == "oom")
-                oom = items[k]
-                self.request(i, ALLOC, self.next_id, oom[2], oom[3], items[:k + 1], injected=True)
-                self.next_id += 1
-                items = items[k + 1:]
-            if i < n:
-                kind, aid, size, stream = cols[0][i], cols[1][i], cols[2][i], cols[3][i]
-                self.request(i, kind, aid, size, stream, items)
-            elif items:
-                self.request(i, -1, -1, 0, 0, items)
+        for i in range(n):
+            self.request(i, cols[0][i], cols[1][i], cols[2][i], cols[3][i], self.real.get(i, []))
+        if self.real.get(n):   # decisions after the last request (none in a well-formed recording)
+            self.request(n, -1, -1, 0, 0, self.real[n])
         return self.report()
 
-    def request(self, i: int, kind: int, aid: int, size: int, stream: int, real: list[tuple],
-                injected: bool = False) -> None:
+    def request(self, i: int, kind: int, aid: int, size: int, stream: int, real: list[tuple]) -> None:
+        """Replay event ``i`` (refusing device calls where the recording failed them) and compare."""
         policy, sim = self.policy, self.sim
         mark = len(policy.decisions)
         va_before = set(sim._address_spaces) if self.expandable else None
-        lead = 0
-        while lead < len(real) and real[lead][0] in SEGMENT_FREES:
-            lead += 1
-        mode = reason = None
-        demand = None
-        if injected:
-            mode, reason = "oom", "oom entry: the request failed and left no alloc entry"
-            if self.capacity_bytes is None:
-                sim.refuse(None)
-        elif lead:
-            nxt = real[lead] if lead < len(real) else None
-            if kind == -1:
-                mode, reason = "empty_cache", "released at the end of the trace"
-            elif kind != ALLOC:
-                mode, reason = "empty_cache", f"released before a {_kind_name(kind)}"
-            elif nxt is None or nxt[0] not in SEGMENT_ALLOCS:
-                mode, reason = "empty_cache", "the request made no new segment after the release"
-            elif policy.would_reuse(size, stream):
-                mode, reason = "empty_cache", "a cached block fitted the request: no cudaMalloc was tried"
-            else:
-                mode, reason = "oom_path", "no cached block fitted and the request's new segment follows the release"
-                demand = self.real_reserved + nxt[2]
-            if mode == "oom_path":
-                if self.capacity_bytes is None:
-                    sim.refuse(1)  # alloc_block fails once -> release_cached_blocks -> retry
-            else:
-                policy.empty_cache()
-        if mode is not None:
-            point = {"event_index": i, "mode": mode, "reason": reason, "real_releases": lead,
-                     "real_reserved_before_bytes": int(self.real_reserved)}
-            if demand is not None:
-                point["failed_cudamalloc_demand_bytes"] = int(demand)
-            self.releases.append(point)
+        mode = self.release_mode.get(i)
+        if mode is None and kind == EMPTY_CACHE:
+            mode = "empty_cache"
+        if self.capacity_bytes is None:
+            if mode == "oom":
+                sim.refuse(None)   # the recorded OOM: every device call failed
+            elif mode == "oom_path":
+                sim.refuse(1)      # alloc_block fails once -> release_cached_blocks -> retry
+        failed = False
         if kind == ALLOC:
             if self.first is None:
                 self._context = self.free_blocks(policy.rounded_size(size), stream)
             if not self.expandable:
                 sim.hint_addresses([(a, s) for act, a, s, _st, _d in real if act == "segment_alloc"])
-            failed = False
             try:
                 policy.malloc(aid, size, stream)
             except OutOfMemory:
@@ -367,7 +281,7 @@ class _DeviceCheck:
             self.pair_ranges(va_before, ours, real)
         self.compare_segments(i, kind, size, stream, real, ours, mode)
         self.apply_real(real)
-        if kind == ALLOC and not injected and aid in self.real_alloc:
+        if kind == ALLOC and aid in self.real_alloc:
             self.compare_alloc(i, aid, size, stream, failed)
         self._context = None
 
@@ -474,13 +388,13 @@ class _DeviceCheck:
         real_allocs = seg.loc[seg["action"].isin(SEGMENT_ALLOCS), "size_bytes"].tolist()
         real_frees = seg.loc[seg["action"].isin(SEGMENT_FREES), "size_bytes"].tolist()
         modes: dict[str, int] = {}
-        for r in self.releases:
-            modes[r["mode"]] = modes.get(r["mode"], 0) + 1
+        for point in self.recorded.release_points:
+            modes[point["mode"]] = modes.get(point["mode"], 0) + 1
         peak = int(series.max())
-        demands = [r["failed_cudamalloc_demand_bytes"] for r in self.releases if "failed_cudamalloc_demand_bytes" in r]
+        demands = [p["failed_demand_bytes"] for p in self.recorded.release_points if "failed_demand_bytes" in p]
         capacity = None
         if demands:
-            # One fixed device capacity C explains every inferred OOM path iff reserved + the failed
+            # One fixed device capacity C explains every OOM-path point iff reserved + the failed
             # cudaMalloc > C >= every reserved level the run reached: i.e. min(demand) > peak.
             capacity = {"oom_path_points": len(demands), "lowest_failed_demand_bytes": int(min(demands)),
                         "real_peak_reserved_bytes": peak, "consistent_with_one_capacity": min(demands) > peak}
@@ -511,7 +425,9 @@ class _DeviceCheck:
             "streams": int(self.trace.events["stream"].nunique()),
             "inferred_releases": modes,
             "oom_path_capacity_check": capacity,
-            "release_points": self.releases,
+            "release_points": self.recorded.release_points,
+            "inferred_capacity_bytes": self.recorded.capacity_bytes,
+            "inferred_capacity_source": self.recorded.capacity_source,
             "start_state_notes": self.start_notes,
         }
 

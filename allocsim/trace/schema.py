@@ -164,8 +164,13 @@ class Trace:
             kept_positions = np.flatnonzero(keep)
             pos = np.searchsorted(kept_positions, decisions["event_index"].to_numpy())
             decisions["event_index"] = pos.astype(np.int64)
-        meta = dataclasses.replace(self.meta, devices=[device],
-                                   recorded={k: v for k, v in self.meta.recorded.items() if k == str(device)})
+        kept_positions = np.flatnonzero(keep)
+        recorded = {}
+        if str(device) in self.meta.recorded:
+            from .recorded import reindex_recorded
+
+            recorded[str(device)] = reindex_recorded(self.meta.recorded[str(device)], kept_positions)
+        meta = dataclasses.replace(self.meta, devices=[device], recorded=recorded)
         return Trace(
             events=events,
             meta=meta,

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import TraceFormatError
 from .builder import MAX_SIZE_BYTES, TraceBuilder
+from .recorded import infer_from_snapshot
 from .safe_pickle import DEFAULT_MAX_BYTES, loads_data, read_bounded, short_repr
 from .schema import BLOCK_DTYPES, SEGMENT_DTYPES, Trace, check_schema, frame_from_columns
 
@@ -224,6 +225,7 @@ class _SnapshotReader:
         self._fix_orphan_block_sizes(trace, segments, traces)
         blocks = self._initial_blocks(trace, initial_segments)
         trace.initial_blocks = blocks
+        infer_from_snapshot(trace)
         check_schema(trace)
         return trace
 

@@ -44,6 +44,8 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "format": trace.meta.format,
         "events": int(len(trace.events)),
         "allocs": int(np.count_nonzero(kind == EventKind.ALLOC)),
+        # Requests that failed in the real run (a recorded OOM) are ALLOC events too: the program asked.
+        "recorded_ooms": sum(len(run.get("ooms") or []) for run in trace.meta.recorded.values()),
         "frees": int(np.count_nonzero(kind == EventKind.FREE_REQUESTED)),
         "frees_completed": int(np.count_nonzero(kind == EventKind.FREE_COMPLETED)),
         "empty_cache_calls": int(np.count_nonzero(kind == EventKind.EMPTY_CACHE)),
@@ -61,6 +63,17 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "initial_reserved_bytes": int(trace.initial_segments["size_bytes"].sum()),
         "recorded_decisions": {str(k): int(v) for k, v in sorted(decisions.items())},
         "allocator_settings": trace.meta.allocator_settings,
+        "recorded": {device: _recorded_brief(run) for device, run in sorted(trace.meta.recorded.items())},
         "repairs": list(trace.meta.repairs),
         "notes": list(trace.meta.notes),
     }
+
+
+def _recorded_brief(run: dict[str, Any]) -> dict[str, Any]:
+    """The recorded facts ``info`` shows: real peak, device calls, releases, OOMs, capacity."""
+    keys = ("allocator", "start_reserved_bytes", "peak_reserved_bytes", "final_reserved_bytes",
+            "peak_allocated_bytes", "segment_allocs", "segment_frees", "segment_maps", "segment_unmaps",
+            "empty_cache_calls", "oom_path_releases", "capacity_bytes", "capacity_source")
+    out = {k: run.get(k) for k in keys if run.get(k) is not None}
+    out["ooms"] = len(run.get("ooms") or [])
+    return out
