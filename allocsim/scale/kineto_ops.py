@@ -106,6 +106,8 @@ def op_paths(path: str, trace: Trace) -> OpPaths | None:
             items.append((start, 0, -(start + dur), op_id))   # longer spans open first
             items.append((start + dur, 2, -start, op_id))     # ...and close last
     del events, doc
+    if not names:
+        return None   # no op events in this file: nothing to attribute
     order = sorted(range(len(allocs)), key=lambda k: (allocs[k][0], allocs[k][1]))
     rank = np.empty(len(allocs), dtype=np.int64)
     rank[order] = np.arange(len(allocs))
