@@ -10,7 +10,10 @@ input trace supports:
 2. ``operator`` -- the chain of enclosing operator instances (Kineto CPU ops), each named by its op
    name and its ordinal among its siblings of that name, then the allocation's ordinal within its
    innermost op. An op that allocates once more at some scale shifts only the keys of its own
-   later allocations and later same-named siblings, not the rest of the step.
+   later allocations, not the rest of the step. An op *instance* that appears at some scale shifts
+   the ordinals of its later same-named siblings: those then align with the next same-named op of
+   the other input (harmless when, as for repeated layers, its sizes follow the same law) and the
+   last one aligns only with inputs that have the extra op too (counted as "in some inputs").
 3. ``position`` -- the allocation's ordinal in the step. Used only between steps with the same
    number of allocations (otherwise one extra allocation would misalign everything after it).
 
