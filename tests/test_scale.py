@@ -286,3 +286,52 @@ def test_alloc_and_free_sizes_stay_paired(series):
     for kind in (EventKind.FREE_REQUESTED, EventKind.FREE_COMPLETED):
         frees = ev[ev["kind"] == kind].set_index("alloc_id")["size_bytes"]
         assert (alloc.loc[frees.index] == frees).all()
+
+
+def test_only_step_markers_are_step_boundaries(tmp_path):
+    events = program_events(2, steps=3, ops=False, markers=False)
+    events.append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#7", "pid": 1, "tid": 1,
+                   "ts": events[0]["ts"], "dur": 1})
+    trace = read_trace(write_kineto(tmp_path / "one.json", events))
+    assert find_steps(trace).source == "markers"
+    from allocsim.trace.builder import TraceBuilder
+
+    b = TraceBuilder("x", "test")
+    b.marker(0, 0, "snapshot")
+    for i in range(3):
+        b.alloc(i, 10 * i + 1, 0, 0, 64, 1000)
+        b.free(i, 10 * i + 5, 0, 0, 64)
+    steps = find_steps(b.finish())
+    assert steps.source == "troughs" and len(steps.body) == 3
+
+
+def test_hostile_op_nesting_costs_a_bounded_path(tmp_path):
+    import allocsim.scale.kineto_ops as kineto_ops
+
+    depth = 5 * kineto_ops.MAX_OP_DEPTH
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": 10 + i, "dur": 10_000 - 2 * i}
+              for i in range(depth)]
+    events += [{"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 5000, "args": {"Addr": 64, "Bytes": 8}},
+               {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 5001, "args": {"Addr": 64, "Bytes": -8}}]
+    path = write_kineto(tmp_path / "deep.json", events)
+    paths = kineto_ops.op_paths(path, read_trace(path))
+    assert len(paths.paths[0]) == kineto_ops.MAX_OP_DEPTH
+    assert paths.names[paths.paths[0][-1]] == f"op{depth - 1}"     # the innermost ops are kept
+
+
+def test_a_real_gpu_snapshot_aligns_with_itself(shared_dir):
+    path = shared_dir / "traces" / "pytorch-snapshots" / "Wedsonlin__medium_128_training_memory_snapshot.pickle"
+    if not path.exists():
+        pytest.skip(f"{path.name} is absent")
+    first = load_input(str(path), Fraction(1))
+    again = prepare_input(first.trace, Fraction(2), path=str(path))
+    result = scale_inputs([first, again], Fraction(4), "batch")
+    report = result.report
+    # No markers: steps come from live-byte troughs; the same run at two values is all constants.
+    assert first.steps.source == "troughs"
+    assert report.aligned_all == report.allocations == len(first.alloc_id)
+    assert report.laws["constant"] == report.allocations
+    assert report.initial["aligned"] == len(first.trace.initial_allocs) > 0
+    assert result.trace.events["size_bytes"].tolist() == first.trace.events["size_bytes"].tolist()
+    assert result.trace.initial_allocs["size_bytes"].tolist() == first.trace.initial_allocs["size_bytes"].tolist()
+    assert len(result.trace.initial_segments) == 0 and len(result.trace.decisions) == 0

@@ -62,14 +62,33 @@ def _key_map(keyer: Keyer, item: ScaleInput, step_index: int, backward: bool) ->
     return {key: int(k) for key, k in zip(keys, ks)}
 
 
-def _candidates(item: ScaleInput) -> list[int]:
+def _candidates(item: ScaleInput, backward: bool = False) -> list[int]:
+    """Steps of ``item`` a reference step may match: its full steps, and its prologue for a prologue."""
     body = [i for i, s in enumerate(item.steps.steps) if not s.prologue]
-    return (body or list(range(len(item.steps.steps))))[:MAX_CANDIDATE_STEPS]
+    chosen = (body or list(range(len(item.steps.steps))))[:MAX_CANDIDATE_STEPS]
+    prologues = [i for i, s in enumerate(item.steps.steps) if s.prologue and i not in chosen]
+    return chosen + prologues if backward else chosen
 
 
 def _typical_step_allocs(item: ScaleInput) -> int | None:
     counts = [len(item.step_allocs(i)) for i in _candidates(item)]
     return Counter(counts).most_common(1)[0][0] if counts else None
+
+
+def _score(reference: ScaleInput, other: ScaleInput, ks, ref_keys, key_map: dict[Hashable, int]) -> tuple[int, int]:
+    """(keys found, keys found with the same size): most keys first, then most unchanged sizes.
+
+    The second term separates candidates that share every key (position keys of equal-length
+    steps): the step that really corresponds keeps most sizes (most allocations are constant).
+    """
+    hits = same = 0
+    ref_sizes, other_sizes = reference.size_bytes, other.size_bytes
+    for k, key in zip(ks, ref_keys):
+        hit = key_map.get(key)
+        if hit is not None:
+            hits += 1
+            same += int(ref_sizes[k] == other_sizes[hit])
+    return hits, same
 
 
 def align(reference: ScaleInput, others: Sequence[ScaleInput], keyer: Keyer | None = None) -> Alignment:
@@ -79,26 +98,26 @@ def align(reference: ScaleInput, others: Sequence[ScaleInput], keyer: Keyer | No
     partner = np.full((n_ref, len(others)), -1, dtype=np.int64)
     matches: list[StepMatch] = []
     ref_typical = _typical_step_allocs(reference)
+    ref_steps = []
+    for r, step in enumerate(reference.steps.steps):
+        ks = reference.step_allocs(r)
+        if len(ks):
+            ref_steps.append((r, step.prologue, ks, keyer.keys(reference.key_source, ks, step.prologue)))
     for j, other in enumerate(others):
         cache: dict[tuple[int, bool], dict[Hashable, int]] = {}
-        candidates = _candidates(other)
-        for r, step in enumerate(reference.steps.steps):
-            ks = reference.step_allocs(r)
-            if not len(ks):
-                continue
-            backward = step.prologue
-            ref_keys = keyer.keys(reference.key_source, ks, backward)
-            best: tuple[int, int | None, dict] = (-1, None, {})
-            for c in candidates:
-                if keyer.needs_equal_counts and len(other.step_allocs(c)) != ref_typical:
+        for r, backward, ks, ref_keys in ref_steps:
+            best: tuple[tuple[int, int], int | None, dict] = ((-1, -1), None, {})
+            for c in _candidates(other, backward):
+                # A prologue is a tail of a step: it is keyed from its end, so lengths may differ.
+                if keyer.needs_equal_counts and not backward and len(other.step_allocs(c)) != ref_typical:
                     continue
                 key_map = cache.get((c, backward))
                 if key_map is None:
                     key_map = cache[(c, backward)] = _key_map(keyer, other, c, backward)
-                hits = sum(1 for key in ref_keys if key in key_map)
-                if hits > best[0]:
-                    best = (hits, c, key_map)
-            hits, chosen, key_map = best
+                score = _score(reference, other, ks, ref_keys, key_map)
+                if score > best[0]:
+                    best = (score, c, key_map)
+            (hits, _), chosen, key_map = best
             if chosen is not None:
                 for k, key in zip(ks, ref_keys):
                     hit = key_map.get(key)

@@ -41,8 +41,10 @@ class ScaleInput:
     key_source: KeySource
 
     def step_allocs(self, step_index: int) -> np.ndarray:
-        """Allocation ordinals (k) of one step, in order."""
-        return np.flatnonzero(self.alloc_step == step_index)
+        """Allocation ordinals (k) of one step, in order (steps are contiguous: a binary search)."""
+        first = np.searchsorted(self.alloc_step, step_index, side="left")
+        end = np.searchsorted(self.alloc_step, step_index, side="right")
+        return np.arange(first, end, dtype=np.int64)
 
     def step_duration_ns(self) -> float | None:
         """Mean time from first to last event over the steps that start at a boundary, if any."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import re
 import zlib
 from typing import Any
 
@@ -29,6 +30,10 @@ from ..trace.schema import EventKind, Trace
 MAX_JSON_BYTES = 2 << 30
 OP_CATEGORIES = ("cpu_op",)
 MEMORY_EVENT = "[memory]"
+#: Only the innermost this-many enclosing ops name an allocation (real chains are ~10 deep); a file
+#: cannot make the attribution cost more than this per allocation.
+MAX_OP_DEPTH = 32
+_INT_RE = re.compile(r"[+-]?\d{1,30}")
 
 
 @dataclasses.dataclass
@@ -68,7 +73,7 @@ def _int(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.lstrip("+-").isdigit() and len(value) < 40:
+    if isinstance(value, str) and _INT_RE.fullmatch(value):
         return int(value)
     return None
 
@@ -116,18 +121,37 @@ def op_paths(path: str, trace: Trace) -> OpPaths | None:
     paths: list[tuple[int, ...]] = [()] * len(allocs)
     for items in sweeps.values():
         items.sort()
-        stack: list[int] = []
-        for _, kind, _, payload in items:
-            if kind == 0:
-                stack.append(payload)
-            elif kind == 2:
-                if stack and stack[-1] == payload:
-                    stack.pop()
-                elif payload in stack:   # not properly nested: drop it wherever it is
-                    stack.remove(payload)
-            else:
-                paths[int(rank[payload])] = tuple(stack)
+        for k, path in _sweep(items):
+            paths[int(rank[k])] = path
     return OpPaths(names=names, paths=paths)
+
+
+def _sweep(items: list[tuple]):
+    """Yield (allocation k, enclosing op ids) from one thread's sorted sweep items.
+
+    Spans that close out of nesting order are closed lazily (marked, then skipped), so a hostile
+    file costs at most ``MAX_OP_DEPTH`` work per allocation and amortised O(1) per span.
+    """
+    stack: list[int] = []
+    closed: set[int] = set()
+    for _, kind, _, payload in items:
+        if kind == 0:
+            stack.append(payload)
+        elif kind == 2:
+            if stack and stack[-1] == payload:
+                stack.pop()
+                while stack and stack[-1] in closed:
+                    closed.discard(stack.pop())
+            else:
+                closed.add(payload)
+        else:
+            path: list[int] = []
+            for op in reversed(stack[-4 * MAX_OP_DEPTH:]):   # bounded even with many buried closed spans
+                if op not in closed:
+                    path.append(op)
+                    if len(path) == MAX_OP_DEPTH:
+                        break
+            yield payload, tuple(reversed(path))
 
 
 def _matches_trace(trace: Trace, allocs: list[tuple[int, int, int]]) -> bool:

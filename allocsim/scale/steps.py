@@ -1,8 +1,8 @@
 """Training steps of a trace: where each step starts, so that traces are aligned step by step.
 
-Use ``find_steps(trace)``. Step boundaries come from the trace's markers when it has any (e.g.
-Kineto ``ProfilerStep#N``: a step runs from its marker to the next one, the last to the end of the
-trace). Without markers they come from the repeating structure of the trace: a training step ends
+Use ``find_steps(trace)``. Step boundaries come from the trace's step markers when it has any (e.g.
+Kineto ``ProfilerStep#N``, see ``STEP_LABEL_RE``: a step runs from its marker to the next one, the
+last to the end of the trace). Without markers they come from the repeating structure of the trace: a training step ends
 when the memory it allocated has been freed, so a boundary is placed where live bytes leave a
 trough (within 1% of the live range above the window's minimum). The events before the first
 boundary are the *prologue*: in a window cut from a longer run (a ring buffer) this is the tail
@@ -12,6 +12,7 @@ of a step whose start was not recorded, so it is aligned from its end.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from ..trace.schema import EventKind, Trace
 
 #: A trough is where live bytes are within this share of the live range above their minimum.
 TROUGH_SHARE = 0.01
+#: Marker labels that start a training step (``ProfilerStep#3``, ``step 12``, ``Iteration_4``); other
+#: markers (a snapshot's ``snapshot``) are not step boundaries.
+STEP_LABEL_RE = re.compile(r"(?i)(step|iteration|iter)\s*[#_ ]?\s*\d+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +55,13 @@ def find_steps(trace: Trace) -> Steps:
     """Split ``trace`` into steps (see module doc); a trace with no structure is one step."""
     kind = trace.column("kind")
     n = len(kind)
-    boundaries = np.flatnonzero(kind == EventKind.MARKER)
+    markers = np.flatnonzero(kind == EventKind.MARKER)
+    label_ids = trace.column("alloc_id")[markers]
+    names = [trace.labels[int(i)] if 0 <= int(i) < len(trace.labels) else "" for i in label_ids]
+    keep = [k for k, name in enumerate(names) if STEP_LABEL_RE.search(name)]
+    boundaries = markers[keep]
+    labels = [names[k] for k in keep]
     source = "markers"
-    labels = [trace.labels[int(i)] if 0 <= int(i) < len(trace.labels) else f"marker {k}"
-              for k, i in enumerate(trace.column("alloc_id")[boundaries])]
     if len(boundaries) == 0:
         boundaries = trough_boundaries(trace)
         labels = [f"step {k + 1} (trough)" for k in range(len(boundaries))]
