@@ -9,7 +9,7 @@ import sys
 from .errors import AllocsimError
 
 #: Subcommand modules under ``allocsim.commands``, in the order ``--help`` lists them.
-COMMANDS = ("info", "convert", "run", "policies", "sweep", "winners", "plot")
+COMMANDS = ("info", "convert", "run", "policies", "sweep", "winners", "plot", "scale")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,265 @@
+"""Build the trace at an unrun scale from traces at other scales: start with ``scale_inputs``.
+
+The output is the *reference* input (the one whose value is nearest the target; the larger on a
+tie) with every size replaced by its fitted law evaluated at the target:
+
+* sizes -- each reference allocation aligned with allocations of the other inputs gets the law
+  (``laws.fit_law``) through all its sizes; an allocation found in no other input keeps its
+  reference size (the unaligned rule);
+* order -- the reference's events, in its order: lifetimes keep their order;
+* times -- ``t0 + (t - t0) * D(target) / D(reference)``, where ``D(v)`` is the least-squares line
+  through the inputs' mean step durations (ratio 1 when that is not positive);
+* start-of-window state -- the reference's initial allocations, aligned with the other inputs' by
+  their order per stream when the counts agree, scaled by the same laws; the real allocator's
+  recorded start layout (segments, blocks) and decisions describe the reference run only and are
+  dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from fractions import Fraction
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import AllocsimError
+from ..trace.schema import EventKind, Trace, TraceMeta, check_schema, empty_frame, INITIAL_ALLOC_DTYPES
+from .align import Alignment, align
+from .inputs import ScaleInput
+from .laws import LAW_KINDS, SizeLaw, fit_law
+from .report import InputSummary, ScaleReport
+from .steps import live_bytes
+
+UNALIGNED_RULE = "kept at the reference input's size (assumed constant)"
+TIME_RULE = "reference times scaled by D(target)/D(reference), D = least-squares line through mean step durations"
+
+
+@dataclasses.dataclass
+class ScaleResult:
+    """The synthesized trace and the report of how it was built."""
+
+    trace: Trace
+    report: ScaleReport
+
+
+@dataclasses.dataclass
+class _Fits:
+    """Predicted sizes plus the counts the report needs."""
+
+    sizes: np.ndarray
+    laws: Counter
+    assumed: Counter
+    rounded: int = 0
+    clamped: int = 0
+
+
+def pick_reference(inputs: Sequence[ScaleInput], target: Fraction) -> int:
+    """Index of the input nearest the target (the larger value on a tie)."""
+    return min(range(len(inputs)), key=lambda i: (abs(inputs[i].value - target), -inputs[i].value))
+
+
+def _check(inputs: Sequence[ScaleInput], target: Fraction) -> None:
+    if len(inputs) < 2:
+        raise AllocsimError("scale needs at least two traces at different values (TRACE@VALUE TRACE@VALUE)")
+    values = [item.value for item in inputs]
+    if len(set(values)) != len(values):
+        dup = sorted(v for v, c in Counter(values).items() if c > 1)
+        raise AllocsimError(f"two inputs have the same scale value {dup[0]}")
+    if target <= 0:
+        raise AllocsimError(f"target value must be > 0, got {target}")
+
+
+def _fit_sizes(points_per_alloc: list[list[tuple[Fraction, int]]], scale_name: str, target: Fraction) -> _Fits:
+    """Fit and evaluate one law per allocation (allocations with the same points share the fit)."""
+    fits = _Fits(np.zeros(len(points_per_alloc), dtype=np.int64), Counter(), Counter())
+    memo: dict[tuple, tuple[SizeLaw, int, bool, bool]] = {}
+    for k, points in enumerate(points_per_alloc):
+        signature = tuple(points)
+        hit = memo.get(signature)
+        if hit is None:
+            law = fit_law(points, scale_name, target)
+            size, rounded, _ = law.predict(target)
+            clamped = size < 1   # no allocation has fewer than one byte
+            if clamped:
+                size = min(s for _, s in points)
+            hit = memo[signature] = (law, size, rounded, clamped)
+        law, size, rounded, clamped = hit
+        fits.sizes[k] = size
+        if len(points) == 1:
+            fits.laws["unaligned"] += 1   # nothing to fit: the unaligned rule
+        else:
+            fits.laws[law.kind] += 1
+            for term in law.assumed_zero:
+                fits.assumed[term] += 1
+        fits.rounded += rounded
+        fits.clamped += clamped
+    return fits
+
+
+def _points(reference: ScaleInput, others: Sequence[ScaleInput], alignment: Alignment) -> list[list[tuple[Fraction, int]]]:
+    out = []
+    for k in range(len(reference.alloc_id)):
+        pts = [(reference.value, int(reference.size_bytes[k]))]
+        for j, other in enumerate(others):
+            hit = alignment.partner[k, j]
+            if hit >= 0:
+                pts.append((other.value, int(other.size_bytes[hit])))
+        out.append(pts)
+    return out
+
+
+def _initial_points(reference: ScaleInput, others: Sequence[ScaleInput]) -> tuple[list[list[tuple[Fraction, int]]], int]:
+    """Points for each initial allocation of the reference: k-th of a stream <-> k-th of that stream."""
+    ref = reference.trace.initial_allocs
+    ref_streams = ref["stream"].to_numpy()
+    ref_sizes = ref["size_bytes"].to_numpy()
+    points = [[(reference.value, int(s))] for s in ref_sizes]
+    aligned = np.zeros(len(ref), dtype=bool)
+    for other in others:
+        init = other.trace.initial_allocs
+        streams = init["stream"].to_numpy()
+        sizes = init["size_bytes"].to_numpy()
+        for stream in np.unique(ref_streams):
+            mine = np.flatnonzero(ref_streams == stream)
+            theirs = np.flatnonzero(streams == stream)
+            if len(mine) != len(theirs):
+                continue  # positions mean nothing once the counts differ
+            for a, b in zip(mine, theirs):
+                points[a].append((other.value, int(sizes[b])))
+                aligned[a] = True
+    return points, int(aligned.sum())
+
+
+def _time_ratio(inputs: Sequence[ScaleInput], reference: ScaleInput, target: Fraction) -> float:
+    pairs = [(float(item.value), d) for item in inputs if (d := item.step_duration_ns()) is not None]
+    ref_d = reference.step_duration_ns()
+    if len(pairs) < 2 or not ref_d or ref_d <= 0:
+        return 1.0
+    v = np.array([p[0] for p in pairs])
+    d = np.array([p[1] for p in pairs])
+    slope, intercept = np.polyfit(v, d, 1)
+    predicted = intercept + slope * float(target)
+    return float(predicted / ref_d) if predicted > 0 else 1.0
+
+
+def _scaled_times(t_ns: np.ndarray, ratio: float) -> np.ndarray:
+    if not len(t_ns) or ratio == 1.0:
+        return t_ns.copy()
+    t0 = int(t_ns[0])
+    # Multiplying by a positive constant and flooring keeps the order of events.
+    return t0 + np.floor((t_ns - t0).astype(np.float64) * ratio).astype(np.int64)
+
+
+def _new_sizes(events_alloc_id: np.ndarray, kind: np.ndarray, old_sizes: np.ndarray,
+               ids: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Event sizes with every event of allocation ``ids[i]`` resized to ``sizes[i]``."""
+    out = old_sizes.copy()
+    if not len(ids):
+        return out
+    order = np.argsort(ids, kind="stable")
+    sorted_ids, sorted_sizes = ids[order], sizes[order]
+    carries = (kind == EventKind.ALLOC) | (kind == EventKind.FREE_REQUESTED) | (kind == EventKind.FREE_COMPLETED)
+    pos = np.searchsorted(sorted_ids, events_alloc_id)
+    pos_clipped = np.minimum(pos, len(sorted_ids) - 1)
+    hit = carries & (pos < len(sorted_ids)) & (sorted_ids[pos_clipped] == events_alloc_id)
+    out[hit] = sorted_sizes[pos_clipped[hit]]
+    return out
+
+
+def scale_inputs(inputs: Sequence[ScaleInput], target: Fraction, scale_name: str = "batch") -> ScaleResult:
+    """The trace at ``target`` built from ``inputs`` (see module doc), with its report."""
+    target = Fraction(target)
+    _check(inputs, target)
+    ref_index = pick_reference(inputs, target)
+    reference = inputs[ref_index]
+    others = [item for i, item in enumerate(inputs) if i != ref_index]
+    alignment = align(reference, others)
+    fits = _fit_sizes(_points(reference, others, alignment), scale_name, target)
+
+    init_points, init_aligned = _initial_points(reference, others)
+    init_fits = _fit_sizes(init_points, scale_name, target) if init_points else None
+    init_ids = reference.trace.initial_allocs["alloc_id"].to_numpy()
+
+    events = reference.trace.events.copy()
+    kind = events["kind"].to_numpy()
+    ids = np.concatenate([reference.alloc_id, init_ids]).astype(np.int64)
+    sizes = np.concatenate([fits.sizes, init_fits.sizes if init_fits else np.zeros(0, dtype=np.int64)])
+    events["size_bytes"] = _new_sizes(events["alloc_id"].to_numpy(), kind, events["size_bytes"].to_numpy(), ids, sizes)
+    ratio = _time_ratio(inputs, reference, target)
+    events["t_ns"] = _scaled_times(events["t_ns"].to_numpy(), ratio)
+
+    initial = reference.trace.initial_allocs.copy() if len(init_ids) else empty_frame(INITIAL_ALLOC_DTYPES)
+    if len(init_ids):
+        initial["size_bytes"] = init_fits.sizes
+        initial["addr"] = -1               # the layout at the target scale is unknown
+        initial["block_size_bytes"] = -1
+
+    report = _report(inputs, ref_index, others, alignment, fits, init_fits, init_aligned, ratio, target, scale_name)
+    meta = TraceMeta(
+        format="allocsim-scale",
+        source=f"{reference.path}@{target} ({scale_name})",
+        devices=list(reference.trace.meta.devices),
+        version_hints={"scale": {"scale_name": scale_name, "target": str(target),
+                                 "inputs": [f"{item.path}@{item.value}" for item in inputs],
+                                 "reference": f"{reference.path}@{reference.value}", "keyer": alignment.keyer,
+                                 "aligned_share": round(report.aligned_share, 6),
+                                 "aligned_bytes_share": round(report.aligned_bytes_share, 6)}},
+        allocator_settings=reference.trace.meta.allocator_settings,
+        notes=[f"synthesized by allocsim scale at {scale_name}={target} from "
+               + ", ".join(f"{item.path}@{item.value}" for item in inputs),
+               f"unaligned allocations {UNALIGNED_RULE}", f"times: {TIME_RULE} (ratio {ratio:.6g})",
+               "the reference run's recorded start layout and decisions are not carried over"],
+    )
+    trace = Trace(events=events, meta=meta, labels=list(reference.trace.labels), initial_allocs=initial)
+    check_schema(trace)
+    report.output_events = len(events)
+    report.output_peak_live_bytes = int(live_bytes(trace).max()) if len(events) else int(initial["size_bytes"].sum())
+    return ScaleResult(trace, report)
+
+
+def _report(inputs, ref_index, others, alignment: Alignment, fits: _Fits, init_fits: _Fits | None,
+            init_aligned: int, ratio: float, target: Fraction, scale_name: str) -> ScaleReport:
+    reference = inputs[ref_index]
+    found = alignment.matched_counts()
+    ref_sizes = reference.size_bytes.astype(np.int64)
+    every = found == len(others)
+    none = found == 0
+    some = ~every & ~none
+    per_input = []
+    for j, other in enumerate(others):
+        rows = [m for m in alignment.step_matches if m.input_index == j]
+        matched = sum(m.matched for m in rows)
+        seen = sum(m.other_allocs for m in rows)
+        per_input.append({"path": other.path, "value": str(other.value), "matched": matched,
+                          "allocations_in_matched_steps": seen, "only_here": seen - matched})
+    summaries = []
+    for i, item in enumerate(inputs):
+        live = live_bytes(item.trace)
+        summaries.append(InputSummary(item.path, str(item.value), len(item.alloc_id), len(item.steps.steps),
+                                      item.steps.source, int(live.max()) if len(live) else 0, i == ref_index))
+    laws = Counter(fits.laws)
+    assumed = Counter(fits.assumed)
+    notes = []
+    if init_fits is not None:
+        notes.append("start-of-window laws: " + ", ".join(f"{k} {v}" for k, v in init_fits.laws.items()))
+    if alignment.keyer == "position":
+        notes.append("no operator or code-site information in some input: aligned by position in the step "
+                     "(steps with a different number of allocations are not aligned)")
+    return ScaleReport(
+        scale_name=scale_name, target=str(target), inputs=summaries, keyer=alignment.keyer,
+        allocations=len(ref_sizes), aligned_all=int(every.sum()), aligned_some=int(some.sum()),
+        unaligned=int(none.sum()), bytes_reference=int(ref_sizes.sum()),
+        bytes_aligned_all=int(ref_sizes[every].sum()), bytes_aligned_some=int(ref_sizes[some].sum()),
+        bytes_unaligned=int(ref_sizes[none].sum()),
+        laws={kind: int(laws.get(kind, 0)) for kind in
+              LAW_KINDS + ("unaligned",)},
+        assumed={term: int(assumed.get(term, 0)) for term in ("b", "c")},
+        rounded=fits.rounded, clamped=fits.clamped, per_input=per_input,
+        initial={"allocations": len(init_fits.sizes) if init_fits else 0, "aligned": init_aligned,
+                 "rule": "k-th initial allocation of a stream <-> k-th of that stream, when the counts agree; "
+                         "others kept at the reference size"},
+        time_rule=TIME_RULE, time_ratio=ratio, unaligned_rule=UNALIGNED_RULE,
+        output_events=0, output_peak_live_bytes=0, notes=notes,
+    )

@@ -1,0 +1,127 @@
+"""How a scaled trace was built: ``ScaleReport.to_dict()`` (for ``--json``) and ``format_text()``.
+
+The report names the reference input, the alignment key used, the share of allocations and bytes
+that aligned, the size laws fitted (and the terms two-point fits assumed), the rules applied to
+what did not align, to times and to the start-of-window state, and the limits of the prediction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..units import format_bytes
+
+#: What the prediction cannot know, printed with every report.
+LIMITS = (
+    "sizes are extrapolated per allocation from the inputs; an allocation whose size follows no law of "
+    "degree <= 2 (an algorithm that changes with size) is only as good as the 'irregular' fit",
+    "allocations that exist only at the target scale (a kernel that switches algorithm, a workspace that "
+    "appears past some size) cannot be predicted: the output has the reference input's allocations only",
+    "the order of allocations and frees is the reference input's; a program whose schedule changes with "
+    "scale (e.g. a different number of micro-batches) is not modelled",
+    "memory alive before the recording window (e.g. weights in CPU Kineto captures) is not in the trace "
+    "and so not in the prediction",
+)
+
+
+@dataclasses.dataclass
+class InputSummary:
+    """One input as the report lists it."""
+
+    path: str
+    value: str
+    allocations: int
+    steps: int
+    step_source: str
+    peak_live_bytes: int
+    reference: bool = False
+
+
+@dataclasses.dataclass
+class ScaleReport:
+    """Everything ``allocsim scale`` did, in numbers; see the module doc."""
+
+    scale_name: str
+    target: str
+    inputs: list[InputSummary]
+    keyer: str
+    allocations: int
+    aligned_all: int
+    aligned_some: int
+    unaligned: int
+    bytes_reference: int
+    bytes_aligned_all: int
+    bytes_aligned_some: int
+    bytes_unaligned: int
+    laws: dict[str, int]
+    assumed: dict[str, int]
+    rounded: int
+    clamped: int
+    per_input: list[dict[str, Any]]
+    initial: dict[str, Any]
+    time_rule: str
+    time_ratio: float
+    unaligned_rule: str
+    output_events: int
+    output_peak_live_bytes: int
+    notes: list[str] = dataclasses.field(default_factory=list)
+    limits: tuple[str, ...] = LIMITS
+
+    @property
+    def aligned_share(self) -> float:
+        """Share of the reference's allocations found in every other input."""
+        return self.aligned_all / self.allocations if self.allocations else 1.0
+
+    @property
+    def aligned_bytes_share(self) -> float:
+        """Share of the reference's allocated bytes found in every other input."""
+        return self.bytes_aligned_all / self.bytes_reference if self.bytes_reference else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (shares included)."""
+        data = dataclasses.asdict(self)
+        data["limits"] = list(self.limits)
+        data["aligned_share"] = round(self.aligned_share, 6)
+        data["aligned_bytes_share"] = round(self.aligned_bytes_share, 6)
+        return data
+
+    def format_text(self) -> str:
+        """The report for people."""
+        lines = [f"allocsim scale: {self.scale_name} = {self.target}", "", "inputs:"]
+        for item in self.inputs:
+            mark = "  (reference)" if item.reference else ""
+            lines.append(f"  {item.path} @ {item.value}: {item.allocations} allocations, {item.steps} steps "
+                         f"({item.step_source}), peak live {format_bytes(item.peak_live_bytes)}{mark}")
+        n = self.allocations or 1
+        b = self.bytes_reference or 1
+        lines += [
+            "",
+            f"alignment by {self.keyer}:",
+            f"  in every input : {self.aligned_all} allocations ({100 * self.aligned_all / n:.1f}%), "
+            f"{format_bytes(self.bytes_aligned_all)} ({100 * self.bytes_aligned_all / b:.1f}% of bytes)",
+            f"  in some inputs : {self.aligned_some} ({100 * self.aligned_some / n:.1f}%), "
+            f"{format_bytes(self.bytes_aligned_some)} ({100 * self.bytes_aligned_some / b:.1f}%)",
+            f"  in none        : {self.unaligned} ({100 * self.unaligned / n:.1f}%), "
+            f"{format_bytes(self.bytes_unaligned)} ({100 * self.bytes_unaligned / b:.1f}%)",
+        ]
+        for row in self.per_input:
+            lines.append(f"  {row['path']}: {row['matched']} of its {row['allocations_in_matched_steps']} "
+                         f"allocations in the matched steps aligned ({row['only_here']} only there)")
+        lines += ["", "size laws (allocations): " + ", ".join(f"{k} {v}" for k, v in self.laws.items() if v)]
+        if any(self.assumed.values()):
+            lines.append("  assumed zero: " + ", ".join(f"{term} in {count}" for term, count in self.assumed.items() if count)
+                         + " (two points cannot determine a + b*v + c*v^2)")
+        if self.rounded or self.clamped:
+            lines.append(f"  rounded to whole bytes: {self.rounded}; clamped: {self.clamped}")
+        lines += [
+            f"unaligned allocations: {self.unaligned_rule}",
+            f"start-of-window state: {self.initial['aligned']} of {self.initial['allocations']} allocations "
+            f"aligned ({self.initial['rule']})",
+            f"times: {self.time_rule} (ratio {self.time_ratio:.4f})",
+            "",
+            f"output: {self.output_events} events, peak live {format_bytes(self.output_peak_live_bytes)}",
+        ]
+        lines += [f"note: {note}" for note in self.notes]
+        lines += ["", "limits:"] + [f"  - {text}" for text in self.limits]
+        return "\n".join(lines)

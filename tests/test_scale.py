@@ -1,0 +1,337 @@
+"""``allocsim scale`` on synthetic Kineto traces whose size laws are known exactly.
+
+A small "training step" program is written as a Kineto Chrome trace (``[memory]`` events inside
+``cpu_op`` events, ``ProfilerStep#N`` markers) at any scale value v; its tensors grow as constants,
+linear and quadratic laws of v. The prediction at v=8 from smaller values must equal the program
+run at v=8 byte for byte, and the report must count what aligned and what was assumed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from allocsim.scale import load_input, prepare_input, scale_inputs
+from allocsim.scale.align import align
+from allocsim.scale.kineto_ops import op_paths
+from allocsim.scale.steps import find_steps
+from allocsim.trace import EventKind, read_trace
+
+LAYERS = 3
+
+
+def step_ops(v: int, appear_from: int | None = None, appear_top: bool = False) -> list[tuple[str, list]]:
+    """(outer op, [(inner op, size_bytes, lifetime), ...]) of one step at scale v."""
+    grows = appear_from is not None and v >= appear_from
+    ops = [("aten::embedding", [("aten::empty", 512 * v, "saved")])]
+    for _ in range(LAYERS):
+        linear = [("aten::addmm", 96 + 3072 * v, "saved")]
+        if grows and not appear_top:
+            linear.append(("aten::empty", 4096 * v, "temp"))                   # a workspace that appears
+        ops += [("aten::linear", linear),
+                ("aten::matmul", [("aten::bmm", 48 * v * v, "saved")]),         # attention-like: v^2
+                ("aten::softmax", [("aten::_softmax", 40 * v * v + 8 * v, "temp")]),
+                ("aten::add", [("aten::add", 64, "temp")])]                     # constant
+        if grows and appear_top:
+            ops.append(("aten::linear", [("aten::empty", 4096 * v, "temp")]))  # a new top-level op
+    ops.append(("aten::mse_loss", [("aten::sum", 4, "temp")]))
+    return ops
+
+
+def program_events(v: int, steps: int = 2, *, ops: bool = True, markers: bool = True,
+                   appear_from: int | None = None, appear_top: bool = False) -> list[dict]:
+    """Kineto trace events of ``steps`` training steps at scale v, in time order."""
+    events: list[dict] = []
+    t = 1000
+    addr = 1 << 20
+
+    def mem(ts: int, a: int, nbytes: int) -> None:
+        events.append({"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 1,
+                       "ts": ts, "args": {"Addr": a, "Bytes": nbytes, "Device Type": 0, "Device Id": -1}})
+
+    for step in range(steps):
+        step_start = t
+        saved: list[tuple[int, int]] = []
+        for outer, inners in step_ops(v, appear_from, appear_top):
+            op_start = t
+            for inner, size, lifetime in inners:
+                inner_start = t
+                t += 1
+                a = addr
+                addr += 64 * ((size + 63) // 64 + 1)
+                mem(t, a, size)
+                t += 1
+                if lifetime == "temp":
+                    mem(t, a, -size)
+                    t += 1
+                else:
+                    saved.append((a, size))
+                if ops:
+                    events.append({"ph": "X", "cat": "cpu_op", "name": inner, "pid": 1, "tid": 1,
+                                   "ts": inner_start, "dur": t - inner_start})
+                t += 1
+            if ops:
+                events.append({"ph": "X", "cat": "cpu_op", "name": outer, "pid": 1, "tid": 1,
+                               "ts": op_start, "dur": t - op_start})
+            t += 1
+        for a, size in reversed(saved):
+            mem(t, a, -size)
+            t += 1
+        if markers:
+            events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step + 1}", "pid": 1,
+                           "tid": 1, "ts": step_start, "dur": t - step_start})
+        t += 10 * v   # steps take longer at larger scales
+    return events
+
+
+def write_kineto(path, events: list[dict]) -> str:
+    with gzip.open(path, "wt") as fh:
+        json.dump({"traceEvents": sorted(events, key=lambda e: e["ts"])}, fh)
+    return str(path)
+
+
+def cut_window(events: list[dict], first_ts: int, end_ts: int | None = None) -> list[dict]:
+    """The events a ring buffer would hold between two times: spans that started earlier are lost."""
+    return [e for e in events if e["ts"] >= first_ts and (end_ts is None or e["ts"] < end_ts)]
+
+
+def kinds_and_sizes(trace) -> list[tuple[int, int]]:
+    ev = trace.events
+    return list(zip(ev["kind"].tolist(), ev["size_bytes"].tolist()))
+
+
+@pytest.fixture
+def series(tmp_path):
+    def make(values, **kwargs):
+        return [load_input(write_kineto(tmp_path / f"p{v}.json.gz", program_events(v, **kwargs)), Fraction(v))
+                for v in values]
+    return make
+
+
+def test_prediction_is_byte_for_byte_the_program_at_the_target(series, tmp_path):
+    inputs = series([1, 2, 3, 4])
+    result = scale_inputs(inputs, Fraction(8), "seq")
+    truth = read_trace(write_kineto(tmp_path / "p8.json.gz", program_events(8)))
+    assert kinds_and_sizes(result.trace) == kinds_and_sizes(truth)
+    report = result.report
+    assert report.keyer == "operator"
+    assert (report.aligned_all, report.aligned_some, report.unaligned) == (report.allocations, 0, 0)
+    per_step = 1 + 4 * LAYERS + 1
+    assert report.allocations == 2 * per_step
+    assert report.laws["quadratic"] == 2 * 2 * LAYERS          # bmm and softmax, every layer, both steps
+    assert report.laws["linear"] == 2 * (1 + LAYERS)             # embedding, addmm
+    assert report.laws["constant"] == 2 * (LAYERS + 1)
+    assert report.rounded == report.clamped == 0
+    assert result.trace.meta.format == "allocsim-scale"
+
+
+def test_times_keep_their_order_and_stretch_with_the_step_duration(series):
+    inputs = series([1, 2, 3, 4])
+    result = scale_inputs(inputs, Fraction(8), "seq")
+    t = result.trace.events["t_ns"].to_numpy()
+    ref = inputs[-1].trace.events["t_ns"].to_numpy()
+    assert np.all(np.diff(t) >= 0)
+    assert t[0] == ref[0]
+    assert result.report.time_ratio > 1.0
+    assert t[-1] - t[0] == int((ref[-1] - ref[0]) * result.report.time_ratio)
+
+
+def test_two_inputs_state_their_assumptions(series, tmp_path):
+    inputs = series([2, 4])
+    as_seq = scale_inputs(inputs, Fraction(8), "seq")
+    # bmm (48 v^2) fits a pure square; softmax (40 v^2 + 8 v) cannot be told from a + b v: c assumed 0.
+    assert as_seq.report.laws["quadratic-only"] == 2 * LAYERS
+    assert as_seq.report.assumed == {"b": 2 * LAYERS, "c": 2 * (1 + LAYERS) + 2 * LAYERS + 2 * (LAYERS + 1)}
+    text = as_seq.report.format_text()
+    assert "assumed zero" in text and "two points cannot determine" in text
+    truth = read_trace(write_kineto(tmp_path / "p8.json.gz", program_events(8)))
+    predicted = dict(zip(range(len(truth.events)), as_seq.trace.events["size_bytes"].tolist()))
+    wrong = [i for i, (k, s) in enumerate(kinds_and_sizes(truth)) if predicted[i] != s]
+    assert wrong and all(truth.events["size_bytes"][i] in {40 * 64 + 64} for i in wrong)
+
+
+def test_allocations_that_appear_with_scale_are_counted_and_carried(series):
+    inputs = series([1, 2, 3, 4], appear_from=3)
+    result = scale_inputs(inputs, Fraction(8), "batch")
+    report = result.report
+    extra = 2 * LAYERS                                   # one workspace per layer, two steps
+    assert report.aligned_some == extra                  # seen at 3 and 4, not at 1 and 2
+    assert report.aligned_all == report.allocations - extra
+    assert report.bytes_aligned_some == extra * 4096 * 4
+    assert report.unaligned == 0
+    # The workspace itself scales linearly from its two points (4096 v): 4096 * 8 at the target.
+    ws = result.trace.events.query("kind == 1 and size_bytes == 32768")
+    assert len(ws) == extra
+    # Seen from the smaller side, the appearing allocation exists only at the reference: not aligned.
+    lower = scale_inputs([inputs[2], inputs[0]], Fraction(3), "batch").report
+    assert lower.unaligned == extra and lower.bytes_unaligned == extra * 4096 * 3
+
+
+def test_a_new_top_level_op_only_shifts_its_same_named_later_siblings(series):
+    inputs = series([1, 2, 3, 4], appear_from=3, appear_top=True)
+    report = scale_inputs(inputs, Fraction(8), "batch").report
+    extra = 2 * LAYERS
+    # Each inserted aten::linear takes the ordinal of the next layer's aten::linear. The shifted
+    # layers still find a same-named op in the smaller inputs (a later layer's, same size here) except
+    # the last one, which aligns only with the inputs that have the insertion too. Ops of other
+    # names do not move.
+    shifted = 2
+    assert report.aligned_some == extra + shifted
+    assert report.aligned_all == report.allocations - extra - shifted
+    assert report.unaligned == 0
+
+
+def test_ring_buffer_windows_align_by_step_not_by_file(tmp_path):
+    # Each input is a different window of a 3-step run: the reference starts mid-step.
+    def window(v, start_step_fraction, steps=3):
+        events = program_events(v, steps=steps)
+        times = sorted(e["ts"] for e in events if e["name"] == "[memory]")
+        cut = times[int(len(times) * start_step_fraction)]
+        op_starts = sorted(e["ts"] for e in events if e.get("cat") == "cpu_op" and e["ts"] >= cut)
+        return cut_window(events, op_starts[0])       # cut where an op starts
+
+    inputs = []
+    for v, frac in ((2, 0.0), (3, 0.45), (4, 0.2)):
+        inputs.append(load_input(write_kineto(tmp_path / f"w{v}.json.gz", window(v, frac)), Fraction(v)))
+    reference = inputs[-1]
+    assert reference.steps.steps[0].prologue and len(reference.trace.initial_allocs) > 0
+    result = scale_inputs(inputs, Fraction(8), "seq")
+    report = result.report
+    assert report.unaligned == 0 and report.aligned_all == report.allocations
+    truth = read_trace(write_kineto(tmp_path / "w8.json.gz", window(8, 0.2)))
+    in_window = ~truth.events["alloc_id"].isin(truth.initial_allocs["alloc_id"]).to_numpy()
+    assert in_window.sum() > 0.8 * len(in_window)
+    got, want = kinds_and_sizes(result.trace), kinds_and_sizes(truth)
+    assert [g for g, keep in zip(got, in_window) if keep] == [w for w, keep in zip(want, in_window) if keep]
+    # Start-of-window allocations (freed in the window) align only with a window cut at the same
+    # point; otherwise they keep the reference size, as the report says.
+    assert report.initial["aligned"] == 0
+    assert result.trace.initial_allocs["size_bytes"].tolist() == reference.trace.initial_allocs["size_bytes"].tolist()
+    same_cut = [load_input(write_kineto(tmp_path / f"s{v}.json.gz", window(v, 0.2)), Fraction(v)) for v in (2, 3, 4)]
+    exact = scale_inputs(same_cut, Fraction(8), "seq")
+    assert exact.report.initial["aligned"] == len(truth.initial_allocs) > 0
+    assert kinds_and_sizes(exact.trace) == kinds_and_sizes(truth)
+    assert exact.trace.initial_allocs["size_bytes"].tolist() == truth.initial_allocs["size_bytes"].tolist()
+
+
+def test_markerless_traces_split_at_live_troughs_and_align_by_position(tmp_path):
+    inputs = [load_input(write_kineto(tmp_path / f"m{v}.json", program_events(v, steps=3, ops=False, markers=False)),
+                         Fraction(v)) for v in (1, 2, 3)]
+    assert inputs[0].steps.source == "troughs"
+    assert len(inputs[0].steps.body) == 2                   # boundaries before steps 2 and 3
+    result = scale_inputs(inputs, Fraction(6), "seq")
+    assert result.report.keyer == "position"
+    assert result.report.unaligned == 0
+    truth = read_trace(write_kineto(tmp_path / "m6.json", program_events(6, steps=3, ops=False, markers=False)))
+    assert kinds_and_sizes(result.trace) == kinds_and_sizes(truth)
+
+
+def test_position_keys_refuse_steps_of_different_length(tmp_path):
+    a = load_input(write_kineto(tmp_path / "a.json", program_events(2, ops=False)), Fraction(2))
+    b = load_input(write_kineto(tmp_path / "b.json", program_events(4, ops=False, appear_from=4)), Fraction(4))
+    alignment = align(b, [a])
+    assert alignment.keyer == "position"
+    assert (alignment.partner == -1).all()
+    report = scale_inputs([a, b], Fraction(8), "batch").report
+    assert report.unaligned == report.allocations
+
+
+def test_steps_come_from_markers_with_a_prologue_for_events_before_the_first(tmp_path):
+    events = program_events(2, steps=2)
+    trace = read_trace(write_kineto(tmp_path / "t.json.gz", events))
+    steps = find_steps(trace)
+    assert steps.source == "markers"
+    assert [s.label for s in steps.steps] == ["ProfilerStep#1", "ProfilerStep#2"]
+    assert steps.steps[-1].end == len(trace.events)
+
+
+def test_op_attribution_refuses_a_trace_of_another_file(tmp_path):
+    p2 = write_kineto(tmp_path / "p2.json.gz", program_events(2))
+    p3 = write_kineto(tmp_path / "p3.json.gz", program_events(3))
+    assert op_paths(p2, read_trace(p2)) is not None
+    assert op_paths(p2, read_trace(p3)) is None          # sizes differ: no attribution, not a wrong one
+    paths = op_paths(p2, read_trace(p2))
+    first = paths.paths[0]
+    assert [paths.names[i] for i in first] == ["aten::embedding", "aten::empty"]
+
+
+def test_op_attribution_caps_the_decompressed_size(tmp_path, monkeypatch):
+    import allocsim.scale.kineto_ops as kineto_ops
+
+    path = write_kineto(tmp_path / "p.json.gz", program_events(2))
+    trace = read_trace(path)
+    monkeypatch.setattr(kineto_ops, "MAX_JSON_BYTES", 1000)
+    assert kineto_ops.op_paths(path, trace) is None
+    source = load_input(path, Fraction(2))   # the cap only removes attribution; the trace still loads
+    assert source.key_source.ops is None and len(source.alloc_id) > 0
+
+
+def test_inputs_in_memory_work_without_files(tmp_path):
+    traces = [read_trace(write_kineto(tmp_path / f"p{v}.json.gz", program_events(v))) for v in (1, 2, 3)]
+    inputs = [prepare_input(t, Fraction(v)) for t, v in zip(traces, (1, 2, 3))]
+    result = scale_inputs(inputs, Fraction(5), "seq")
+    truth = read_trace(write_kineto(tmp_path / "p5.json.gz", program_events(5)))
+    assert kinds_and_sizes(result.trace) == kinds_and_sizes(truth)
+    assert result.report.keyer == "position"
+
+
+def test_alloc_and_free_sizes_stay_paired(series):
+    result = scale_inputs(series([1, 2, 4]), Fraction(8), "seq")
+    ev = result.trace.events
+    alloc = ev[ev["kind"] == EventKind.ALLOC].set_index("alloc_id")["size_bytes"]
+    for kind in (EventKind.FREE_REQUESTED, EventKind.FREE_COMPLETED):
+        frees = ev[ev["kind"] == kind].set_index("alloc_id")["size_bytes"]
+        assert (alloc.loc[frees.index] == frees).all()
+
+
+def test_only_step_markers_are_step_boundaries(tmp_path):
+    events = program_events(2, steps=3, ops=False, markers=False)
+    events.append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#7", "pid": 1, "tid": 1,
+                   "ts": events[0]["ts"], "dur": 1})
+    trace = read_trace(write_kineto(tmp_path / "one.json", events))
+    assert find_steps(trace).source == "markers"
+    from allocsim.trace.builder import TraceBuilder
+
+    b = TraceBuilder("x", "test")
+    b.marker(0, 0, "snapshot")
+    for i in range(3):
+        b.alloc(i, 10 * i + 1, 0, 0, 64, 1000)
+        b.free(i, 10 * i + 5, 0, 0, 64)
+    steps = find_steps(b.finish())
+    assert steps.source == "troughs" and len(steps.body) == 3
+
+
+def test_hostile_op_nesting_costs_a_bounded_path(tmp_path):
+    import allocsim.scale.kineto_ops as kineto_ops
+
+    depth = 5 * kineto_ops.MAX_OP_DEPTH
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": 10 + i, "dur": 10_000 - 2 * i}
+              for i in range(depth)]
+    events += [{"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 5000, "args": {"Addr": 64, "Bytes": 8}},
+               {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 5001, "args": {"Addr": 64, "Bytes": -8}}]
+    path = write_kineto(tmp_path / "deep.json", events)
+    paths = kineto_ops.op_paths(path, read_trace(path))
+    assert len(paths.paths[0]) == kineto_ops.MAX_OP_DEPTH
+    assert paths.names[paths.paths[0][-1]] == f"op{depth - 1}"     # the innermost ops are kept
+
+
+def test_a_real_gpu_snapshot_aligns_with_itself(shared_dir):
+    path = shared_dir / "traces" / "pytorch-snapshots" / "Wedsonlin__medium_128_training_memory_snapshot.pickle"
+    if not path.exists():
+        pytest.skip(f"{path.name} is absent")
+    first = load_input(str(path), Fraction(1))
+    again = prepare_input(first.trace, Fraction(2), path=str(path))
+    result = scale_inputs([first, again], Fraction(4), "batch")
+    report = result.report
+    # No markers: steps come from live-byte troughs; the same run at two values is all constants.
+    assert first.steps.source == "troughs"
+    assert report.aligned_all == report.allocations == len(first.alloc_id)
+    assert report.laws["constant"] == report.allocations
+    assert report.initial["aligned"] == len(first.trace.initial_allocs) > 0
+    assert result.trace.events["size_bytes"].tolist() == first.trace.events["size_bytes"].tolist()
+    assert result.trace.initial_allocs["size_bytes"].tolist() == first.trace.initial_allocs["size_bytes"].tolist()
+    assert len(result.trace.initial_segments) == 0 and len(result.trace.decisions) == 0
