@@ -310,7 +310,7 @@ def setting_hint(key: str, value: str | None = None) -> str:
     the allocsim name to use instead, as one clause (with ``value`` rewritten when given); "" for any
     other key."""
     spec = KEYS.get(key)
-    if spec is None:
+    if spec is None or spec.param == key:   # not PyTorch's, or the same name in both
         return ""
     if spec.refused:
         return f"{key} is a PyTorch setting allocsim does not model: it {spec.refused}"
