@@ -304,6 +304,39 @@ def format_alloc_conf(params: Mapping[str, Any]) -> str | None:
     return ",".join(parts)
 
 
+def changed_settings(policy: str, params: Mapping[str, Any],
+                     reference: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(ours, theirs)`` for every parameter whose value differs from ``reference`` (both as a policy's
+    ``params()`` gives them): ``pytorch`` settings in PyTorch's words (``expandable_segments:True``,
+    ``""`` for a PyTorch default), others as ``key=value``."""
+    out = []
+    for key, value in params.items():
+        if key == "record_decisions" or reference.get(key) == value:
+            continue
+        ours = format_alloc_conf({key: value}) if policy == "pytorch" else None
+        theirs = format_alloc_conf({key: reference.get(key)}) if policy == "pytorch" else None
+        if ours and theirs is not None:
+            out.append((ours, theirs))
+        else:
+            size = key.endswith("_bytes")
+            name = key[:-len("_bytes")] if size else key
+            out.append((f"{name}={_plain(value, size)}", f"{name}={_plain(reference.get(key), size)}"))
+    return out
+
+
+def _plain(value: Any, size: bool) -> str:
+    """A value as ``--set`` takes it: ``none``, ``true``, ``1GiB`` (sizes in the largest exact unit)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if size and isinstance(value, int) and value > 0:
+        for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+            if value % (1 << shift) == 0:
+                return f"{value >> shift}{unit}"
+    return str(value)
+
+
 # ----------------------------------------------------------------------------- hints for allocsim names
 def setting_hint(key: str, value: str | None = None) -> str:
     """For a PyTorch key given where allocsim names are expected (``--set max_split_size_mb=256``):

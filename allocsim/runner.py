@@ -130,7 +130,8 @@ def _builder(trace: Trace, policy: str, params: Mapping[str, Any] | None, capaci
     return build
 
 
-def _streams(trace: Trace) -> int:
+def stream_count(trace: Trace) -> int:
+    """How many streams the trace's events use (more than one: timed and trace order may differ)."""
     return len(np.unique(trace.column("stream")))
 
 
@@ -142,17 +143,17 @@ def simulate_trace(trace: Trace, policy: str, params: Mapping[str, Any] | None =
     build = _builder(trace, policy, params, capacity.bytes, cost_model)
     if fast:
         result = run_fast(trace, build(), continue_on_oom=continue_on_oom)
-    elif _streams(trace) > 1:
+    elif stream_count(trace) > 1:
         memory = run_fast(trace, build(), continue_on_oom=continue_on_oom)
         timed = run_simpy(trace, build(), cost_model or CostModel(), continue_on_oom=continue_on_oom)
-        result = _memory_in_trace_order(memory, timed, _streams(trace))
+        result = merge_timed(memory, timed, stream_count(trace))
     else:   # one stream: the timed replay sees the events in trace order already
         result = run_simpy(trace, build(), cost_model or CostModel(), continue_on_oom=continue_on_oom)
-    _add_recording(result, trace, policy, build, capacity)
+    add_recording(result, trace, policy, params, capacity, cost_model)
     return result
 
 
-def _memory_in_trace_order(memory: RunResult, timed: RunResult, streams: int) -> RunResult:
+def merge_timed(memory: RunResult, timed: RunResult, streams: int) -> RunResult:
     """Memory figures and OOMs of the trace-order replay, timing of the timed one, timed memory beside."""
     summary = dict(memory.summary)
     for key in TIMING_KEYS:
@@ -174,27 +175,21 @@ def _memory_in_trace_order(memory: RunResult, timed: RunResult, streams: int) ->
 
 def _settings_changes(trace: Trace, policy: str, built: Any) -> list[str]:
     """How the run's settings differ from the recorded ones (PyTorch's words where it has them)."""
-    from .alloc_conf import format_alloc_conf
+    from .alloc_conf import changed_settings
     from .policies.registry import build_policy
 
     reference = build_policy(policy, device=SimulatedDevice(built.device.capacity_bytes),
                              allocator_settings=trace.meta.allocator_settings).params()
-    changes = []
-    for key, value in built.params().items():
-        if key == "record_decisions" or reference.get(key) == value:
-            continue
-        ours = format_alloc_conf({key: value}) if policy == "pytorch" else None
-        theirs = format_alloc_conf({key: reference.get(key)}) if policy == "pytorch" else None
-        if ours and theirs is not None:
-            changes.append(f"{ours} (recorded: {theirs or 'default'})")
-        else:
-            changes.append(f"{key}={value} (recorded: {reference.get(key)})")
-    return changes
+    return [f"{ours} (recorded: {theirs or 'default'})"
+            for ours, theirs in changed_settings(policy, built.params(), reference)]
 
 
-def _add_recording(result: RunResult, trace: Trace, policy: str, build, capacity: Capacity) -> None:
-    """Add ``recorded`` and ``reproduction`` to the summary, and the capacity's source to the verdict."""
+def add_recording(result: RunResult, trace: Trace, policy: str, params: Mapping[str, Any] | None,
+                  capacity: Capacity, cost_model: CostModel | None = None) -> None:
+    """Add ``recorded`` and ``reproduction`` to the summary of a run of ``trace`` through ``policy`` with
+    ``params``, and the capacity's source to its verdict."""
     summary = result.summary
+    build = _builder(trace, policy, params, capacity.bytes, cost_model)
     t_ns = trace.column("t_ns")
     summary["verdict"] = summary_verdict(summary, result.timeseries, int(t_ns[0]) if len(t_ns) else 0,
                                          capacity_source=capacity.source, capacity_note=capacity.note)

@@ -22,11 +22,10 @@ import argparse
 import sys
 from typing import Any
 
-from ..cost import CostModel
 from ..engine import select_device
 from ..errors import AllocsimError
 from ..units import parse_bytes
-from .common import add_trace_args, load_trace, print_json
+from .common import add_cost_model_args, add_trace_args, cost_model_from_args, load_trace, print_json
 
 #: Exit status of a run that ran out of memory in the simulation.
 EXIT_OOM = 3
@@ -69,9 +68,7 @@ def register(subparsers) -> None:
     parser.add_argument("--fast", action="store_true", help="no timing: memory results only, much faster")
     parser.add_argument("--continue-on-oom", action="store_true",
                         help="record every failed allocation, skip it and go on (default: stop at the first)")
-    parser.add_argument("--cost-model", metavar="FILE", help="cost model JSON (calibration file) for timed runs")
-    parser.add_argument("--cost", action="append", default=[], metavar="KEY=NS",
-                        help="override one cost model constant, e.g. --cost device_sync_ns=50000 (repeatable)")
+    add_cost_model_args(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("-o", "--out", metavar="OUT_DIR", dest="out_dir",
                         help="write summary.json, timeseries.parquet and perf.json there")
@@ -102,13 +99,6 @@ def policy_params(settings: list[str]) -> dict[str, str]:
             raise ValueError(f"--set {key}={value}: {hint}")
         params[key] = value
     return params
-
-
-def cost_model_from_args(args: argparse.Namespace) -> CostModel:
-    """The cost model of ``--cost-model FILE`` (or the defaults) with ``--cost`` overrides applied."""
-    base = CostModel.load(args.cost_model) if getattr(args, "cost_model", None) else CostModel()
-    overrides = dict(_pairs(getattr(args, "cost", []), "--cost"))
-    return CostModel.from_overrides(overrides, base=base) if overrides else base
 
 
 def find_spec(name: str) -> Any:
