@@ -290,3 +290,21 @@ def test_maphsge4_fast_and_default_agree(shared_dir, capsys):
     unlimited = json.loads(out)
     assert unlimited["peak_live_lower_bound_bytes"] == 20_802_383_104
     assert unlimited["timed_memory"]["peak_requested_bytes"] > unlimited["peak_requested_bytes"]
+
+
+def test_the_readme_oom_story_is_what_run_prints(shared_dir, capsys):
+    """Every `allocsim run $S ...` line of the README's OOM story is followed by the verdict it prints."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    story = readme.split("The OOM story on a real snapshot", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    lines = [line.strip() for line in story.strip().splitlines()]
+    snapshot = shared_dir / "traces" / "pytorch-snapshots" / "Maphsge4__snapshot.pickle"
+    checked = 0
+    for line, expected in zip(lines, lines[1:]):
+        if not line.startswith("allocsim run $S") or not expected.startswith("# "):
+            continue
+        argv = line.split("#")[0].split()[3:]   # after "allocsim run $S"
+        code, out, err = run_cli(capsys, "run", snapshot, *argv, "--fast")
+        assert code in (0, 3), err
+        assert out.strip().splitlines()[-1] == expected[2:], line
+        checked += 1
+    assert checked == 3
