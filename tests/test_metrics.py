@@ -160,7 +160,7 @@ def test_format_text_is_a_table_with_units():
     trace = build([("a", 0, 0x1, 3 * MiB), ("a", 1, 0x2, 3 * MiB)])
     text = run_simpy(trace, DirectPolicy(SimulatedDevice(capacity_bytes=6 * MiB))).format_text()
     for needle in ("Reserved memory", "Lower bound (peak live)", "MiB", "cudaMalloc", "allocation latency",
-                   "OUT OF MEMORY at event 1"):
+                   "OUT OF MEMORY in 6.00 MiB at event 1"):
         assert needle in text
     widths = {len(line) for line in text.splitlines() if line.startswith("|")}
     assert widths == {79}
