@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from .metrics.series import with_derived
+from .metrics.verdict import format_duration_ns
 from .units import format_bytes
 
 
@@ -97,13 +98,7 @@ def _ratio(value: float | None) -> str:
 
 
 def _ns(value: int | float | None) -> str:
-    if value is None:
-        return "-"
-    value = float(value)
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
-        if value >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{value:.0f} ns"
+    return "-" if value is None else format_duration_ns(value)
 
 
 def _count(value: int | None) -> str:
