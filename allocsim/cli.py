@@ -16,7 +16,10 @@ def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser with every available subcommand registered."""
     parser = argparse.ArgumentParser(
         prog="allocsim",
-        description="Replay real GPU allocation traces through allocator policies and see the memory they need.")
+        description="Replay real GPU allocation traces through allocator policies and see the memory they need.",
+        epilog="exit status: 0 = success (run: it fits, or no capacity to check), 2 = usage or input error "
+               "(one line on stderr), 3 = run: the simulation ran out of memory, 1 = sweep: rows left to finish / "
+               "winners: nothing fits")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in COMMANDS:

@@ -69,7 +69,7 @@ from .cost import OP_FREE_COMPLETED, OP_FREE_REQUESTED, OP_MALLOC, OP_OTHER, Cos
 from .device import SimulatedDevice
 from .errors import AllocsimError, OutOfMemory
 from .metrics.series import Samples
-from .metrics.summary import RunInfo, build_result
+from .metrics.summary import RunInfo, RunOutput, build_result
 from .policies.base import Policy, ReplayRun
 from .result import RunResult
 from .trace.schema import EventKind, Trace
@@ -138,6 +138,14 @@ class _Replay:
         self.start_state = "allocated"
         self.start_state_note = ""
         self.views = self.samples.views()   # memoryviews of (requested, active, pending, reserved)
+
+    def output(self) -> RunOutput:
+        """What this replay produced, for the summary (which knows nothing of the engine)."""
+        return RunOutput(trace=self.trace, policy=self.policy, samples=self.samples, ooms=self.ooms,
+                         completed=not self.stopped, continue_on_oom=self.continue_on_oom,
+                         start_state=self.start_state, start_state_note=self.start_state_note,
+                         t0_ns=self.t0_ns, probed_peak_reserved_bytes=self.peak_reserved,
+                         largest_free_block_at_probe_bytes=self.lfb_at_peak)
 
     # ------------------------------------------------------------------ shared pieces
     def probe_peak(self, reserved: int) -> None:
@@ -401,7 +409,7 @@ def run_fast(trace: Trace, policy: PolicyLike, *, capacity_bytes: int | None = N
         else:
             replay.run_generic()
     wall_s = time.perf_counter() - started
-    return build_result(replay, RunInfo(mode="fast", wall_s=wall_s))
+    return build_result(replay.output(), RunInfo(mode="fast", wall_s=wall_s))
 
 
 class _Environment(simpy.Environment):
@@ -619,7 +627,7 @@ def run_simpy(trace: Trace, policy: PolicyLike, cost_model: CostModel | None = N
         clock.start()
         clock.env.run()
     wall_s = time.perf_counter() - started
-    return build_result(replay, RunInfo(
+    return build_result(replay.output(), RunInfo(
         mode="simpy", wall_s=wall_s, cost_model=cost_model, sync_count=clock.sync_count,
         sync_ns=clock.sync_ns, stall_ns=clock.stall_ns, dependency_wait_ns=clock.dependency_wait_ns,
         makespan_ns=clock.end_ns() - replay.t0_ns))

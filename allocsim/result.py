@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from .metrics.series import with_derived
+from .metrics.verdict import format_duration_ns
 from .units import format_bytes
 
 
@@ -31,6 +32,9 @@ class RunResult:
     ooms: pd.DataFrame
     #: Wall-clock figures: sim_seconds, events_per_second (not deterministic).
     perf: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The timed replay's time series when the memory figures come from a trace-order replay
+    #: (multi-stream traces in timed mode; see ``allocsim.runner``), else None.
+    timed_timeseries: pd.DataFrame | None = None
 
     def to_dict(self, *, include_perf: bool = False) -> dict[str, Any]:
         """The summary, plus the wall-clock figures when ``include_perf``."""
@@ -44,7 +48,8 @@ class RunResult:
         return json.dumps(self.to_dict(include_perf=include_perf), indent=indent, allow_nan=False)
 
     def save(self, out_dir: str | os.PathLike) -> dict[str, Path]:
-        """Write summary.json, timeseries.parquet (with derived columns), perf.json, and ooms.parquet after an OOM."""
+        """Write summary.json, timeseries.parquet (with derived columns), perf.json, ooms.parquet after an OOM,
+        and timeseries_timed.parquet when the timed replay is kept beside the trace-order one."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {"summary": out / "summary.json", "timeseries": out / "timeseries.parquet",
@@ -55,6 +60,9 @@ class RunResult:
         if len(self.ooms):
             paths["ooms"] = out / "ooms.parquet"
             self.ooms.to_parquet(paths["ooms"], index=False)
+        if self.timed_timeseries is not None:
+            paths["timeseries_timed"] = out / "timeseries_timed.parquet"
+            with_derived(self.timed_timeseries).to_parquet(paths["timeseries_timed"], index=False)
         return paths
 
     def format_text(self) -> str:
@@ -90,17 +98,76 @@ def _ratio(value: float | None) -> str:
 
 
 def _ns(value: int | float | None) -> str:
-    if value is None:
-        return "-"
-    value = float(value)
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
-        if value >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{value:.0f} ns"
+    return "-" if value is None else format_duration_ns(value)
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else f"{int(value):,}"
+
+
+def _recorded_rows(s: dict[str, Any]) -> list[str]:
+    """The simulated figures beside the recorded ones, for every figure the recording holds."""
+    rec = s.get("recorded")
+    if not rec:
+        return []
+    rows = []
+    for label, key, show in (("  peak reserved", "peak_reserved_bytes", _b),
+                             ("  peak allocated", "peak_allocated_bytes", _b),
+                             ("  cudaMalloc", "device_mallocs", _count), ("  cudaFree", "device_frees", _count),
+                             ("  page maps", "device_maps", _count), ("  page unmaps", "device_unmaps", _count),
+                             ("  OOMs", "oom_count", _count)):
+        if rec.get(key) is not None:
+            same = "equal" if s.get(key) == rec[key] else "differs"
+            rows.append(_row(label, show(s.get(key)), show(rec[key]), same))
+    if not rows:
+        return []
+    return [_rule(), _row("Simulated vs recorded", "Simulated", "Recorded", ""), *rows]
+
+
+def _timed_rows(s: dict[str, Any]) -> list[str]:
+    """Memory figures of the timed replay beside the trace-order ones, when they differ."""
+    timed = s.get("timed_memory")
+    if not timed or not timed.get("differs"):
+        return []
+    oom = s.get("oom")
+    rows = [_rule(), _row("Memory by replay order", "Trace order", "Timed", "")]
+    for label, key in (("  peak requested", "peak_requested_bytes"), ("  peak allocated", "peak_allocated_bytes"),
+                       ("  peak reserved", "peak_reserved_bytes")):
+        rows.append(_row(label, _b(s[key]), _b(timed[key]), ""))
+    rows.append(_row("  cudaMalloc / cudaFree", f"{s['device_mallocs']:,} / {s['device_frees']:,}",
+                     f"{timed['device_mallocs']:,} / {timed['device_frees']:,}", ""))
+    rows.append(_row("  first OOM at event", _count(None if oom is None else oom["event_index"]),
+                     _count(timed.get("oom_event_index")), ""))
+    return rows
+
+
+def _notes(s: dict[str, Any]) -> list[str]:
+    """Lines under the table: replay order, reproduction, where the capacity came from, OOM details."""
+    lines = []
+    timed = s.get("timed_memory")
+    if timed and timed.get("differs"):
+        lines.append(f"memory figures and OOMs follow the recorded order of the {timed['streams']} streams; the "
+                     "Timed column is the timed replay, where simulated delays reorder streams (--fast gives the "
+                     "trace-order figures alone)")
+    repro = s.get("reproduction")
+    if repro:
+        lines.append(repro["line"])
+    verdict = s.get("verdict") or {}
+    if verdict.get("capacity_source") == "inferred":
+        lines.append(f"capacity {_b(verdict['capacity_bytes'])} inferred from the recording"
+                     + (f": {verdict['capacity_note']}" if verdict.get("capacity_note") else "")
+                     + " (--capacity SIZE overrides it)")
+    oom = s.get("oom")
+    if oom and not (verdict.get("line") or "").startswith("OUT OF MEMORY"):
+        lines.append(f"first OOM at event {oom['event_index']:,}: {_b(oom['requested_bytes'])} requested with "
+                     f"{_b(oom['reserved_bytes'])} reserved, {_b(oom['allocated_bytes'])} allocated"
+                     + ("" if s["completed"] else "; the run stopped there"))
+    return lines
 
 
 def format_summary(s: dict[str, Any], perf: dict[str, Any] | None = None) -> str:
-    """Render a run summary as a table: metric, current (end of run), peak, peak / lower bound."""
+    """Render a run summary as a table (metric, current, peak, peak / lower bound), the recorded figures
+    beside the simulated ones, notes, and last the verdict line."""
     trace = s.get("trace", {})
     lines = [_rule("="),
              _title(f"allocsim run: policy {s['policy']} ({s['mode']})"),
@@ -137,15 +204,15 @@ def format_summary(s: dict[str, Any], perf: dict[str, Any] | None = None) -> str
                   _row("  device syncs / stall", f"{s['sync_count']:,}", _ns(s["stall_ns"]), ""),
                   _row("  makespan / trace span", _ns(s["makespan_ns"]), _ns(s["trace_span_ns"]),
                        _ratio(s["makespan_over_span"]))]
+    lines += _recorded_rows(s)
+    lines += _timed_rows(s)
     lines.append(_rule("="))
-    oom = s.get("oom")
-    if oom:
-        lines.append(f"OUT OF MEMORY at event {oom['event_index']} (t={oom['t_ns']} ns): "
-                     f"{_b(oom['requested_bytes'])} requested with {_b(oom['reserved_bytes'])} reserved, "
-                     f"{_b(oom['allocated_bytes'])} allocated, capacity {_b(oom['capacity_bytes'])}"
-                     + ("" if s["completed"] else "; the run stopped there"))
+    lines += _notes(s)
     if perf and perf.get("sim_seconds") is not None:
         eps = perf.get("events_per_second")
         lines.append(f"simulated in {perf['sim_seconds']:.3f} s"
                      + (f" ({eps:,.0f} events/s)" if eps else ""))
+    verdict = s.get("verdict")
+    if verdict:
+        lines.append(verdict["line"])
     return "\n".join(lines)

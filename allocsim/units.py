@@ -11,21 +11,32 @@ TiB = 1024 * GiB
 
 _UNITS = {
     "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "kib": KiB,
-    "m": 1000**2, "mb": 1000**2, "mib": MiB,
-    "g": 1000**3, "gb": 1000**3, "gib": GiB,
-    "t": 1000**4, "tb": 1000**4, "tib": TiB,
+    "kb": 1000, "kib": KiB,
+    "mb": 1000**2, "mib": MiB,
+    "gb": 1000**3, "gib": GiB,
+    "tb": 1000**4, "tib": TiB,
 }
+#: A bare prefix is ambiguous: nvidia-smi, PyTorch (``_mb``) and most people mean 1024-based units
+#: by it, disk vendors 1000-based ones; one GiB versus one GB is a 7 % error in a capacity.
+_AMBIGUOUS = {"k": "K", "m": "M", "g": "G", "t": "T"}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_bytes(text: str | int) -> int:
-    """Turn ``"80GiB"``, ``"512MB"``, ``"1.5GiB"`` or ``4096`` into an integer byte count."""
+    """Turn ``"80GiB"``, ``"512MB"``, ``"1.5GiB"`` or ``4096`` into an integer byte count.
+
+    ``KiB``/``MiB``/``GiB``/``TiB`` are 1024-based, ``KB``/``MB``/``GB``/``TB`` 1000-based (case is
+    ignored); a bare ``16G`` is refused as ambiguous rather than guessed.
+    """
     if isinstance(text, int):
         if text < 0:
             raise ValueError(f"size must be >= 0, got {text}")
         return text
     match = _SIZE_RE.match(str(text))
+    if match and match.group(2).lower() in _AMBIGUOUS:
+        number, prefix = match.group(1), _AMBIGUOUS[match.group(2).lower()]
+        raise ValueError(f"{str(text).strip()!r} is ambiguous: say {number}{prefix}iB (1024-based) "
+                         f"or {number}{prefix}B (1000-based)")
     if not match or match.group(2).lower() not in _UNITS:
         raise ValueError(f"not a size: {text!r} (examples: 4096, 512MiB, 80GiB)")
     number, unit = match.groups()

@@ -91,11 +91,12 @@ def test_run_json_has_the_documented_keys(registry, trace_file, capsys):
 
 
 def test_run_fast_and_capacity_report_the_oom(registry, trace_file, capsys):
-    """--fast skips timing; an OOM at --capacity is a result with exit code 0."""
+    """--fast skips timing; an OOM at --capacity is a result: the verdict says so and the exit status is 3."""
     code, out, _ = run_cli(capsys, "run", str(trace_file), "--policy", "direct", "--fast", "--capacity", "10MiB",
                            "--json")
     data = json.loads(out)
-    assert code == 0 and data["mode"] == "fast" and data["alloc_latency_ns"] is None
+    assert code == 3 and data["mode"] == "fast" and data["alloc_latency_ns"] is None
+    assert data["verdict"]["fits"] is False and data["verdict"]["first_oom"]["event_index"] == 3
     assert set(data["oom"]) >= {"event_index", "requested_bytes", "t_ns", "reserved_bytes", "allocated_bytes"}
     assert data["oom"]["event_index"] == 3 and data["completed"] is False
 

@@ -160,7 +160,7 @@ def test_format_text_is_a_table_with_units():
     trace = build([("a", 0, 0x1, 3 * MiB), ("a", 1, 0x2, 3 * MiB)])
     text = run_simpy(trace, DirectPolicy(SimulatedDevice(capacity_bytes=6 * MiB))).format_text()
     for needle in ("Reserved memory", "Lower bound (peak live)", "MiB", "cudaMalloc", "allocation latency",
-                   "OUT OF MEMORY at event 1"):
+                   "OUT OF MEMORY in 6.00 MiB at event 1"):
         assert needle in text
     widths = {len(line) for line in text.splitlines() if line.startswith("|")}
     assert widths == {79}
@@ -170,3 +170,30 @@ def test_jsonable_turns_numpy_and_containers_into_json():
     """Parameters with numpy scalars, tuples or sets still serialise."""
     value = {"a": np.int64(3), "b": (1, np.float32(0.5)), "c": {2, 1}, "d": float("nan"), "e": None}
     assert json.loads(json.dumps(jsonable(value))) == {"a": 3, "b": [1, 0.5], "c": [1, 2], "d": None, "e": None}
+
+
+def test_summary_takes_a_public_run_output_and_never_imports_the_engine():
+    """The summary is built from a ``RunOutput`` any replay can fill; importing it loads no engine."""
+    import subprocess
+    import sys
+
+    from allocsim.metrics.series import Samples
+    from allocsim.metrics.summary import RunInfo, RunOutput, build_result
+
+    code = "import sys, allocsim.metrics.summary; print('allocsim.engine' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60).stdout.strip() == "False"
+    trace = build([("a", 0, 0x1, 3 * MiB), ("a", 1, 0x2, 5 * MiB)])
+    policy = DirectPolicy(SimulatedDevice(capacity_bytes=16 * MiB))
+    samples = Samples(len(trace.events) + 1)
+    samples.write(0, policy, policy.device.reserved_bytes)
+    for row, (aid, size) in enumerate(zip(trace.events["alloc_id"], trace.events["size_bytes"]), start=1):
+        policy.malloc(int(aid), int(size), 0)        # a replay done by hand, no engine involved
+        samples.write(row, policy, policy.device.reserved_bytes)
+    samples.rows = len(trace.events) + 1
+    run = RunOutput(trace=trace, policy=policy, samples=samples, ooms=[], completed=True, continue_on_oom=False,
+                    start_state="allocated", start_state_note="", t0_ns=0)
+    result = build_result(run, RunInfo(mode="fast", wall_s=0.0))
+    s = result.summary
+    assert (s["peak_requested_bytes"], s["peak_reserved_bytes"], s["device_mallocs"]) == (8 * MiB, 10 * MiB, 2)
+    assert s["verdict"]["line"] == "FITS in 16.00 MiB: peak reserved 10.00 MiB, headroom 6.00 MiB"

@@ -264,3 +264,43 @@ def test_plot_command_bad_input_exits_2_with_one_line(argv, message, tmp_path, c
     code = run_cli(*[a.replace("{tmp}", str(tmp_path / "o")) for a in argv])
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1 and err.startswith("allocsim plot: error:")
+
+
+def test_plot_compares_settings_of_one_policy_side_by_side(tmp_path):
+    """`--policy pytorch --policy pytorch:expandable_segments:True`: two runs, labelled by their settings."""
+    trace = ROOT / "traces" / "bert_recompute.json.gz"
+    out = tmp_path / "cmp"
+    assert run_cli("plot", trace, "--policy", "pytorch", "--policy", "pytorch:expandable_segments:True",
+                   "--fast", "-o", out) == 0
+    comparison = pd.read_parquet(out / "comparison.parquet")
+    assert comparison["policy"].tolist() == ["pytorch", "pytorch:expandable_segments:True"]
+    plain = json.loads((out / "pytorch" / "summary.json").read_text())
+    expandable = json.loads((out / "pytorch_expandable_segments_True" / "summary.json").read_text())
+    assert plain["params"]["expandable_segments"] is False and expandable["params"]["expandable_segments"] is True
+    assert plain["device_maps"] == 0 < expandable["device_maps"]
+
+
+def test_titles_name_the_non_default_settings(no_disk):
+    result = simulate(small_trace(), "pytorch", fast=True, params={"max_split_size": "64MiB",
+                                                                   "expandable_segments": "true"})
+    title = plot_timeline(result).get_title()
+    assert "pytorch (max_split_size_mb:64,expandable_segments:True)" in title
+    plain = simulate(small_trace(), "pytorch", fast=True)
+    assert "Memory over time — pytorch\n" in plot_timeline(plain).get_title()
+    gc = simulate(small_trace(), "deferred-gc", fast=True, params={"threshold": "1GiB"})
+    assert "deferred-gc(paddle) (threshold=1GiB)" in plot_timeline(gc).get_title()
+
+
+def test_plot_memory_follows_the_recorded_stream_order(tmp_path):
+    """A timed plot of a two-stream trace draws the trace-order memory; the timed series feeds latency only."""
+    out = tmp_path / "p"
+    trace = small_trace()
+    from allocsim.trace import write_trace
+
+    write_trace(trace, tmp_path / "t.parquet")
+    assert run_cli("plot", tmp_path / "t.parquet", "-o", out) == 0
+    fast = simulate(trace, "pytorch", fast=True)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["peak_reserved_bytes"] == fast.summary["peak_reserved_bytes"]
+    assert summary["timed_memory"]["streams"] == 2 and (out / "latency.png").is_file()
+    assert (out / "timeseries_timed.parquet").is_file()

@@ -158,14 +158,42 @@ def test_rows_hold_every_run_json_metric(tmp_path, tiny, capsys):
     assert "alloc_latency_ns.p99" in df.columns and "sim_seconds" in df.columns
 
 
-def test_failing_config_is_a_row_not_a_crash(tmp_path, tiny):
-    configs = build_configs(["pytorch"], ["garbage_collection_threshold=0,1.5,banana"])
+@pytest.mark.parametrize("grid, message", [
+    ("garbage_collection_threshold=0,banana", "parameter garbage_collection_threshold='banana'"),
+    ("garbage_collection_threshold=0,1.5", "garbage_collection_threshold must be in [0, 1)"),
+    ("max_split_size=none,10MiB", "max_split_size must be at least 20971520 bytes"),
+    ("max_split_size=none,12parsecs", "parameter max_split_size='12parsecs'"),
+])
+def test_a_grid_value_that_cannot_work_is_refused_before_the_sweep(tmp_path, tiny, capsys, grid, message):
+    with pytest.raises(ValueError, match="policy pytorch"):
+        build_configs(["pytorch"], [grid])
+    out = tmp_path / "r.parquet"
+    code, _, err = cli(capsys, "sweep", tiny, "--policy", "pytorch", "--grid", grid, "--fast", "-o", out)
+    assert code == 2 and message in err and err.count("\n") == 1
+    assert not out.exists() and not journal_dir(out).exists()
+
+
+def failing_for(monkeypatch, bad_params_json: str) -> None:
+    """Make the worker fail (like a config that breaks while running) for one params point."""
+    real = worker.simulate_summary
+
+    def simulate(task, trace):
+        if task.params_json == bad_params_json:
+            raise RuntimeError("broke while running")
+        return real(task, trace)
+
+    monkeypatch.setattr(worker, "simulate_summary", simulate)
+
+
+def test_failing_config_is_a_row_not_a_crash(tmp_path, tiny, monkeypatch):
+    configs = build_configs(["pytorch"], ["garbage_collection_threshold=0,0.5"])
+    failing_for(monkeypatch, configs[1].params_json)
     report = run_sweep([str(tiny)], configs, output=tmp_path / "r.parquet", fast=True)
     df = pd.read_parquet(tmp_path / "r.parquet")
-    assert report.rows == 3 and report.errors == 2 and report.complete
-    assert df["error"].isna().tolist() == [True, False, False]
-    assert "garbage_collection_threshold" in df["error"][1] and "banana" in df["error"][2]
-    assert df["peak_reserved_bytes"].isna().tolist() == [False, True, True]
+    assert report.rows == 2 and report.errors == 1 and report.complete
+    assert df["error"].isna().tolist() == [True, False]
+    assert df["error"][1] == "RuntimeError: broke while running"
+    assert df["peak_reserved_bytes"].isna().tolist() == [False, True]
 
 
 def test_bad_grid_exits_2_before_anything_runs(tmp_path, tiny, capsys):
@@ -255,13 +283,17 @@ def test_sigkilled_sweep_resumes(tmp_path, tiny):
     assert len(pd.read_parquet(out)) == 5
 
 
-def test_errors_are_journaled_and_retried_on_request(tmp_path, tiny):
-    configs = build_configs(["pytorch"], ["garbage_collection_threshold=0,1.5"])
+def test_errors_are_journaled_and_retried_on_request(tmp_path, tiny, monkeypatch):
+    configs = build_configs(["pytorch"], ["garbage_collection_threshold=0,0.5"])
+    failing_for(monkeypatch, configs[1].params_json)
     out = tmp_path / "r.parquet"
     run_sweep([str(tiny)], configs, output=out, fast=True)
     assert run_sweep([str(tiny)], configs, output=out, fast=True).computed == 0
     report = run_sweep([str(tiny)], configs, output=out, fast=True, retry_errors=True)
     assert (report.skipped, report.computed, report.errors) == (1, 1, 1)
+    monkeypatch.undo()
+    report = run_sweep([str(tiny)], configs, output=out, fast=True, retry_errors=True)
+    assert (report.skipped, report.computed, report.errors) == (1, 1, 0)
 
 
 def test_rows_key_on_content_options_and_params(tmp_path, tiny):
@@ -290,3 +322,53 @@ def test_unreadable_or_changed_trace_is_not_journaled(tmp_path, tiny, monkeypatc
     assert not list(journal_dir(out).glob("row-*"))
     monkeypatch.undo()
     assert run_sweep([str(tiny)], configs, output=out, fast=True).computed == 2
+
+
+def test_policy_specs_sweep_settings_side_by_side(tmp_path, tiny, capsys):
+    out = tmp_path / "r.parquet"
+    code, _, err = cli(capsys, "sweep", tiny, "--policy", "pytorch", "--policy", "pytorch:expandable_segments:True",
+                       "--grid", "max_split_size=none,32MiB", "--fast", "-o", out)
+    assert code == 0, err
+    df = pd.read_parquet(out)
+    assert df["policy"].tolist() == ["pytorch"] * 4
+    assert [json.loads(p).get("expandable_segments") for p in df["params_json"]] == [None, None, True, True]
+    assert df["device_maps"].tolist()[:2] == [0, 0] and (df["device_maps"][2:] > 0).all()
+    code, stdout, _ = cli(capsys, "run", tiny, "--policy", "pytorch:expandable_segments:True,max_split_size_mb:32",
+                          "--fast", "--json")
+    assert json.loads(stdout)["peak_reserved_bytes"] == df["peak_reserved_bytes"][3]
+    code, _, err = cli(capsys, "sweep", tiny, "--policy", "pytorch:expandable_segments:True",
+                       "--grid", "expandable_segments=true,false", "-o", tmp_path / "x.parquet")
+    assert code == 2 and "expandable_segments is also on the grid" in err
+
+
+def test_cost_model_file_reaches_every_row(tmp_path, tiny, capsys):
+    from allocsim.cost import CostModel
+
+    model = tmp_path / "cal.json"
+    CostModel.from_overrides({"malloc_base_ns": 123_000, "malloc_per_mib_ns": 0, "_granularity_bytes": 1 << 20}).save(model)
+    out = tmp_path / "r.parquet"
+    code, _, err = cli(capsys, "sweep", tiny, "--policy", "direct", "--cost-model", model, "-o", out)
+    assert code == 0, err
+    row = pd.read_parquet(out).iloc[0]
+    code, stdout, _ = cli(capsys, "run", tiny, "--policy", "direct", "--cost-model", model, "--json")
+    ran = json.loads(stdout)
+    assert row["alloc_latency_ns.p50"] == ran["alloc_latency_ns"]["p50"] == 123_000
+    assert row["peak_reserved_bytes"] == ran["peak_reserved_bytes"]
+    # The default model pages in 2 MiB units and costs 10 us per call: a different row, not a resumed one.
+    report = run_sweep([str(tiny)], build_configs(["direct"]), output=out)
+    assert report.computed == 1
+    default = pd.read_parquet(out).iloc[0]
+    assert default["alloc_latency_ns.p50"] != 123_000 and default["peak_reserved_bytes"] >= row["peak_reserved_bytes"]
+
+
+def test_multi_stream_rows_give_the_trace_order_memory_answer(tmp_path, capsys):
+    path = write_tiny(tmp_path / "streams.parquet", n=60, streams=4)
+    out = tmp_path / "r.parquet"
+    code, _, err = cli(capsys, "sweep", path, "--policy", "pytorch", "--capacity", "1GiB", "-o", out)
+    assert code == 0, err
+    row = pd.read_parquet(out).iloc[0]
+    code, stdout, _ = cli(capsys, "run", path, "--policy", "pytorch", "--capacity", "1GiB", "--fast", "--json")
+    fast = json.loads(stdout)
+    for key in ("peak_requested_bytes", "peak_reserved_bytes", "device_mallocs", "oom_count"):
+        assert row[key] == fast[key], key
+    assert row["timed_memory.streams"] == 4 and "alloc_latency_ns.p99" in row.index

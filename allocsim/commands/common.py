@@ -1,4 +1,4 @@
-"""Pieces every subcommand shares: reading a trace with a clean error and picking a device."""
+"""Pieces every subcommand shares: reading a trace with a clean error, picking a device, the cost model."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from ..cost import CostModel
 from ..errors import AllocsimError
 from ..trace import Trace, read_trace
 
@@ -36,3 +37,27 @@ def print_json(data: Any) -> None:
     """Print one JSON object, keys in a stable order."""
     json.dump(data, sys.stdout, indent=2, sort_keys=False)
     sys.stdout.write("\n")
+
+
+def add_cost_model_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--cost-model FILE`` and ``--cost KEY=NS`` (what timed runs cost, and a calibrated device)."""
+    parser.add_argument("--cost-model", metavar="FILE",
+                        help="cost model JSON (calibration file): call latencies for timed runs and the "
+                             "calibrated device footprint (_granularity_bytes) for every run")
+    parser.add_argument("--cost", action="append", default=[], metavar="KEY=NS",
+                        help="override one cost model constant, e.g. --cost device_sync_ns=50000 (repeatable)")
+
+
+def cost_model_from_args(args: argparse.Namespace) -> CostModel | None:
+    """The cost model of ``--cost-model FILE`` with ``--cost`` overrides; None when neither is given."""
+    path, items = getattr(args, "cost_model", None), getattr(args, "cost", None) or []
+    if not path and not items:
+        return None
+    base = CostModel.load(path) if path else CostModel()
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--cost {item!r}: expected KEY=NS")
+        overrides[key.strip()] = value.strip()
+    return CostModel.from_overrides(overrides, base=base) if overrides else base

@@ -2,12 +2,16 @@
 
 INPUT is one of:
 
-* a trace: each ``--policy`` (default ``pytorch``) is simulated with an attribution observer
-  (timed unless ``--fast``) and gets ``timeline``, ``attribution``, ``segments`` (the segment map at
-  the reserved peak) and ``latency`` figures beside ``summary.json``, ``timeseries.parquet``,
+* a trace: each ``--policy`` (default ``pytorch``; specs such as ``pytorch:expandable_segments:True``
+  compare settings side by side) is simulated with an attribution observer (timed unless
+  ``--fast``) and gets ``timeline``, ``attribution``, ``segments`` (the segment map at the reserved
+  peak) and ``latency`` figures beside ``summary.json``, ``timeseries.parquet``,
   ``attribution.parquet`` and ``segments_at_peak.parquet``. One policy writes into DIR; several
-  write DIR/<policy>/ each, plus ``comparison`` (peak reserved by cause, ``comparison.parquet``)
+  write DIR/<spec>/ each, plus ``comparison`` (peak reserved by cause, ``comparison.parquet``)
   and an overlaid ``latency`` in DIR. ``--set K=V`` goes to every listed policy that has K.
+  Titles name the non-default settings. As in ``allocsim run``, memory follows the trace's
+  recorded stream order (the timed replay only adds latency), and the capacity defaults to the
+  one the recording implies.
 * a result directory (``allocsim run -o`` or an earlier ``allocsim plot``): the figures its tables
   allow, written to DIR (default: beside the tables);
 * a sweep results Parquet (``allocsim sweep``): a heatmap of ``--metric`` per trace and policy and,
@@ -32,7 +36,7 @@ from ..units import parse_bytes
 
 #: Tables a result directory may hold, and what they feed.
 RESULT_FILES = ("summary.json", "timeseries.parquet", "ooms.parquet", "attribution.parquet",
-                "segments_at_peak.parquet", "markers.parquet", "perf.json")
+                "segments_at_peak.parquet", "markers.parquet", "perf.json", "timeseries_timed.parquet")
 
 
 def register(subparsers) -> None:
@@ -49,11 +53,14 @@ def register(subparsers) -> None:
                "  allocsim plot results.parquet -o sweep-figs/ --metric peak_reserved_bytes",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("input", metavar="RESULT_OR_TRACE", help="trace file, result directory or sweep Parquet")
-    parser.add_argument("--policy", action="append", default=[], metavar="NAME",
-                        help="policy to simulate a trace with (repeatable; default: pytorch)")
+    parser.add_argument("--policy", action="append", default=[], metavar="NAME[:SETTINGS]",
+                        help="policy to simulate a trace with (repeatable; default: pytorch); pytorch:SETTINGS takes "
+                             "PYTORCH_CUDA_ALLOC_CONF syntax, e.g. --policy pytorch --policy "
+                             "pytorch:expandable_segments:True")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
                         help="policy parameter, given to every listed policy that has it (repeatable)")
-    parser.add_argument("--capacity", metavar="SIZE", help="device memory, e.g. 16GiB (default: unlimited)")
+    parser.add_argument("--capacity", metavar="SIZE",
+                        help="device memory, e.g. 16GiB (default: what the recording implies, else unlimited)")
     parser.add_argument("--device", type=int, metavar="N", help="device to replay (required if the trace has several)")
     parser.add_argument("--fast", action="store_true", help="no timing (no latency figure), faster")
     parser.add_argument("--every", type=int, default=1000, metavar="N",
@@ -102,55 +109,85 @@ class Writer:
 
 
 # ----------------------------------------------------------------------------- a trace
-def _params_per_policy(policies: list[str], settings: list[str]) -> dict[str, dict[str, str]]:
-    """``--set`` items for each policy that accepts the key; a key no policy accepts is an error."""
+def _params_per_spec(specs: list[Any], settings: list[str]) -> list[dict[str, Any]]:
+    """Each spec's own settings plus the ``--set`` items its policy accepts; a key no policy accepts is an error."""
     from ..policies.registry import accepted_params
-    from .run import policy_params
+    from .run import merge_settings, policy_params
 
     items = policy_params(settings)
-    out: dict[str, dict[str, str]] = {name: {} for name in policies}
+    out = [dict(spec.params) for spec in specs]
     for key, value in items.items():
         takers = []
-        for name in policies:
-            names = {p.name for p in accepted_params(name, items if name == "deferred-gc" else None)}
-            names |= {p.name + "_bytes" for p in accepted_params(name, items if name == "deferred-gc" else None)
-                      if p.unit == "bytes"}
+        for i, spec in enumerate(specs):
+            context = {**spec.params, **items} if spec.name == "deferred-gc" else None
+            accepted = accepted_params(spec.name, context)
+            names = {p.name for p in accepted} | {p.name + "_bytes" for p in accepted if p.unit == "bytes"}
             if key in names:
-                takers.append(name)
+                takers.append(i)
         if not takers:
-            raise ValueError(f"--set {key}: no listed policy ({', '.join(policies)}) has a parameter {key!r}")
-        for name in takers:
-            out[name][key] = value
+            names = ", ".join(spec.text for spec in specs)
+            raise ValueError(f"--set {key}: no listed policy ({names}) has a parameter {key!r}")
+        for i in takers:
+            out[i] = merge_settings((f"--policy {specs[i].text}", out[i]), ("--set", {key: value}))
     return out
 
 
-def _labels(policies: list[str]) -> list[str]:
+def _labels(specs: list[Any]) -> list[str]:
+    """One label per spec (its text; a repeated one gets -2, -3 ...)."""
     seen: dict[str, int] = {}
     out = []
-    for name in policies:
-        seen[name] = seen.get(name, 0) + 1
-        out.append(name if seen[name] == 1 else f"{name}-{seen[name]}")
+    for spec in specs:
+        seen[spec.text] = seen.get(spec.text, 0) + 1
+        out.append(spec.text if seen[spec.text] == 1 else f"{spec.text}-{seen[spec.text]}")
     return out
+
+
+def _folder(label: str) -> str:
+    """A portable folder name for a label (``pytorch:expandable_segments:True`` -> ``pytorch_expandable_...``)."""
+    return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in label)
+
+
+def _simulate(trace: Any, spec: Any, params: dict[str, Any], capacity: Any, args: argparse.Namespace):
+    """One spec's run with attribution: memory in the trace's order, timing (unless --fast) beside it."""
+    from ..cost import CostModel
+    from ..engine import run_simpy
+    from ..metrics.attribution import attribute_run
+    from ..runner import add_recording, merge_timed, stream_count
+
+    streams = stream_count(trace)
+    order_matters = not args.fast and streams > 1
+    result, observer, table = attribute_run(trace, spec.name, every=args.every, fast=args.fast or order_matters,
+                                            capacity_bytes=capacity.bytes, params=params or None)
+    if order_matters:
+        timed = run_simpy(trace, spec.name, CostModel(), capacity_bytes=capacity.bytes, params=params or None)
+        result = merge_timed(result, timed, streams)
+    add_recording(result, trace, spec.name, params, capacity)
+    return result, observer, table
 
 
 def plot_trace(args: argparse.Namespace, out: Path) -> list[Path]:
-    """Simulate every policy on the trace, write data and figures; return the paths written."""
+    """Simulate every policy spec on the trace, write data and figures; return the paths written."""
+    from ..alloc_conf import parse_policy_spec
     from ..engine import select_device
-    from ..metrics.attribution import attribute_run
     from ..plots import comparison_table, plot_latency, plot_policy_comparison, step_markers
+    from ..runner import check_capacity, resolve_capacity
     from ..trace import read_trace
+    from .run import find_spec
 
-    policies = list(args.policy) or ["pytorch"]
-    params = _params_per_policy(policies, args.settings)
-    capacity = parse_bytes(args.capacity) if args.capacity is not None else None
+    specs = [parse_policy_spec(text) for text in (args.policy or ["pytorch"])]
+    for spec in specs:
+        find_spec(spec.name)
+    params = _params_per_spec(specs, args.settings)
+    given = parse_bytes(args.capacity) if args.capacity is not None else None
     trace = select_device(read_trace(args.input, lenient=args.lenient), args.device)
-    labels = _labels(policies)
+    capacity = resolve_capacity(trace, given)
+    check_capacity(trace, capacity)
+    labels = _labels(specs)
     written: list[Path] = []
     peaks, extra, latencies = {}, {}, {}
-    for name, label in zip(policies, labels):
-        result, observer, table = attribute_run(trace, name, every=args.every, fast=args.fast,
-                                                capacity_bytes=capacity, params=params[name] or None)
-        where = out if len(policies) == 1 else out / label
+    for spec, label, own in zip(specs, labels, params):
+        result, observer, table = _simulate(trace, spec, own, capacity, args)
+        where = out if len(specs) == 1 else out / _folder(label)
         written += write_result(where, result, table, observer.peak_segments,
                                 step_markers(trace, result.timeseries, result.summary))
         peaks[label] = observer.peak or {}
@@ -158,8 +195,8 @@ def plot_trace(args: argparse.Namespace, out: Path) -> list[Path]:
         lat = s.get("alloc_latency_ns") or {}
         extra[label] = {"lower_bound_bytes": s["peak_live_lower_bound_bytes"], "oom_count": s["oom_count"],
                         "alloc_latency_p50_ns": lat.get("p50"), "alloc_latency_p99_ns": lat.get("p99")}
-        latencies[label] = result.timeseries
-    if len(policies) > 1:
+        latencies[label] = result.timed_timeseries if result.timed_timeseries is not None else result.timeseries
+    if len(specs) > 1:
         w = Writer(out)
         table = comparison_table(peaks, extra, order=labels)
         w.table("comparison.parquet", table)
@@ -184,14 +221,17 @@ def write_result(out: Path, result: Any, table: pd.DataFrame | None, segments: p
         w.table("segments_at_peak.parquet", segments)
     if markers is not None and len(markers):
         w.table("markers.parquet", markers)
-    draw_result(w, result.summary, result.timeseries, result.ooms, table, segments, markers)
+    draw_result(w, result.summary, result.timeseries, result.ooms, table, segments, markers,
+                result.timed_timeseries)
     return paths + w.written
 
 
 def draw_result(w: Writer, summary: dict, timeseries: pd.DataFrame, ooms: pd.DataFrame | None,
-                table: pd.DataFrame | None, segments: pd.DataFrame | None, markers: pd.DataFrame | None) -> None:
-    """The figures one run's tables allow."""
+                table: pd.DataFrame | None, segments: pd.DataFrame | None, markers: pd.DataFrame | None,
+                timed_timeseries: pd.DataFrame | None = None) -> None:
+    """The figures one run's tables allow (latency from the timed replay's series when it is kept apart)."""
     from ..plots import plot_attribution, plot_latency, plot_segment_map, plot_timeline
+    from ..plots._common import policy_label
     from ..units import format_bytes
 
     w.figure("timeline", plot_timeline, result=timeseries, summary=summary, ooms=ooms, markers=markers)
@@ -201,9 +241,10 @@ def draw_result(w: Writer, summary: dict, timeseries: pd.DataFrame, ooms: pd.Dat
         peak = summary.get("at_peak_reserved", {})
         w.figure("segments", plot_segment_map, segments=segments,
                  title=f"Segments at the reserved peak ({format_bytes(int(summary['peak_reserved_bytes']))}, "
-                       f"event {peak.get('event_index')}) — {summary.get('policy')}")
-    if "latency_ns" in timeseries.columns:
-        w.figure("latency", plot_latency, latencies={str(summary.get("policy")): timeseries})
+                       f"event {peak.get('event_index')}) — {policy_label(summary)}")
+    timed = timed_timeseries if timed_timeseries is not None else timeseries
+    if "latency_ns" in timed.columns:
+        w.figure("latency", plot_latency, latencies={policy_label(summary): timed})
 
 
 # ----------------------------------------------------------------------------- a result directory
@@ -211,7 +252,8 @@ def _read_result_dir(src: Path) -> dict[str, Any]:
     data: dict[str, Any] = {"summary": json.loads((src / "summary.json").read_text(encoding="utf-8")),
                             "timeseries": pd.read_parquet(src / "timeseries.parquet")}
     for key, name in (("ooms", "ooms.parquet"), ("table", "attribution.parquet"),
-                      ("segments", "segments_at_peak.parquet"), ("markers", "markers.parquet")):
+                      ("segments", "segments_at_peak.parquet"), ("markers", "markers.parquet"),
+                      ("timed", "timeseries_timed.parquet")):
         data[key] = pd.read_parquet(src / name) if (src / name).is_file() else None
     return data
 
@@ -228,7 +270,8 @@ def plot_result_dir(src: Path, out: Path) -> list[Path]:
                     shutil.copy2(src / name, out / name)
         w = Writer(out)
         d = _read_result_dir(src)
-        draw_result(w, d["summary"], d["timeseries"], d["ooms"], d["table"], d["segments"], d["markers"])
+        draw_result(w, d["summary"], d["timeseries"], d["ooms"], d["table"], d["segments"], d["markers"],
+                    d["timed"])
         return w.written
     subdirs = sorted(p for p in src.iterdir() if (p / "summary.json").is_file())
     if not subdirs:
@@ -243,7 +286,8 @@ def plot_result_dir(src: Path, out: Path) -> list[Path]:
             w.table("comparison.parquet", table)
         w.figure("comparison", plot_policy_comparison, size=(11, 1.4 + 0.6 * len(table)), table=table,
                  lower_bound_bytes=int(table["lower_bound_bytes"].iloc[0]))
-        lat = {sub.name: pd.read_parquet(sub / "timeseries.parquet") for sub in subdirs}
+        lat = {sub.name: pd.read_parquet(sub / "timeseries_timed.parquet" if (sub / "timeseries_timed.parquet").is_file()
+                                         else sub / "timeseries.parquet") for sub in subdirs}
         if any("latency_ns" in ts.columns for ts in lat.values()):
             w.figure("latency", plot_latency, latencies=lat)
         written += w.written

@@ -41,6 +41,21 @@ def spec_dicts() -> list[dict[str, Any]]:
     } for spec in policy_specs()]
 
 
+def default_text(param: dict[str, Any]) -> str:
+    """A default as ``--set`` would take it: ``none`` (not ``None bytes``), ``512 bytes``, ``2MiB``, ``0.92``."""
+    value, unit = param["default"], param["unit"]
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if unit == "bytes" and isinstance(value, int):
+        for name, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+            if value and value % (1 << shift) == 0:
+                return f"{value >> shift}{name}"
+        return f"{value} bytes"
+    return f"{value} {unit}" if unit and unit not in ("bool", "fraction") else str(value)
+
+
 def format_specs(specs: list[dict[str, Any]]) -> str:
     """Render ``spec_dicts()`` as indented text."""
     lines = []
@@ -49,9 +64,7 @@ def format_specs(specs: list[dict[str, Any]]) -> str:
         if not spec["params"]:
             lines.append("    (no parameters)")
         for p in spec["params"]:
-            default = "None" if p["default"] is None else str(p["default"])
-            unit = f" {p['unit']}" if p["unit"] else ""
-            lines.append(f"    {p['name']:<30} = {default}{unit}  ({p['type']}) {p['doc']}".rstrip())
+            lines.append(f"    {p['name']:<30} = {default_text(p)}  ({p['type']}) {p['doc']}".rstrip())
         lines.append("")
     return "\n".join(lines).rstrip()
 

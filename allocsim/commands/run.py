@@ -1,11 +1,19 @@
-"""``allocsim run TRACE --policy NAME``: replay a trace through one policy and report memory and latency.
+"""``allocsim run TRACE --policy NAME``: replay a trace through one policy and say whether it fits.
 
 By default the run is timed (SimPy engine, ``--cost-model FILE`` or the documented defaults);
-``--fast`` skips time for pure memory questions. A trace with several devices needs ``--device N``.
-An out-of-memory is a result (``oom`` in the report, exit code 0), not an error; bad input exits 2
-with one line on stderr. The ``trace.meta.allocator_settings`` a PyTorch snapshot recorded apply to
-the ``pytorch`` policy unless ``--set`` overrides them. With ``--json`` the output is one object:
-the deterministic summary plus ``sim_seconds`` and ``events_per_second`` (wall clock).
+``--fast`` skips time for pure memory questions. Memory figures and OOMs always follow the trace's
+recorded order of streams, so ``--fast`` and the default agree (see ``allocsim.runner``). A trace
+with several devices needs ``--device N``.
+
+Settings: ``--set KEY=VALUE`` (allocsim's names, see ``allocsim policies``), ``--alloc-conf`` /
+``--env-alloc-conf`` (PyTorch's ``PYTORCH_CUDA_ALLOC_CONF`` syntax) or ``--policy
+pytorch:expandable_segments:True``. A PyTorch snapshot's recorded ``allocator_settings`` apply to
+the ``pytorch`` policy unless a setting overrides them.
+
+Capacity: ``--capacity SIZE``, else the capacity the recording implies (said in the output), else
+unlimited. The last line is the verdict. Exit status: 0 when it fits (or no capacity), 3 on a
+simulated out-of-memory, 2 on a usage or input error (one line on stderr). With ``--json`` the
+output is one object: the deterministic summary plus ``sim_seconds`` and ``events_per_second``.
 """
 
 from __future__ import annotations
@@ -14,33 +22,53 @@ import argparse
 import sys
 from typing import Any
 
-from ..cost import CostModel
-from ..device import SimulatedDevice
-from ..engine import run_fast, run_simpy, select_device
+from ..engine import select_device
 from ..errors import AllocsimError
 from ..units import parse_bytes
-from .common import add_trace_args, load_trace, print_json
+from .common import add_cost_model_args, add_trace_args, cost_model_from_args, load_trace, print_json
+
+#: Exit status of a run that ran out of memory in the simulation.
+EXIT_OOM = 3
+
+EXIT_STATUS_HELP = ("exit status: 0 = fits (or no capacity to check), 3 = the simulation ran out of memory, "
+                    "2 = usage or input error")
 
 
 def register(subparsers) -> None:
     """Add the ``run`` subcommand."""
     parser = subparsers.add_parser(
-        "run", help="replay a trace through one allocator policy",
+        "run", help="replay a trace through one allocator policy: does it fit?",
         description="Replay TRACE through an allocator policy on a simulated device and report requested, "
                     "allocated and reserved memory beside the trace's lower bound, device calls, OOMs and "
-                    "(unless --fast) allocation latency, sync stalls and makespan.")
+                    "(unless --fast) allocation latency, sync stalls and makespan; where the trace records the "
+                    "real run, its figures stand beside the simulated ones. The last line is the verdict: FITS, "
+                    "OUT OF MEMORY, or no allocator setting can fit.",
+        epilog="examples:\n"
+               "  allocsim run snapshot.pickle --policy pytorch                 # the recorded run, replayed\n"
+               "  allocsim run snapshot.pickle --policy pytorch --capacity 16GiB \\\n"
+               "      --alloc-conf expandable_segments:True,max_split_size_mb:256   # what if?\n"
+               "  allocsim run trace.json.gz --policy pytorch:expandable_segments:True --capacity 24GiB\n"
+               + EXIT_STATUS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_trace_args(parser)
-    parser.add_argument("--policy", required=True, metavar="NAME", help="policy name (see `allocsim policies`)")
+    parser.add_argument("--policy", required=True, metavar="NAME[:SETTINGS]",
+                        help="policy name (see `allocsim policies`); pytorch:SETTINGS takes PYTORCH_CUDA_ALLOC_CONF "
+                             "syntax, other policies NAME:KEY:VALUE,...")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
                         help="set a policy parameter (repeatable); sizes take units: --set max_split_size=200MiB")
-    parser.add_argument("--capacity", metavar="SIZE", help="device memory, e.g. 80GiB (default: unlimited)")
+    conf = parser.add_mutually_exclusive_group()
+    conf.add_argument("--alloc-conf", metavar="CONF",
+                      help="pytorch settings in PYTORCH_CUDA_ALLOC_CONF syntax, e.g. "
+                           "expandable_segments:True,max_split_size_mb:256 (backend:cudaMallocAsync = cuda-async)")
+    conf.add_argument("--env-alloc-conf", action="store_true",
+                      help="read the settings from the PYTORCH_CUDA_ALLOC_CONF environment variable")
+    parser.add_argument("--capacity", metavar="SIZE",
+                        help="device memory, e.g. 80GiB (default: what the recording implies, else unlimited)")
     parser.add_argument("--device", type=int, metavar="N", help="device to replay (required if the trace has several)")
     parser.add_argument("--fast", action="store_true", help="no timing: memory results only, much faster")
     parser.add_argument("--continue-on-oom", action="store_true",
                         help="record every failed allocation, skip it and go on (default: stop at the first)")
-    parser.add_argument("--cost-model", metavar="FILE", help="cost model JSON (calibration file) for timed runs")
-    parser.add_argument("--cost", action="append", default=[], metavar="KEY=NS",
-                        help="override one cost model constant, e.g. --cost device_sync_ns=50000 (repeatable)")
+    add_cost_model_args(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("-o", "--out", metavar="OUT_DIR", dest="out_dir",
                         help="write summary.json, timeseries.parquet and perf.json there")
@@ -58,27 +86,19 @@ def _pairs(items: list[str], option: str) -> list[tuple[str, str]]:
 
 
 def policy_params(settings: list[str]) -> dict[str, str]:
-    """``--set KEY=VALUE`` items as a dict of strings (the registry checks names and converts values)."""
-    return dict(_pairs(settings, "--set"))
+    """``--set KEY=VALUE`` items as a dict of strings (the registry checks names and converts values).
 
+    A PyTorch setting name (``max_split_size_mb``) is refused here with the allocsim name to use.
+    """
+    from ..alloc_conf import setting_hint
 
-def cost_model_from_args(args: argparse.Namespace) -> CostModel:
-    """The cost model of ``--cost-model FILE`` (or the defaults) with ``--cost`` overrides applied."""
-    base = CostModel.load(args.cost_model) if args.cost_model else CostModel()
-    overrides = dict(_pairs(args.cost, "--cost"))
-    return CostModel.from_overrides(overrides, base=base) if overrides else base
-
-
-def device_for(capacity_bytes: int | None, cost_model: CostModel) -> SimulatedDevice:
-    """A simulated device with the footprint rule a calibration measured (``_granularity_bytes`` keys), if any."""
-    footprint = {}
-    for key in ("granularity_bytes", "small_granularity_bytes"):
-        value = cost_model.provenance.get(f"_{key}")
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"cost model _{key}: not a positive integer: {value!r}")
-            footprint[key] = value
-    return SimulatedDevice(capacity_bytes, **footprint)
+    params = {}
+    for key, value in _pairs(settings, "--set"):
+        hint = setting_hint(key, value)
+        if hint:
+            raise ValueError(f"--set {key}={value}: {hint}")
+        params[key] = value
+    return params
 
 
 def find_spec(name: str) -> Any:
@@ -91,28 +111,74 @@ def find_spec(name: str) -> Any:
     return specs[name]
 
 
+def _canonical(key: str) -> str:
+    return key[:-len("_bytes")] if key.endswith("_bytes") else key
+
+
+def merge_settings(*sources: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """One params dict from several (where, params) sources; a parameter set by two of them is refused."""
+    merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for where, params in sources:
+        for key, value in params.items():
+            name = _canonical(key)
+            if name in origin:
+                raise ValueError(f"{name} is set twice ({origin[name]} and {where}); give it once")
+            origin[name] = where
+            merged[key] = value
+    return merged
+
+
+def resolve_policy(policy: str, settings: list[str], alloc_conf: str | None = None,
+                   env_alloc_conf: bool = False) -> tuple[str, dict[str, Any]]:
+    """``--policy``, ``--set``, ``--alloc-conf`` / ``--env-alloc-conf`` -> (policy name, params)."""
+    from ..alloc_conf import ENV_VAR, env_alloc_conf as read_env, parse_alloc_conf, parse_policy_spec
+
+    spec = parse_policy_spec(policy)
+    find_spec(spec.name)
+    sources = [(f"--policy {spec.text}", spec.params)]
+    conf = None
+    if env_alloc_conf:
+        conf = read_env()
+        if conf is None:
+            raise ValueError(f"--env-alloc-conf: {ENV_VAR} is not set in the environment")
+        where = ENV_VAR
+    elif alloc_conf is not None:
+        conf, where = parse_alloc_conf(alloc_conf), "--alloc-conf"
+    if conf is not None:
+        if spec.name not in ("pytorch", "cuda-async"):
+            raise ValueError(f"{where} sets PyTorch's allocator (policy pytorch or cuda-async), not {spec.name}")
+        if conf.policy != spec.name:
+            chosen = "backend:cudaMallocAsync" if conf.policy == "cuda-async" else "backend:native (the default)"
+            raise ValueError(f"{where} {conf.text or '(empty)'} selects the {conf.policy} policy ({chosen}); "
+                             f"say --policy {conf.policy}")
+        sources.append((where, conf.params))
+    sources.append(("--set", policy_params(settings)))
+    return spec.name, merge_settings(*sources)
+
+
 def execute(args: argparse.Namespace):
     """Run what ``args`` asks for and return the ``RunResult`` (raises on bad input)."""
-    from ..policies.registry import build_policy
+    from ..runner import check_capacity, resolve_capacity, simulate_trace
 
-    capacity = parse_bytes(args.capacity) if args.capacity is not None else None
-    calibrated = cost_model_from_args(args)
-    cost_model = None if args.fast else calibrated
-    spec = find_spec(args.policy)
-    params = policy_params(args.settings)
+    given = parse_bytes(args.capacity) if args.capacity is not None else None
+    cost_model = cost_model_from_args(args)
+    name, params = resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf)
     trace = select_device(load_trace(args), args.device)
-    try:
-        policy = build_policy(spec.name, device=device_for(capacity, calibrated), params=params or None,
-                              allocator_settings=trace.meta.allocator_settings)
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"policy {spec.name}: {exc}") from None
-    if args.fast:
-        return run_fast(trace, policy, continue_on_oom=args.continue_on_oom)
-    return run_simpy(trace, policy, cost_model, continue_on_oom=args.continue_on_oom)
+    capacity = resolve_capacity(trace, given)
+    check_capacity(trace, capacity)
+    return simulate_trace(trace, name, params, capacity=capacity, cost_model=cost_model, fast=args.fast,
+                          continue_on_oom=args.continue_on_oom)
+
+
+def exit_status(summary: dict[str, Any]) -> int:
+    """0 when the run fits or has no capacity, ``EXIT_OOM`` when it ran out of memory."""
+    verdict = summary.get("verdict") or {}
+    return EXIT_OOM if verdict.get("fits") is False else 0
 
 
 def main(args: argparse.Namespace) -> int:
-    """Replay, then print the report (text or ``--json``) and optionally save it; 2 on bad input."""
+    """Replay, then print the report (text or ``--json``) and optionally save it; see ``exit_status``."""
     try:
         result = execute(args)
         if args.out_dir:
@@ -127,4 +193,4 @@ def main(args: argparse.Namespace) -> int:
         print_json(result.to_dict(include_perf=True))
     else:
         print(result.format_text())
-    return 0
+    return exit_status(result.summary)

@@ -1,10 +1,13 @@
 """``allocsim sweep TRACE... --policy NAME --grid KEY=V1,V2 -o RESULTS.parquet``: run a parameter grid.
 
-One row per trace x policy x parameter point with every ``allocsim run --json`` metric; rows are
-journaled as they finish (``RESULTS.parquet.parts/``), so a killed sweep resumes where it stopped.
-Bad grids (unknown policy or key, malformed items) exit 2 before anything runs; a config that fails
-(a bad value) is a row with an ``error``. Exit 0 when every row finished, 1 when some did not
-(rerun to finish them), 130 on Ctrl-C (finished rows are kept).
+One row per trace x policy x parameter point with every ``allocsim run --json`` metric (memory
+figures in the trace's recorded stream order, as ``run`` reports them); rows are journaled as they
+finish (``RESULTS.parquet.parts/``), so a killed sweep resumes where it stopped. ``--policy`` takes
+specs (``pytorch:expandable_segments:True``) so settings can be compared side by side. Bad grids
+(unknown policy or key, malformed items, a value that cannot parse or build its policy) exit 2
+before anything runs; a config that fails while running is a row with an ``error``. Exit 0 when
+every row finished, 1 when some did not (rerun to finish them), 130 on Ctrl-C (finished rows are
+kept).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 
 from ..errors import AllocsimError
 from ..units import parse_bytes
+from .common import add_cost_model_args, cost_model_from_args
 
 
 def register(subparsers) -> None:
@@ -30,12 +34,16 @@ def register(subparsers) -> None:
                "      --set memory_fraction=1 --grid max_split_size=none,256MiB "
                "--grid garbage_collection_threshold=0,0.6 -o results.parquet\n"
                "  allocsim sweep T1 T2 --grid-file grid.json --fast -o results.parquet --dask local --workers 4\n"
+               "  allocsim sweep T --policy pytorch --policy pytorch:expandable_segments:True --capacity 16GiB "
+               "-o results.parquet\n"
                "grid file: {\"pytorch\": {\"max_split_size\": [\"none\", \"256MiB\"]}, "
                "\"deferred-gc\": {\"threshold\": [\"0\", \"64MiB\"]}}",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (any format allocsim reads)")
-    parser.add_argument("--policy", action="append", default=[], metavar="NAME",
-                        help="policy to sweep (repeatable; default: the grid file's policies)")
+    parser.add_argument("--policy", action="append", default=[], metavar="NAME[:SETTINGS]",
+                        help="policy to sweep (repeatable; default: the grid file's policies); pytorch:SETTINGS "
+                             "takes PYTORCH_CUDA_ALLOC_CONF syntax, e.g. pytorch:expandable_segments:True, other "
+                             "policies NAME:KEY:VALUE,...")
     parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
                         help="sweep a parameter over values (repeatable; every --policy must accept KEY); "
                              "commas inside [...] stay in one value")
@@ -46,6 +54,7 @@ def register(subparsers) -> None:
     parser.add_argument("--capacity", metavar="SIZE", help="device memory, e.g. 16GiB (default: unlimited)")
     parser.add_argument("--device", type=int, metavar="N", help="device to replay (required if a trace has several)")
     parser.add_argument("--fast", action="store_true", help="no timing: memory results only, much faster")
+    add_cost_model_args(parser)
     parser.add_argument("-o", "--output", required=True, metavar="RESULTS.parquet", help="results file to write")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--scheduler", metavar="ADDRESS",
@@ -80,10 +89,12 @@ def main(args: argparse.Namespace) -> int:
     try:
         configs = build_configs(args.policy, args.grid, args.settings, args.grid_file)
         capacity = parse_bytes(args.capacity) if args.capacity is not None else None
+        cost_model = cost_model_from_args(args)
         executor = executor_from_options(args.workers, args.scheduler, args.dask)
         progress = not args.json and sys.stderr.isatty()
         report = run_sweep(args.traces, configs, output=args.output, capacity_bytes=capacity, device=args.device,
-                           fast=args.fast, executor=executor, retry_errors=args.retry_errors, progress=progress)
+                           fast=args.fast, executor=executor, retry_errors=args.retry_errors, progress=progress,
+                           cost_model=cost_model)
     except (AllocsimError, ValueError, OSError) as exc:
         print(f"allocsim sweep: error: {exc}", file=sys.stderr)
         return 2

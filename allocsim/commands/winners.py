@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -152,7 +153,17 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.top is not None and args.top < 1:
             raise ValueError(f"--top must be >= 1, got {args.top}")
-        df = read_results(args.results)
+        if not os.path.exists(args.results):
+            raise ValueError(f"{args.results}: no such file (write one with `allocsim sweep ... -o {args.results}`)")
+        if os.path.isdir(args.results):
+            raise ValueError(f"{args.results}: is a directory, not a results file")
+        try:
+            df = read_results(args.results)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises its own types for a damaged file
+            if isinstance(exc, OSError) and exc.errno is not None:
+                raise
+            raise ValueError(f"{args.results}: not a Parquet results file ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else 'unreadable'})") from None
         meta = read_metadata(args.results)
         if meta and not meta.get("complete", True):
             note(f"warning: incomplete sweep ({meta.get('rows')} of {meta.get('expected_rows')} rows); "
@@ -163,7 +174,10 @@ def main(args: argparse.Namespace) -> int:
         objectives = objectives_from_args(df, args.minimise, args.then, note)
         capacity = parse_bytes(args.capacity) if args.capacity is not None else default_capacity(df)
         sel = select(df, objectives, capacity)
-    except (AllocsimError, ValueError, OSError) as exc:
+    except OSError as exc:
+        print(f"allocsim winners: error: {args.results}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except (AllocsimError, ValueError) as exc:
         print(f"allocsim winners: error: {exc}", file=sys.stderr)
         return 2
     fits = sel.fits if args.top is None or not args.json else sel.fits.head(args.top)

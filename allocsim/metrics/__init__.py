@@ -7,10 +7,10 @@ tests run on every event (``conservation``).
 
 from .conservation import ConservationError, ConservationObserver, conservation_error
 from .series import Samples, build_timeseries, with_derived
-from .summary import RunInfo, distribution, lower_bound_bytes, summarize
+from .summary import RunInfo, RunOutput, distribution, lower_bound_bytes, summarize
 
 __all__ = [
     "ConservationError", "ConservationObserver", "conservation_error",
     "Samples", "build_timeseries", "with_derived",
-    "RunInfo", "distribution", "lower_bound_bytes", "summarize",
+    "RunInfo", "RunOutput", "distribution", "lower_bound_bytes", "summarize",
 ]

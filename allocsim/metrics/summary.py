@@ -28,16 +28,38 @@ from ..cost import CostModel, stack_counter
 from ..trace.schema import EventKind
 from ..trace.stats import live_bytes_series
 from .series import build_timeseries
+from .verdict import summary_verdict
 
 if TYPE_CHECKING:
-    from ..engine import _Replay
+    from ..policies.base import Policy
     from ..result import RunResult
+    from ..trace.schema import Trace
+    from .series import Samples
 
 SCHEMA = "allocsim-run/1"
 _KIND_NAMES = {int(EventKind.ALLOC): "alloc", int(EventKind.FREE_REQUESTED): "free_requested",
                int(EventKind.FREE_COMPLETED): "free_completed", int(EventKind.EMPTY_CACHE): "empty_cache"}
 OOM_COLUMNS = ("event_index", "t_ns", "sim_t_ns", "alloc_id", "stream", "requested_bytes", "reserved_bytes",
                "allocated_bytes", "active_bytes", "largest_free_block_bytes", "capacity_bytes", "reason")
+
+
+@dataclasses.dataclass
+class RunOutput:
+    """What one replay produced, whichever engine ran it: the input of ``summarize`` and ``build_result``."""
+
+    trace: "Trace"
+    policy: "Policy"
+    samples: "Samples"
+    #: One dict per failed allocation (``OOM_COLUMNS``), in the order they happened.
+    ooms: list[dict[str, Any]]
+    completed: bool                      #: False when the run stopped at an OOM
+    continue_on_oom: bool
+    start_state: str                     #: "recorded" (the real allocator's layout) or "allocated"
+    start_state_note: str                #: why the recorded layout was not used, if it was not
+    t0_ns: int                           #: the trace's first timestamp (the run's time origin)
+    #: Reserved bytes when the largest free block was last probed, and that block's size.
+    probed_peak_reserved_bytes: int = -1
+    largest_free_block_at_probe_bytes: int = 0
 
 
 @dataclasses.dataclass
@@ -106,9 +128,9 @@ def _peaks(ts: pd.DataFrame) -> dict[str, tuple[int, int]]:
     return out
 
 
-def summarize(replay: "_Replay", info: RunInfo, timeseries: pd.DataFrame) -> dict[str, Any]:
+def summarize(run: RunOutput, info: RunInfo, timeseries: pd.DataFrame) -> dict[str, Any]:
     """Return the JSON-ready summary of a finished run (deterministic: no wall-clock values)."""
-    trace, policy = replay.trace, replay.policy
+    trace, policy = run.trace, run.policy
     dev = policy.device
     ts = timeseries
     lower_bound = lower_bound_bytes(trace)
@@ -117,7 +139,8 @@ def summarize(replay: "_Replay", info: RunInfo, timeseries: pd.DataFrame) -> dic
     at_peak = ts.iloc[peak_row]
     final = ts.iloc[-1]
     free_at_peak = int(at_peak["reserved_bytes"] - at_peak["active_bytes"])
-    lfb_at_peak = replay.lfb_at_peak if replay.peak_reserved == peaks["reserved"][0] else None
+    lfb_at_peak = (run.largest_free_block_at_probe_bytes
+                   if run.probed_peak_reserved_bytes == peaks["reserved"][0] else None)
     event_index = ts["event_index"].to_numpy()
     t_ns = trace.column("t_ns")
     span_ns = int(t_ns[-1] - t_ns[0]) if len(t_ns) else 0
@@ -130,15 +153,15 @@ def summarize(replay: "_Replay", info: RunInfo, timeseries: pd.DataFrame) -> dic
                   "devices": [int(d) for d in trace.devices],
                   "time_synthesized": bool(trace.meta.time_synthesized)},
         "capacity_bytes": dev.capacity_bytes,
-        "continue_on_oom": replay.continue_on_oom,
+        "continue_on_oom": run.continue_on_oom,
         "events": int(len(trace.events)),
         "events_replayed": int(len(ts) - 1),
-        "completed": not replay.stopped,
+        "completed": run.completed,
         "initial_allocs": int(len(trace.initial_allocs)),
         "initial_alloc_bytes": int(trace.initial_allocs["size_bytes"].sum()),
         # "recorded": the real allocator's start layout was adopted; "allocated": re-allocated in order.
-        "start_state": replay.start_state,
-        "start_state_note": replay.start_state_note or None,
+        "start_state": run.start_state,
+        "start_state_note": run.start_state_note or None,
     }
     for name, (value, _) in peaks.items():
         summary[f"peak_{name}_bytes"] = value
@@ -180,11 +203,12 @@ def summarize(replay: "_Replay", info: RunInfo, timeseries: pd.DataFrame) -> dic
         "splits": stack_counter(policy, "n_splits"),
         "merges": stack_counter(policy, "n_merges"),
         "gc_batches": stack_counter(policy, "n_gc_batches"),
-        "oom_count": len(replay.ooms),
-        "oom": jsonable(replay.ooms[0]) if replay.ooms else None,
+        "oom_count": len(run.ooms),
+        "oom": jsonable(run.ooms[0]) if run.ooms else None,
     })
     summary.update(_timing(info, ts, span_ns))
     summary["repairs"] = len(trace.meta.repairs)
+    summary["verdict"] = summary_verdict(summary, ts, run.t0_ns)
     return summary
 
 
@@ -209,14 +233,13 @@ def _timing(info: RunInfo, ts: pd.DataFrame, span_ns: int) -> dict[str, Any]:
     return out
 
 
-def build_result(replay: "_Replay", info: RunInfo) -> "RunResult":
+def build_result(run: RunOutput, info: RunInfo) -> "RunResult":
     """Turn a finished replay into a ``RunResult`` (time series, summary, OOM table, wall-clock perf)."""
     from ..result import RunResult
 
-    timeseries = build_timeseries(replay.samples, replay.trace.column("t_ns"), replay.trace.column("kind"),
-                                  replay.t0_ns)
-    summary = summarize(replay, info, timeseries)
-    ooms = pd.DataFrame(replay.ooms, columns=list(OOM_COLUMNS))
+    timeseries = build_timeseries(run.samples, run.trace.column("t_ns"), run.trace.column("kind"), run.t0_ns)
+    summary = summarize(run, info, timeseries)
+    ooms = pd.DataFrame(run.ooms, columns=list(OOM_COLUMNS))
     events = summary["events_replayed"]
     perf = {"sim_seconds": round(info.wall_s, 6),
             "events_per_second": round(events / info.wall_s, 1) if info.wall_s > 0 else None}

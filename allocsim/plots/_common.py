@@ -44,7 +44,7 @@ SERIES_STYLE = {
 }
 
 __all__ = ["CATEGORIES", "CATEGORY_COLORS", "DEFAULT_MAX_POINTS", "LABELS", "SERIES_STYLE", "STATE_STYLE",
-           "downsample", "gib", "new_axes", "policy_label", "time_axis"]
+           "downsample", "gib", "new_axes", "non_default_settings", "policy_label", "time_axis"]
 
 
 def gib(values: Any) -> Any:
@@ -108,11 +108,42 @@ def time_axis(timeseries: pd.DataFrame, summary: Mapping[str, Any] | None = None
 
 
 def policy_label(summary: Mapping[str, Any] | None) -> str:
-    """``pytorch`` or ``deferred-gc(paddle)``, from a run summary."""
+    """``pytorch``, ``pytorch (expandable_segments:True)`` or ``deferred-gc(paddle)``, from a run summary:
+    the policy and every setting that is not its default (PyTorch's words for ``pytorch``)."""
     if not summary:
         return ""
     name = str(summary.get("policy", ""))
     inner = (summary.get("params") or {}).get("inner")
     if isinstance(inner, Mapping) and inner.get("name"):
         name = f"{name}({inner['name']})"
-    return name
+    settings = non_default_settings(summary)
+    return f"{name} ({settings})" if settings else name
+
+
+def _flat(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if isinstance(value, Mapping):
+            out.update(_flat(value, f"{prefix}{key}."))
+        elif f"{prefix}{key}" != "inner.name":
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def non_default_settings(summary: Mapping[str, Any]) -> str:
+    """The run's settings that differ from its policy's defaults, as one comma-separated text ("" if none)."""
+    from ..alloc_conf import changed_settings
+    from ..device import SimulatedDevice
+    from ..metrics.summary import jsonable
+
+    policy, params = str(summary.get("policy", "")), summary.get("params") or {}
+    try:
+        from ..policies.registry import build_policy
+
+        inner = params.get("inner") if isinstance(params.get("inner"), Mapping) else None
+        build_params = {"inner": inner["name"]} if inner and inner.get("name") else None
+        defaults = jsonable(build_policy(policy, device=SimulatedDevice(None), params=build_params).params())
+    except (ImportError, ValueError, TypeError, KeyError):
+        return ""   # a result written by another version, or a policy this one does not know
+    changes = changed_settings(policy, _flat(params), _flat(defaults))
+    return ",".join(ours for ours, _ in changes)

@@ -206,9 +206,12 @@ def _check_keys(policy: PolicySpec, keys: list[str], extra: tuple[ParamSpec, ...
     valid.update({spec.name: spec for spec in extra})
     unknown = [key for key in keys if key not in valid]
     if unknown:
+        from ..alloc_conf import setting_hint
+
         names = [spec.name for spec in (*extra, *policy.params)]
+        hints = "".join(f"; {hint}" for hint in map(setting_hint, unknown) if hint)
         raise ValueError(f"unknown parameter(s) {', '.join(map(repr, unknown))} for policy {policy.name!r}; "
-                         f"valid: {', '.join(names) if names else '(none)'}")
+                         f"valid: {', '.join(names) if names else '(none)'}{hints}")
 
 
 def build_policy(name: str, *, device: Any, params: Mapping[str, Any] | None = None,

@@ -87,13 +87,15 @@ def _stderr(message: str) -> None:
 def run_sweep(traces: list[str], configs: list[Config], *, output: str | os.PathLike,
               capacity_bytes: int | None = None, device: int | None = None, fast: bool = False,
               executor: Any = None, retry_errors: bool = False, progress: bool = False,
-              log: Callable[[str], None] = _stderr, stop_after_rows: int | None = None) -> SweepReport:
-    """Sweep ``configs`` over ``traces``; see the module docstring. ``executor`` defaults to in-process."""
+              log: Callable[[str], None] = _stderr, stop_after_rows: int | None = None,
+              cost_model: Any = None) -> SweepReport:
+    """Sweep ``configs`` over ``traces``; see the module docstring. ``executor`` defaults to in-process;
+    ``cost_model`` (a ``CostModel``) replaces the documented defaults, device footprint included."""
     started = time.perf_counter()
     executor = executor or InProcessExecutor()
     output = os.fspath(output)
     tasks = make_tasks(hash_traces(list(traces), log), configs, capacity_bytes=capacity_bytes,
-                       device=device, fast=fast)
+                       device=device, fast=fast, cost_model=cost_model)
     tasks.sort(key=lambda t: t.order)
     journal = Journal(journal_dir(output))
     finished = journal.load()

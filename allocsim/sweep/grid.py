@@ -5,6 +5,10 @@ against the policy registry *before anything runs* (an unknown key is a ``ValueE
 policy and its valid keys), then returns one ``Config`` per point of each policy's cartesian
 product, in grid order.
 
+Policies are specs: ``--policy pytorch --policy pytorch:expandable_segments:True`` sweeps both side
+by side (after ``pytorch:`` PYTORCH_CUDA_ALLOC_CONF syntax, after any other name ``KEY:VALUE,...``
+with allocsim's names); a spec's settings are fixed for that spec only.
+
 Scope: ``--grid`` and ``--set`` keys apply to every swept policy, so each policy must accept them.
 A grid file scopes keys per policy (a JSON object of policy name -> {key: [values] or value})::
 
@@ -15,7 +19,8 @@ A grid file scopes keys per policy (a JSON object of policy name -> {key: [value
 
 Values are canonicalised with the registry's own parser (``"256MiB"`` and ``268435456`` are the same
 value, so the same row), giving ``Config.params_json``: the canonical JSON that keys a row. A value
-the parser rejects is kept as given: that config becomes a row with an ``error``, not a crash.
+the parser rejects, or a point whose policy cannot be built (``max_split_size=10MiB``), stops the
+sweep before anything runs, with one line naming the policy, the parameter and the value.
 ``Config.texts`` renders each value back as ``allocsim run --set`` accepts it (sizes in exact units).
 """
 
@@ -45,6 +50,8 @@ class Config:
     texts: dict[str, str] = field(hash=False)
     #: Position in the expansion (policy order, then grid order): the row order of the results.
     order: int = 0
+    #: The ``--policy`` spec this point comes from (``pytorch:expandable_segments:True``), for labels.
+    label: str = ""
 
 
 def canonical_json(params: Mapping[str, Any]) -> str:
@@ -169,7 +176,10 @@ _PLAIN = (type(None), bool, int, float, str)
 
 
 def canonical_value(spec: Any | None, value: Any) -> Any:
-    """The registry's reading of ``value`` when it is a plain scalar; otherwise ``value`` as given."""
+    """The registry's reading of ``value`` when it is a plain scalar; otherwise ``value`` as given.
+
+    ``ValueError`` (naming the parameter) when the registry's parser refuses the value.
+    """
     if isinstance(value, str):
         value = value.strip()
     if spec is None:
@@ -178,8 +188,8 @@ def canonical_value(spec: Any | None, value: Any) -> Any:
 
     try:
         parsed = parse_param(spec, value)
-    except (ValueError, TypeError):
-        return value
+    except TypeError as exc:
+        raise ValueError(f"parameter {spec.name}={value!r}: {exc}") from None
     if spec.name == "roundup_power2_divisions":   # parsed into a 16-entry table: keep the user's text
         return None if parsed is None else value
     return parsed if isinstance(parsed, _PLAIN) else value
@@ -205,8 +215,11 @@ def value_text(spec: Any | None, value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def make_config(policy: str, raw: Mapping[str, Any], order: int = 0) -> Config:
-    """Canonicalise ``raw`` (key aliases -> names, values via the registry) into a ``Config``."""
+def make_config(policy: str, raw: Mapping[str, Any], order: int = 0, label: str = "") -> Config:
+    """Canonicalise ``raw`` (key aliases -> names, values via the registry) into a ``Config``.
+
+    ``ValueError`` names the policy and the parameter when a value does not parse.
+    """
     inner_raw = raw.get("inner", DEFAULT_INNER_POLICY)
     context = {"inner": inner_raw.strip() if isinstance(inner_raw, str) else inner_raw}
     params: dict[str, Any] = {}
@@ -216,10 +229,29 @@ def make_config(policy: str, raw: Mapping[str, Any], order: int = 0) -> Config:
         name = spec.name if spec is not None else key
         if name in params:
             raise ValueError(f"policy {policy}: {key!r} and {name!r} name the same parameter; give one")
-        params[name] = canonical_value(spec, value)
+        try:
+            params[name] = canonical_value(spec, value)
+        except ValueError as exc:
+            raise ValueError(f"policy {label or policy}: {exc}") from None
         specs[name] = spec
     texts = {key: value_text(specs[key], params[key]) for key in params}
-    return Config(policy, params, canonical_json(params), texts, order)
+    return Config(policy, params, canonical_json(params), texts, order, label or policy)
+
+
+def check_config(config: Config) -> None:
+    """Build the config's policy once (on an unlimited device): ``ValueError`` if it cannot be built.
+
+    Catches what parses but cannot be (``max_split_size=10MiB``: PyTorch refuses splits under 20 MiB,
+    ``garbage_collection_threshold=1.5``), so a sweep refuses it before running anything.
+    """
+    from ..device import SimulatedDevice
+    from ..policies.registry import build_policy
+
+    try:
+        build_policy(config.policy, device=SimulatedDevice(None), params=dict(config.params))
+    except (ValueError, TypeError, KeyError) as exc:
+        shown = " ".join(f"{k}={v}" for k, v in config.texts.items()) or "(defaults)"
+        raise ValueError(f"policy {config.label or config.policy} with {shown}: {exc}") from None
 
 
 def set_args(policy: str, params: Mapping[str, Any]) -> list[str]:
@@ -235,20 +267,28 @@ def _check_keys(policy: str, keys: Iterable[str], inner: list[str], where: str) 
     table = accepted_keys(policy, inner)
     unknown = [k for k in keys if k not in table]
     if unknown:
+        from ..alloc_conf import setting_hint
+
         valid = sorted({spec.name for spec in table.values()})
+        hints = "".join(f"; {hint}" for hint in map(setting_hint, unknown) if hint)
         raise ValueError(
             f"{where}: policy {policy!r} has no parameter {', '.join(map(repr, unknown))} "
-            f"(valid: {', '.join(valid) or 'none'}); scope keys per policy with --grid-file")
+            f"(valid: {', '.join(valid) or 'none'}); scope keys per policy with --grid-file{hints}")
 
 
 def build_configs(policies: list[str], grid_items: list[str] = (), set_items: list[str] = (),
                   grid_file: str | os.PathLike | None = None) -> list[Config]:
-    """Every config of the sweep, in order; ``ValueError`` (before anything runs) for bad keys or input.
+    """Every config of the sweep, in order; ``ValueError`` (before anything runs) for bad keys, values or input.
 
-    Policies: ``policies`` in order, or the grid file's when ``policies`` is empty. CLI ``--grid``
-    and ``--set`` keys apply to every policy; grid-file keys to their own policy. A key given twice
-    for one policy is refused. Duplicate points (same canonical params) are kept once.
+    Policies: ``policies`` (specs, ``NAME[:SETTINGS]``) in order, or the grid file's when
+    ``policies`` is empty. CLI ``--grid`` and ``--set`` keys apply to every policy; grid-file keys
+    to every spec of their policy; a spec's settings to that spec. A key given twice for one policy
+    is refused. Duplicate points (same policy and canonical params) are kept once. Every point's
+    values are parsed and its policy built once here, so a value that cannot work stops the sweep
+    before it starts.
     """
+    from ..alloc_conf import parse_policy_spec
+
     cli_axes: dict[str, list[Any]] = {}
     for item in grid_items:
         key, values = parse_grid_item(item)
@@ -263,28 +303,37 @@ def build_configs(policies: list[str], grid_items: list[str] = (), set_items: li
         fixed[key] = value
     file_grids = load_grid_file(grid_file) if grid_file else {}
     known = _specs()
-    for name in list(policies) + list(file_grids):
+    specs = [parse_policy_spec(text) for text in dict.fromkeys(policies)]
+    for name in [spec.name for spec in specs] + list(file_grids):
         if name not in known:
             raise ValueError(f"unknown policy {name!r}; known: {', '.join(known)}")
-    names = list(dict.fromkeys(policies)) or list(file_grids)
-    if not names:
+    if not specs:
+        specs = [parse_policy_spec(name) for name in file_grids]
+    if not specs:
         raise ValueError("nothing to sweep: give --policy NAME (repeatable) or --grid-file FILE")
 
     configs: list[Config] = []
-    for policy in names:
+    seen: set[tuple[str, str]] = set()
+    for spec in specs:
+        policy = spec.name
         axes = dict(cli_axes)
         for key, values in file_grids.get(policy, {}).items():
             if key in axes or key in fixed:
                 raise ValueError(f"--grid-file {grid_file}: {policy}.{key} is also given on the command line")
             axes[key] = values
-        inner = _inner_names(axes.get("inner", [fixed["inner"]] if "inner" in fixed else []))
+        clash = [k for k in spec.params if k in axes or k in fixed]
+        if clash:
+            raise ValueError(f"--policy {spec.text}: {', '.join(clash)} is also on the grid or in --set; give it once")
+        own = {**fixed, **spec.params}
+        inner = _inner_names(axes.get("inner", [own["inner"]] if "inner" in own else []))
         _check_keys(policy, list(cli_axes) + list(fixed), inner, "--grid/--set")
+        _check_keys(policy, list(spec.params), inner, f"--policy {spec.text}")
         _check_keys(policy, list(file_grids.get(policy, {})), inner, f"--grid-file {grid_file}")
         keys = list(axes)
-        seen: set[str] = set()
         for point in itertools.product(*(axes[k] for k in keys)):
-            config = make_config(policy, {**fixed, **dict(zip(keys, point))}, order=len(configs))
-            if config.params_json not in seen:
-                seen.add(config.params_json)
+            config = make_config(policy, {**own, **dict(zip(keys, point))}, order=len(configs), label=spec.text)
+            if (policy, config.params_json) not in seen:
+                check_config(config)
+                seen.add((policy, config.params_json))
                 configs.append(config)
     return configs

@@ -1,7 +1,8 @@
 """What one sweep row needs, small enough to ship to any worker: ``Task`` (a path, never the trace itself).
 
-A row is keyed by ``(allocsim version, trace_sha256, policy, params_json, capacity_bytes, device, fast)``:
-``Task.row_key`` is the SHA-256 of that tuple as canonical JSON. The same key always gives the same
+A row is keyed by ``(allocsim version, trace_sha256, policy, params_json, capacity_bytes, device, fast)``
+and, when the sweep has one, the cost model (``cost_model_json``): ``Task.row_key`` is the SHA-256
+of that tuple as canonical JSON. The same key always gives the same
 deterministic summary, which is what lets a sweep skip finished rows on resume and compare
 executors row for row. The version is in the key because a new simulator may give new results:
 rows journaled by another version are recomputed, never reused.
@@ -32,11 +33,25 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 def row_key(trace_sha256: str, policy: str, params_json: str, capacity_bytes: int | None,
-            device: int | None, fast: bool) -> str:
+            device: int | None, fast: bool, cost_model_json: str | None = None) -> str:
     """Hex SHA-256 identifying a row; equal keys mean equal deterministic results."""
-    text = json.dumps([__version__, trace_sha256, policy, params_json, capacity_bytes, device, bool(fast)],
-                      separators=(",", ":"))
+    parts: list = [__version__, trace_sha256, policy, params_json, capacity_bytes, device, bool(fast)]
+    if cost_model_json is not None:   # absent for the default cost model: older journals keep their keys
+        parts.append(cost_model_json)
+    text = json.dumps(parts, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def cost_model_json(cost_model: Any) -> str | None:
+    """The canonical JSON of what a ``CostModel`` changes in a run (its constants and the calibrated
+    device footprint), None for no cost model; ``CostModel.from_overrides(json.loads(...))`` rebuilds it."""
+    if cost_model is None:
+        return None
+    data = dict(cost_model.to_dict())
+    for key in ("_granularity_bytes", "_small_granularity_bytes"):
+        if cost_model.provenance.get(key) is not None:
+            data[key] = cost_model.provenance[key]
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,12 +70,14 @@ class Task:
     fast: bool = False
     #: (trace position, config position): the row order of the results file.
     order: tuple[int, int] = (0, 0)
+    #: ``cost_model_json`` of the sweep's ``--cost-model`` (None: the documented defaults).
+    cost_model_json: str | None = None
 
     @property
     def row_key(self) -> str:
         """See ``row_key()``."""
         return row_key(self.trace_sha256, self.policy, self.params_json, self.capacity_bytes,
-                       self.device, self.fast)
+                       self.device, self.fast, self.cost_model_json)
 
     def key_columns(self) -> dict[str, Any]:
         """The identifying columns every row starts with (``param.<key>`` holds ``--set`` texts)."""
@@ -73,8 +90,9 @@ class Task:
 
 
 def make_tasks(traces: list[tuple[str, str]], configs: list[Config], *, capacity_bytes: int | None = None,
-               device: int | None = None, fast: bool = False) -> list[Task]:
+               device: int | None = None, fast: bool = False, cost_model: Any = None) -> list[Task]:
     """The trace-major product of ``traces`` ((path, sha256) pairs) and ``configs``."""
+    cost_json = cost_model_json(cost_model)
     tasks = []
     for i, (path, sha) in enumerate(traces):
         absolute = os.path.abspath(path)
@@ -82,5 +100,5 @@ def make_tasks(traces: list[tuple[str, str]], configs: list[Config], *, capacity
             tasks.append(Task(trace=path, trace_path=absolute, trace_sha256=sha, policy=config.policy,
                               params=dict(config.params), params_json=config.params_json,
                               param_texts=dict(config.texts), capacity_bytes=capacity_bytes, device=device,
-                              fast=fast, order=(i, config.order)))
+                              fast=fast, order=(i, config.order), cost_model_json=cost_json))
     return tasks

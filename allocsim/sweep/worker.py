@@ -85,11 +85,19 @@ def clear_cache() -> None:
 
 
 def simulate_summary(task: Task, trace: Any) -> dict[str, Any]:
-    """Run ``task`` on ``trace``; return its summary plus the engine's wall-clock figures (no time series)."""
-    from ..engine import simulate
+    """Run ``task`` on ``trace`` as ``allocsim run`` would; return its summary plus the engine's wall-clock
+    figures (no time series)."""
+    import json
 
-    result = simulate(trace, task.policy, fast=task.fast, capacity_bytes=task.capacity_bytes,
-                      params=dict(task.params) or None, device=task.device)
+    from ..cost import CostModel
+    from ..engine import select_device
+    from ..runner import Capacity, simulate_trace
+
+    cost_model = (CostModel.from_overrides(json.loads(task.cost_model_json))
+                  if task.cost_model_json is not None else None)
+    capacity = Capacity(task.capacity_bytes, "given" if task.capacity_bytes is not None else None)
+    result = simulate_trace(select_device(trace, task.device), task.policy, dict(task.params),
+                            capacity=capacity, cost_model=cost_model, fast=task.fast)
     return result.to_dict(include_perf=True)
 
 

@@ -1,0 +1,90 @@
+"""Does it fit? ``verdict(...)`` turns a run into one answer and one line a person can act on.
+
+- ``FITS in 16.00 GiB: peak reserved 6.74 GiB, headroom 9.26 GiB``
+- ``OUT OF MEMORY in 16.00 GiB at event 1,289 (+3.21 s): 64.00 MiB requested, 15.90 GiB reserved,
+  11.20 GiB live`` (time relative to the trace's first event; left out when the trace has no times)
+- ``no allocator setting can fit: peak live 19.37 GiB > 16.00 GiB`` when the program's live bytes
+  alone exceed the capacity (no policy or setting can help; the program must hold less);
+- without a capacity, the peak the run needs and the lower bound no allocator can beat.
+
+``fits`` is None without a capacity; ``capacity_source`` says where the capacity came from
+(``given``, or ``inferred`` from the recording, with the reader's sentence in ``capacity_note``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..units import format_bytes
+
+#: Where a capacity came from.
+GIVEN, INFERRED = "given", "inferred"
+
+
+def format_duration_ns(value_ns: int | float) -> str:
+    """``3.21 s``, ``1.40 ms``, ``12.00 us``, ``800 ns``."""
+    value = float(value_ns)
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:.0f} ns"
+
+
+def first_oom(oom: dict[str, Any] | None, *, t0_ns: int, live_bytes: int | None,
+              time_synthesized: bool) -> dict[str, Any] | None:
+    """The first failed allocation as the verdict reports it (``t_rel_ns`` None when times are made up)."""
+    if oom is None:
+        return None
+    return {"event_index": int(oom["event_index"]),
+            "t_rel_ns": None if time_synthesized else int(oom["t_ns"]) - int(t0_ns),
+            "requested_bytes": int(oom["requested_bytes"]), "reserved_bytes": int(oom["reserved_bytes"]),
+            "allocated_bytes": int(oom["allocated_bytes"]),
+            "live_bytes": None if live_bytes is None else int(live_bytes)}
+
+
+def verdict(*, capacity_bytes: int | None, peak_reserved_bytes: int, lower_bound_bytes: int,
+            oom: dict[str, Any] | None, capacity_source: str | None = None,
+            capacity_note: str = "") -> dict[str, Any]:
+    """The answer of one run: ``fits``, ``headroom_bytes``, ``first_oom``, ``lower_bound_fits`` and ``line``."""
+    if capacity_bytes is None:
+        line = (f"no capacity to check against: the run needs {format_bytes(peak_reserved_bytes)} reserved at "
+                f"its peak; no allocator can do with less than {format_bytes(lower_bound_bytes)} "
+                "(peak live); give --capacity SIZE for a verdict")
+        return {"fits": None, "capacity_bytes": None, "capacity_source": None, "capacity_note": None,
+                "headroom_bytes": None, "first_oom": None, "lower_bound_bytes": int(lower_bound_bytes),
+                "lower_bound_fits": None, "line": line}
+    capacity = format_bytes(capacity_bytes)
+    lower_bound_fits = lower_bound_bytes <= capacity_bytes
+    fits = oom is None
+    if not lower_bound_fits:
+        line = (f"no allocator setting can fit: peak live {format_bytes(lower_bound_bytes)} > {capacity}")
+    elif fits:
+        line = (f"FITS in {capacity}: peak reserved {format_bytes(peak_reserved_bytes)}, "
+                f"headroom {format_bytes(capacity_bytes - peak_reserved_bytes)}")
+    else:
+        when = "" if oom["t_rel_ns"] is None else f" (+{format_duration_ns(oom['t_rel_ns'])})"
+        where = "at the start state" if oom["event_index"] < 0 else f"at event {oom['event_index']:,}"
+        live = "" if oom["live_bytes"] is None else f", {format_bytes(oom['live_bytes'])} live"
+        line = (f"OUT OF MEMORY in {capacity} {where}{when}: {format_bytes(oom['requested_bytes'])} requested, "
+                f"{format_bytes(oom['reserved_bytes'])} reserved{live}")
+    return {"fits": fits, "capacity_bytes": int(capacity_bytes), "capacity_source": capacity_source or GIVEN,
+            "capacity_note": capacity_note or None,
+            "headroom_bytes": int(capacity_bytes - peak_reserved_bytes) if fits else None,
+            "first_oom": oom, "lower_bound_bytes": int(lower_bound_bytes),
+            "lower_bound_fits": lower_bound_fits, "line": line}
+
+
+def summary_verdict(summary: dict[str, Any], timeseries: Any, t0_ns: int, *,
+                    capacity_source: str | None = None, capacity_note: str = "") -> dict[str, Any]:
+    """``verdict`` of a run summary; the live bytes at the first OOM come from its time-series row."""
+    oom = summary.get("oom")
+    live = None
+    if oom is not None:
+        rows = timeseries.index[timeseries["event_index"].to_numpy() == oom["event_index"]]
+        if len(rows):
+            live = int(timeseries.at[rows[0], "requested_bytes"])
+    return verdict(capacity_bytes=summary.get("capacity_bytes"), peak_reserved_bytes=summary["peak_reserved_bytes"],
+                   lower_bound_bytes=summary["peak_live_lower_bound_bytes"],
+                   oom=first_oom(oom, t0_ns=t0_ns, live_bytes=live,
+                                 time_synthesized=bool(summary.get("trace", {}).get("time_synthesized"))),
+                   capacity_source=capacity_source, capacity_note=capacity_note)
