@@ -207,3 +207,23 @@ def test_what_the_shared_snapshots_prove():
     assert len(sun.ooms) == 1 and sun.oom_path_releases == 1
     # reserved at the OOM plus the free bytes the driver reported
     assert sun.capacity_bytes == sun.ooms[0].reserved_bytes + sun.ooms[0].device_free_bytes == 84_298_432_512
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("path,device", _shared_devices())
+def test_allocsim_run_with_nothing_else_gives_the_real_run(path, device, capsys):
+    """`allocsim run FILE --policy pytorch --device N --json`: the recording's peak, device calls, OOMs."""
+    import json
+
+    from allocsim.cli import main
+
+    code = main(["run", str(path), "--policy", "pytorch", "--device", str(device), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    real = out["recorded"]
+    assert out["reproduction"]["reproduces"], out["reproduction"]
+    for key in ("peak_reserved_bytes", "device_mallocs", "device_frees", "device_maps", "device_unmaps", "oom_count"):
+        assert out[key] == real[key], key
+    assert code == (3 if real["oom_count"] else 0)
+    if real["capacity_bytes"] is not None:
+        assert out["verdict"]["capacity_bytes"] == real["capacity_bytes"]
+        assert out["verdict"]["capacity_source"] == "inferred"

@@ -331,10 +331,12 @@ class _DeviceRecording:
             fitting = [c for c in from_ooms if c >= peak and (lowest_demand is None or c < lowest_demand)]
             if fitting:
                 run.capacity_bytes = fitting[0]
-                run.capacity_source = (f"inferred from the recorded OOM: reserved bytes plus the {fitting[0] - run.ooms[0].reserved_bytes:,} "
-                                       "bytes the driver reported free" if len(from_ooms) == 1 else
-                                       f"inferred from {len(run.ooms)} recorded OOMs (reserved plus the free bytes "
-                                       "the driver reported; the smallest value that explains the whole run)")
+                run.capacity_source = (
+                    f"the real allocator's reserved bytes at its recorded OOM plus the "
+                    f"{fitting[0] - run.ooms[0].reserved_bytes:,} bytes the driver then reported free"
+                    if len(from_ooms) == 1 else
+                    f"the smallest of {len(from_ooms)} recorded OOMs' reserved-plus-free bytes that explains the "
+                    "whole run")
                 run.capacity_range = (run.capacity_bytes, run.capacity_bytes)
                 return
             run.capacity_source = ("not inferred: the free bytes the driver reported at the recorded OOM imply "
@@ -345,9 +347,9 @@ class _DeviceRecording:
             # Every OOM-path demand exceeds the peak (``_release``), so one capacity explains them all.
             run.capacity_bytes = peak
             run.capacity_range = (peak, lowest_demand - 1)
-            run.capacity_source = (f"inferred from {len(demands)} segment releases on the allocator's "
-                                   "out-of-memory path: the real peak reserved, the smallest capacity under "
-                                   f"which they happen (any up to {lowest_demand - 1:,} bytes explains them)")
+            run.capacity_source = (f"the real peak reserved, the smallest capacity under which the {len(demands)} "
+                                   "segment releases on the allocator's out-of-memory path happen (any capacity "
+                                   f"up to {lowest_demand - 1:,} bytes explains them)")
             return
         run.capacity_source = ("not inferred: no OOM and no release on the out-of-memory path in the "
                                "recording, and a snapshot does not record the device's size")
