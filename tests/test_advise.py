@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shlex
 import signal
 import subprocess
@@ -290,7 +291,45 @@ def test_errors_are_one_line_exit_2(fragmented, capsys, argv, message):
     assert len(err.strip().splitlines()) == 1 and err.startswith("allocsim advise: error:")
 
 
+def test_several_devices_or_no_history_exit_2(tmp_path, capsys):
+    b = TraceBuilder("two.parquet", "test")
+    for device in (0, 1):
+        b.alloc(2 * device + 1, 1000 * (2 * device + 1), device, 0, 0x1000, MiB)
+        b.free(2 * device + 2, 1000 * (2 * device + 2), device, 0, 0x1000)
+    two = tmp_path / "two.parquet"
+    write_trace(b.finish(), two)
+    code, _, err = run_cli(capsys, "advise", two, "--capacity", "1GiB")
+    assert code == 2 and "choose one with --device N" in err
+    code, out, _ = run_cli(capsys, "advise", two, "--capacity", "1GiB", "--device", "1", "--fast", "--workers", "1",
+                           "--json")
+    assert code == 0 and json.loads(out)["device"] == 1
+    snapshot = tmp_path / "state.pickle"
+    seg = {"device": 0, "address": 1 << 40, "total_size": 2 * MiB, "stream": 0, "segment_type": "small",
+           "blocks": [{"address": 1 << 40, "size": 2 * MiB, "requested_size": 0, "state": "inactive"}]}
+    snapshot.write_bytes(pickle.dumps({"segments": [seg], "device_traces": [[]]}))
+    code, _, err = run_cli(capsys, "advise", snapshot, "--capacity", "1GiB")
+    assert code == 2 and "no history to replay" in err and len(err.strip().splitlines()) == 1
+
+
 def test_missing_file_and_directory_exit_2(tmp_path, capsys):
     for target, message in ((tmp_path / "nope.pickle", "no such file"), (tmp_path, "is a directory")):
         code, _, err = run_cli(capsys, "advise", target, "--capacity", "1GiB")
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.shared
+def test_the_readme_advise_example_is_what_advise_prints(tmp_path, capsys):
+    """The README's advise output on Maphsge4 at 20 GiB, line for line (timing figures aside: run with --fast)."""
+    path = SNAPSHOTS / "Maphsge4__snapshot.pickle"
+    if not path.exists():
+        pytest.skip("../shared/traces is not beside this checkout")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("allocsim advise $S --capacity 20GiB\n```\n\n```\n", 1)[1].split("```", 1)[0]
+    expected = [line for line in block.splitlines()
+                if line.strip() and "p99" not in line and "timed replays" not in line and line.strip() != "2. ..."]
+    code, out, _ = run_cli(capsys, "advise", path, "--capacity", "20GiB", "--fast", "--workers", "1",
+                           "-o", tmp_path / "runs.parquet")
+    assert code == 0
+    printed = {line.rstrip().replace(str(path), "$S") for line in out.splitlines()}
+    missing = [line for line in expected if line.rstrip() not in printed]
+    assert not missing and len(expected) >= 12

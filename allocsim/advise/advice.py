@@ -21,12 +21,13 @@ from typing import Any, Callable
 from ..engine import select_device
 from ..errors import AllocsimError
 from ..metrics.sites import LiveAtPeak, SiteRows, live_at_peak, site_rows
+from ..metrics.state import HOW_TO_RECORD, is_state_only
 from ..metrics.summary import lower_bound_bytes
 from ..runner import resolve_capacity
 from ..sweep.tasks import file_sha256
 from ..sweep.worker import cached_trace
 from .capacity import STEP_BYTES, Bisection
-from .knobs import Preset, preset_for
+from .knobs import PRESETS, Preset, preset_for
 from .rank import Outcome, fits, recommend
 from .runs import Runs
 from .search import GridResult, Miss, closest_misses, grid_search, smallest_capacities
@@ -126,8 +127,13 @@ def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | No
     started = time.perf_counter()
     if top < 1:
         raise ValueError(f"--top must be >= 1, got {top}")
+    if policy not in PRESETS:
+        preset_for(policy, None, 0)   # raises the one-line refusal before the trace is read
     sha, trace = _read(trace_path)
     trace = select_device(trace, device)
+    if is_state_only(trace):
+        raise ValueError(f"{trace.meta.source} holds a final state and no history to replay: advise needs a "
+                         f"recorded history ({HOW_TO_RECORD}); `allocsim info` reports the recorded state")
     capacity = resolve_capacity(trace, capacity_bytes)
     if capacity.bytes is None:
         raise ValueError(f"{trace.meta.source}: the recording implies no device capacity; give --capacity SIZE")

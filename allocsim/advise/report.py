@@ -148,8 +148,8 @@ def _outcome_figures(advice: Advice, o: Outcome) -> str:
 
 
 def _recommendation_lines(advice: Advice) -> list[str]:
-    lines = ["", "Settings that fit, best first (peak reserved, then p99 allocation latency; ties: the recorded "
-             "settings, then fewest changes):"]
+    order = "peak reserved" if advice.fast else "peak reserved, then p99 allocation latency"
+    lines = ["", f"Settings that fit, best first ({order}; ties: the recorded settings, then fewest changes):"]
     for i, rec in enumerate(advice.recommendations, 1):
         o = rec.outcome
         title = "your recorded settings: no change needed" if o.recorded else o.label()
