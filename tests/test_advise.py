@@ -233,6 +233,24 @@ def test_bisection_probes_spread_and_shrink():
     assert c.fit_bytes == 2 * MiB and c.contradictions == [(2 * MiB, 4 * MiB)]
 
 
+def test_cost_model_reaches_the_runs_the_step_and_the_command(tmp_path, fragmented, capsys):
+    from allocsim.cost import CostModel
+
+    model = tmp_path / "cal.json"
+    CostModel.from_overrides({"_granularity_bytes": 1 << 20, "device_sync_ns": 50000}).save(model)
+    code, out, _ = run_cli(capsys, "advise", fragmented, "--capacity", "80MiB", "--workers", "1", "--cost-model", model,
+                           "-o", tmp_path / "r.parquet", "--json")
+    data = json.loads(out)
+    assert code == 0 and "steps of 1.00 MiB" in data["min_capacity_rule"]
+    rows = pd.read_parquet(tmp_path / "r.parquet")
+    timed = rows[~rows["fast"]]          # capacity probes replay without timing, so without a cost model
+    assert len(timed) and (timed["cost_model.device_sync_ns"] == 50000).all()
+    for rec in data["recommendations"]:
+        assert f"--cost-model {model}" in rec["command"]
+        run = replay(capsys, rec["command"])
+        assert run["verdict"]["fits"] is True and run["peak_reserved_bytes"] == rec["peak_reserved_bytes"]
+
+
 # ----------------------------------------------------------------------------- other presets
 @pytest.mark.parametrize("policy,prefix,line", [("paddle", "FLAGS_", "FLAGS_"),
                                                 ("cupy", "CUPY_", "CUPY_GPU_MEMORY_LIMIT=")])
@@ -333,3 +351,6 @@ def test_the_readme_advise_example_is_what_advise_prints(tmp_path, capsys):
     printed = {line.rstrip().replace(str(path), "$S") for line in out.splitlines()}
     missing = [line for line in expected if line.rstrip() not in printed]
     assert not missing and len(expected) >= 12
+    best = next(line for line in expected if line.strip().startswith("allocsim run $S"))
+    run = replay(capsys, best.strip().replace("$S", str(path)))
+    assert run["verdict"]["line"] == "FITS in 20.00 GiB: peak reserved 19.41 GiB, headroom 608.00 MiB"

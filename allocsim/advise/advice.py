@@ -100,12 +100,13 @@ def default_output(trace_sha256: str) -> str:
     return os.path.join(base, "advise", trace_sha256[:24], "runs.parquet")
 
 
-def run_command(trace: str, preset: Preset, outcome: Outcome, capacity_bytes: int, device: int | None) -> str:
-    """The ``allocsim run`` command line that replays ``outcome`` at ``capacity_bytes``."""
+def run_command(trace: str, preset: Preset, outcome: Outcome, capacity_bytes: int, device: int | None,
+                extra: tuple[str, ...] = ()) -> str:
+    """The ``allocsim run`` command line that replays ``outcome`` at ``capacity_bytes`` (``extra``: the cost model)."""
     args = ["allocsim", "run", trace, *preset.run_args(outcome.params)]
     if device is not None:
         args += ["--device", str(device)]
-    args += ["--capacity", exact_size(capacity_bytes)]
+    args += [*extra, "--capacity", exact_size(capacity_bytes)]
     return " ".join(shlex.quote(a) for a in args)
 
 
@@ -120,8 +121,13 @@ def _read(trace_path: str) -> tuple[str, Any]:
 
 def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | None = None, device: int | None = None,
            executor: Any = None, output: str | None = None, cost_model: Any = None, fast: bool = False, top: int = 3,
-           progress: bool = False, log: Callable[[str], None] = lambda message: None) -> Advice:
-    """The ``Advice`` for ``trace_path`` (see the module doc); ``ValueError`` / ``AllocsimError`` on bad input."""
+           progress: bool = False, log: Callable[[str], None] = lambda message: None,
+           command_args: tuple[str, ...] = ()) -> Advice:
+    """The ``Advice`` for ``trace_path`` (see the module doc); ``ValueError`` / ``AllocsimError`` on bad input.
+
+    ``command_args`` go into every printed ``allocsim run`` command (the ``--cost-model`` options that
+    built ``cost_model``, so the command replays on the same device).
+    """
     from ..sweep.executors import InProcessExecutor
 
     started = time.perf_counter()
@@ -164,7 +170,8 @@ def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | No
                 search = found[id(outcome)]
                 advice.recommendations.append(Recommendation(
                     outcome, preset.paste_line(outcome.params), preset.alloc_conf(outcome.params),
-                    run_command(trace_path, preset, outcome, capacity.bytes, device), search.fit_bytes, search))
+                    run_command(trace_path, preset, outcome, capacity.bytes, device, tuple(command_args)),
+                    search.fit_bytes, search))
         else:
             log("nothing fits; searching how much more the nearest settings need")
             advice.misses = closest_misses(grid.outcomes, runs, capacity_bytes=capacity.bytes, workers=workers,

@@ -62,6 +62,14 @@ def register(subparsers) -> None:
     parser.set_defaults(func=main)
 
 
+def cost_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The ``--cost-model`` / ``--cost`` options as given, for the ``allocsim run`` commands advise prints."""
+    out: list[str] = ["--cost-model", args.cost_model] if args.cost_model else []
+    for item in args.cost:
+        out += ["--cost", item]
+    return tuple(out)
+
+
 def _log(message: str) -> None:
     print(f"allocsim advise: {message}", file=sys.stderr)
 
@@ -79,7 +87,8 @@ def main(args: argparse.Namespace) -> int:
         interactive = not args.json and sys.stderr.isatty()
         advice = advise(args.trace, policy=args.policy, capacity_bytes=capacity, device=args.device,
                         executor=executor, output=args.output, cost_model=cost_model, fast=args.fast, top=args.top,
-                        progress=interactive, log=_log if interactive else (lambda message: None))
+                        progress=interactive, log=_log if interactive else (lambda message: None),
+                        command_args=cost_args(args))
     except (AllocsimError, ValueError, OSError) as exc:
         print(f"allocsim advise: error: {exc}", file=sys.stderr)
         return 2
