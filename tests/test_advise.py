@@ -279,6 +279,18 @@ def test_pytorch_lines_over_recorded_settings():
     assert preset.paste_line({}) == "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128,expandable_segments:True"
 
 
+def test_a_process_pool_gives_the_same_advice(tmp_path, fragmented, capsys):
+    answers = []
+    for workers in ("1", "2"):
+        code, out, _ = run_cli(capsys, "advise", fragmented, "--capacity", "80MiB", "--fast", "--workers", workers,
+                               "-o", tmp_path / f"r{workers}.parquet", "--json")
+        data = json.loads(out)
+        assert code == 0
+        answers.append([(r["alloc_conf"], r["peak_reserved_bytes"], r["min_capacity_bytes"])
+                        for r in data["recommendations"]])
+    assert answers[0] == answers[1] and answers[0]
+
+
 # ----------------------------------------------------------------------------- journal, errors
 def test_a_killed_advise_resumes_from_its_journal(tmp_path, fragmented):
     out = tmp_path / "runs.parquet"

@@ -158,9 +158,10 @@ def test_run_and_info_report_the_state(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "Recorded state of device 0" in out and "fragmentation" in out
     assert HOW_TO_RECORD[1:] in out and "nothing replayed" in out
-    assert main(["run", path, "--policy", "pytorch", "--json"]) == 0
+    assert main(["run", path, "--policy", "pytorch", "--json", "-o", str(tmp_path / "out")]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["history"] is False and data["replayed"] is False and data["devices"]["0"]["reserved_bytes"] == 62 * MiB
+    assert json.loads((tmp_path / "out" / "state.json").read_text()) == data
     assert main(["info", path, "--json", "--request", "1GiB"]) == 0
     info = json.loads(capsys.readouterr().out)
     # Without a capacity the device's free memory is unknown: the cache alone cannot hold 1 GiB.

@@ -93,11 +93,13 @@ def exact_size(size_bytes: int) -> str:
     return str(size_bytes)
 
 
-def default_output(trace_sha256: str) -> str:
-    """Where runs are journaled without ``-o``: a cache folder per trace content (reused by later advises)."""
+def default_output(trace_sha256: str, policy: str, device: int | None, capacity_bytes: int, fast: bool) -> str:
+    """Where runs are journaled without ``-o``: a cache folder per trace content and question, so the same
+    advise resumes or reuses its runs and each journal stays the size of one search."""
     base = os.environ.get("ALLOCSIM_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "allocsim")
-    return os.path.join(base, "advise", trace_sha256[:24], "runs.parquet")
+    question = f"{policy}-device{'all' if device is None else device}-{capacity_bytes}-{'fast' if fast else 'timed'}"
+    return os.path.join(base, "advise", trace_sha256[:24], question, "runs.parquet")
 
 
 def run_command(trace: str, preset: Preset, outcome: Outcome, capacity_bytes: int, device: int | None,
@@ -155,7 +157,8 @@ def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | No
         return advice
     executor = executor or InProcessExecutor()
     runs = Runs(trace=trace_path, trace_sha256=sha, policy=policy, device=device, executor=executor,
-                output=output or default_output(sha), cost_model=cost_model, progress=progress)
+                output=output or default_output(sha, policy, device, capacity.bytes, fast), cost_model=cost_model,
+                progress=progress)
     advice.runs = runs
     workers = int(getattr(executor, "workers", 1) or 1)
     with executor:
