@@ -366,3 +366,21 @@ def test_the_readme_advise_example_is_what_advise_prints(tmp_path, capsys):
     best = next(line for line in expected if line.strip().startswith("allocsim run $S"))
     run = replay(capsys, best.strip().replace("$S", str(path)))
     assert run["verdict"]["line"] == "FITS in 20.00 GiB: peak reserved 19.41 GiB, headroom 608.00 MiB"
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("name,device", [("Maphsge4__snapshot.pickle", 0), ("MercuryB1__cuda_memory_snapshot.pickle", 0),
+                                         ("Constructor-Sun__memory_snapshot.pickle", 1)])
+def test_live_at_peak_adds_up_to_the_lower_bound(name, device):
+    from allocsim.metrics.sites import live_at_peak
+    from allocsim.metrics.summary import lower_bound_bytes
+
+    path = SNAPSHOTS / name
+    if not path.exists():
+        pytest.skip("../shared/traces is not beside this checkout")
+    trace = read_trace(path).for_device(device)
+    peak = live_at_peak(trace)
+    assert peak.live_bytes == int(peak.size_bytes.sum()) == lower_bound_bytes(trace)
+    assert len(set(peak.alloc_ids.tolist())) == len(peak.alloc_ids)
+    largest = peak.largest(3)
+    assert [item["size_bytes"] for item in largest] == sorted(peak.size_bytes.tolist(), reverse=True)[:3]

@@ -141,7 +141,8 @@ class PyTorchPreset(Preset):
         others += [(f"{g:g}", {"garbage_collection_threshold": g, **with_fraction})
                    for g in GC_THRESHOLDS if not (acts and g == threshold)]
         note = ("acts only with a memory fraction, as in PyTorch: each value comes with "
-                f"per_process_memory_fraction:{GC_MEMORY_FRACTION:g}" if fraction is None else
+                f"per_process_memory_fraction:{GC_MEMORY_FRACTION:g} (or torch.cuda.set_per_process_memory_fraction"
+                f"({GC_MEMORY_FRACTION:g}) where PyTorch lacks that key)" if fraction is None else
                 f"with the run's per_process_memory_fraction:{fraction:g}")
         return _recorded_first("garbage_collection_threshold", f"{threshold:g}" if acts else "off", others, note)
 

@@ -95,7 +95,7 @@ def advice_to_dict(advice: Advice) -> dict[str, Any]:
     if advice.peak is not None:
         out["live_at_peak"] = {"event_index": advice.peak.event_index, "live_bytes": advice.peak.live_bytes,
                                "allocations": int(len(advice.peak.alloc_ids)),
-                               "largest": [{"alloc_id": a, "size_bytes": s} for a, s in advice.peak.largest()]}
+                               "largest": advice.peak.largest()}
         out["sites"] = advice.sites.to_dict()
     if advice.runs is not None:
         out["runs"] = {"distinct": len(advice.runs.rows), "computed": advice.runs.computed,
@@ -175,7 +175,11 @@ def format_advice(advice: Advice) -> str:
                   f"{format_bytes(advice.capacity_bytes)}; the program must hold less at its peak",
                   f"what holds the memory at the peak ({where}): {len(peak.alloc_ids):,} live allocations, "
                   f"{format_bytes(peak.live_bytes)}; the largest:"]
-        lines += [f"    {format_bytes(size):>12}  allocation {aid}" for aid, size in peak.largest()]
+        for item in peak.largest():
+            born = ("alive when the trace began" if item["event_index"] < 0
+                    else f"allocated at event {item['event_index']:,}")
+            lines.append(f"    {format_bytes(item['size_bytes']):>12}  allocation {item['alloc_id']}, {born}, "
+                         f"stream {item['stream']}")
         sites = advice.sites
         if sites.rows:
             lines += [f"    {format_bytes(r['bytes']):>12} {r['count']:>6,}  {r['site']}" for r in sites.rows]

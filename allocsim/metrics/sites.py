@@ -21,6 +21,8 @@ from ..trace.schema import EventKind, Trace
 #: What the site rows say while the trace model has no stack frames.
 NEEDS_FRAMES = ("code sites need the stack frames the snapshot records for each allocation, which this "
                 "version does not read yet")
+#: ... and for a trace format that records no frames at all.
+NO_FRAMES = "this trace format records no stack frames per allocation, so no code sites"
 
 
 @dataclass
@@ -38,10 +40,11 @@ class SiteRows:
 def site_rows(trace: Trace, alloc_ids: np.ndarray, size_bytes: np.ndarray, *, top: int = 10) -> SiteRows:
     """The ``top`` code sites holding the bytes of ``alloc_ids`` (``size_bytes`` each), largest first.
 
-    Today: no rows and ``NEEDS_FRAMES`` (the trace model has no frames to attribute with).
+    Today: no rows and ``NEEDS_FRAMES`` (the trace model has no frames to attribute with), or
+    ``NO_FRAMES`` for a format without frames.
     """
-    del trace, alloc_ids, size_bytes, top   # the frames table is what is missing
-    return SiteRows(rows=[], note=NEEDS_FRAMES)
+    del alloc_ids, size_bytes, top   # the frames table is what is missing
+    return SiteRows(rows=[], note=NEEDS_FRAMES if trace.meta.format == "pytorch-snapshot" else NO_FRAMES)
 
 
 @dataclass
@@ -52,11 +55,14 @@ class LiveAtPeak:
     live_bytes: int           #: equals the runs' ``peak_live_lower_bound_bytes``
     alloc_ids: np.ndarray
     size_bytes: np.ndarray
+    alloc_events: np.ndarray  #: index of each allocation's ALLOC event; -1: alive when the trace began
+    streams: np.ndarray
 
-    def largest(self, n: int = 5) -> list[tuple[int, int]]:
-        """``(alloc_id, size_bytes)`` of the ``n`` largest live allocations, largest first."""
+    def largest(self, n: int = 5) -> list[dict[str, int]]:
+        """The ``n`` largest live allocations, largest first: ``alloc_id``, ``size_bytes``, ``event_index``, ``stream``."""
         order = np.lexsort((self.alloc_ids, -self.size_bytes))[:n]
-        return [(int(self.alloc_ids[i]), int(self.size_bytes[i])) for i in order]
+        return [{"alloc_id": int(self.alloc_ids[i]), "size_bytes": int(self.size_bytes[i]),
+                 "event_index": int(self.alloc_events[i]), "stream": int(self.streams[i])} for i in order]
 
 
 def live_at_peak(trace: Trace) -> LiveAtPeak:
@@ -78,11 +84,13 @@ def live_at_peak(trace: Trace) -> LiveAtPeak:
             peak_index = int(total.argmax())
     ids = trace.column("alloc_id")[: peak_index + 1]
     kinds = kind[: peak_index + 1]
-    done = set(ids[kinds == EventKind.FREE_COMPLETED].tolist())
-    allocated = kinds == EventKind.ALLOC
-    new_ids = ids[allocated]
-    new_sizes = trace.column("size_bytes")[: peak_index + 1][allocated]
-    all_ids = np.concatenate([init_ids, new_ids]).astype(np.int64)
-    all_sizes = np.concatenate([init_sizes, new_sizes]).astype(np.int64)
-    alive = ~np.isin(all_ids, np.fromiter(done, dtype=np.int64, count=len(done)))
-    return LiveAtPeak(peak_index, int(all_sizes[alive].sum()), all_ids[alive], all_sizes[alive])
+    done = ids[kinds == EventKind.FREE_COMPLETED]
+    allocated = np.flatnonzero(kinds == EventKind.ALLOC)
+    all_ids = np.concatenate([init_ids, ids[allocated]]).astype(np.int64)
+    all_sizes = np.concatenate([init_sizes, trace.column("size_bytes")[allocated]]).astype(np.int64)
+    events = np.concatenate([np.full(len(init_ids), -1), allocated]).astype(np.int64)
+    streams = np.concatenate([trace.initial_allocs["stream"].to_numpy(),
+                              trace.column("stream")[allocated]]).astype(np.int64)
+    alive = ~np.isin(all_ids, done)
+    return LiveAtPeak(peak_index, int(all_sizes[alive].sum()), all_ids[alive], all_sizes[alive], events[alive],
+                      streams[alive])
