@@ -25,7 +25,7 @@ from ..metrics.state import HOW_TO_RECORD, is_state_only
 from ..metrics.summary import lower_bound_bytes
 from ..runner import resolve_capacity
 from ..sweep.tasks import file_sha256
-from ..sweep.worker import cached_trace
+from ..sweep.worker import cached_trace, clear_cache
 from .capacity import STEP_BYTES, Bisection
 from .knobs import PRESETS, Preset, preset_for
 from .rank import Outcome, fits, recommend
@@ -183,6 +183,8 @@ def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | No
     if advice.recommendations and not advice.recommendations[0].outcome.recorded:
         advice.why = waste_removed(trace, policy, advice.grid.baseline.row, advice.recommendations[0].outcome.params,
                                    capacity.bytes, cost_model)
+    if not isinstance(executor, InProcessExecutor):
+        clear_cache()   # the runs happened elsewhere: this process need not keep the trace for later calls
     advice.wall_seconds = time.perf_counter() - started
     return advice
 
