@@ -9,7 +9,7 @@ import sys
 from .errors import AllocsimError
 
 #: Subcommand modules under ``allocsim.commands``, in the order ``--help`` lists them.
-COMMANDS = ("info", "convert", "run", "policies", "sweep", "winners", "plot", "scale")
+COMMANDS = ("info", "convert", "run", "advise", "policies", "sweep", "winners", "plot", "scale")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Replay real GPU allocation traces through allocator policies and see the memory they need.",
         epilog="exit status: 0 = success (run: it fits, or no capacity to check), 2 = usage or input error "
                "(one line on stderr), 3 = run: the simulation ran out of memory, 1 = sweep: rows left to finish / "
-               "winners: nothing fits")
+               "winners, advise: nothing fits")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in COMMANDS:

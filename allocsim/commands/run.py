@@ -10,6 +10,10 @@ Settings: ``--set KEY=VALUE`` (allocsim's names, see ``allocsim policies``), ``-
 pytorch:expandable_segments:True``. A PyTorch snapshot's recorded ``allocator_settings`` apply to
 the ``pytorch`` policy unless a setting overrides them.
 
+A snapshot with a recorded state and no history has nothing to replay: ``run`` then reports the
+recorded state instead (``allocsim.metrics.state``; ``--request SIZE`` judges a failed request) and
+says how to record a history for what-if replays.
+
 Capacity: ``--capacity SIZE``, else the capacity the recording implies (said in the output), else
 unlimited. The last line is the verdict. Exit status: 0 when it fits (or no capacity), 3 on a
 simulated out-of-memory, 2 on a usage or input error (one line on stderr). With ``--json`` the
@@ -26,6 +30,7 @@ from ..engine import select_device
 from ..errors import AllocsimError
 from ..units import parse_bytes
 from .common import add_cost_model_args, add_trace_args, cost_model_from_args, load_trace, print_json
+from .info import add_state_args, state_options
 
 #: Exit status of a run that ran out of memory in the simulation.
 EXIT_OOM = 3
@@ -69,6 +74,7 @@ def register(subparsers) -> None:
     parser.add_argument("--continue-on-oom", action="store_true",
                         help="record every failed allocation, skip it and go on (default: stop at the first)")
     add_cost_model_args(parser)
+    add_state_args(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("-o", "--out", metavar="OUT_DIR", dest="out_dir",
                         help="write summary.json, timeseries.parquet and perf.json there")
@@ -157,14 +163,14 @@ def resolve_policy(policy: str, settings: list[str], alloc_conf: str | None = No
     return spec.name, merge_settings(*sources)
 
 
-def execute(args: argparse.Namespace):
-    """Run what ``args`` asks for and return the ``RunResult`` (raises on bad input)."""
+def execute(args: argparse.Namespace, trace: Any = None):
+    """Run what ``args`` asks for and return the ``RunResult`` (raises on bad input); ``trace``: already read."""
     from ..runner import check_capacity, resolve_capacity, simulate_trace
 
     given = parse_bytes(args.capacity) if args.capacity is not None else None
     cost_model = cost_model_from_args(args)
     name, params = resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf)
-    trace = select_device(load_trace(args), args.device)
+    trace = select_device(load_trace(args) if trace is None else trace, args.device)
     capacity = resolve_capacity(trace, given)
     check_capacity(trace, capacity)
     return simulate_trace(trace, name, params, capacity=capacity, cost_model=cost_model, fast=args.fast,
@@ -177,11 +183,50 @@ def exit_status(summary: dict[str, Any]) -> int:
     return EXIT_OOM if verdict.get("fits") is False else 0
 
 
+def state_only(args: argparse.Namespace, trace: Any) -> dict[str, Any]:
+    """The recorded-state report of a snapshot without history (nothing to replay); saved with ``-o``."""
+    import json
+    import os
+
+    from ..metrics.state import state_report
+
+    # Every device when none is chosen: a state report has no single replay to run.
+    report = state_report(trace if args.device is None else select_device(trace, args.device),
+                          **state_options(args))
+    report["replayed"] = False
+    if args.out_dir:
+        os.makedirs(args.out_dir, exist_ok=True)
+        with open(os.path.join(args.out_dir, "state.json"), "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2)
+    return report
+
+
+def print_state(args: argparse.Namespace, report: dict[str, Any]) -> int:
+    """Print a ``state_only`` report; exit 0 (there is no verdict without a replay)."""
+    from ..metrics.state import format_state_report
+
+    if args.json:
+        print_json(report)
+    else:
+        print(format_state_report(report))
+        print("nothing replayed: this snapshot records the final state only")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
-    """Replay, then print the report (text or ``--json``) and optionally save it; see ``exit_status``."""
+    """Replay, then print the report (text or ``--json``) and optionally save it; see ``exit_status``.
+
+    A snapshot without history gets the recorded-state report instead (``state_only``).
+    """
+    from ..metrics.state import is_state_only
+
     try:
-        result = execute(args)
-        if args.out_dir:
+        resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf)   # bad input first
+        state_options(args)
+        trace = load_trace(args)
+        state = state_only(args, trace) if is_state_only(trace) else None
+        result = execute(args, trace) if state is None else None
+        if args.out_dir and result is not None:
             result.save(args.out_dir)
     except (AllocsimError, ValueError, OSError) as exc:
         print(f"allocsim run: error: {exc}", file=sys.stderr)
@@ -189,6 +234,8 @@ def main(args: argparse.Namespace) -> int:
     except ImportError as exc:   # the policy registry is missing or broken
         print(f"allocsim run: error: policy registry unavailable: {exc}", file=sys.stderr)
         return 2
+    if state is not None:
+        return print_state(args, state)
     if args.json:
         print_json(result.to_dict(include_perf=True))
     else:

@@ -1,7 +1,8 @@
 """``allocsim sweep TRACE... --policy NAME --grid KEY=V1,V2 -o RESULTS.parquet``: run a parameter grid.
 
 One row per trace x policy x parameter point with every ``allocsim run --json`` metric (memory
-figures in the trace's recorded stream order, as ``run`` reports them); rows are journaled as they
+figures in the trace's recorded stream order, as ``run`` reports them); without ``--capacity`` each
+trace runs at the capacity its recording implies, if any (said in the output); rows are journaled as they
 finish (``RESULTS.parquet.parts/``), so a killed sweep resumes where it stopped. ``--policy`` takes
 specs (``pytorch:expandable_segments:True``) so settings can be compared side by side. Bad grids
 (unknown policy or key, malformed items, a value that cannot parse or build its policy) exit 2
@@ -51,7 +52,9 @@ def register(subparsers) -> None:
                         help="JSON object: policy -> {key: [values]} (keys scoped per policy)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
                         help="fix a parameter for every policy (repeatable)")
-    parser.add_argument("--capacity", metavar="SIZE", help="device memory, e.g. 16GiB (default: unlimited)")
+    parser.add_argument("--capacity", metavar="SIZE",
+                        help="device memory, e.g. 16GiB (default: for each trace the capacity its recording "
+                             "implies, said in the output; else unlimited)")
     parser.add_argument("--device", type=int, metavar="N", help="device to replay (required if a trace has several)")
     parser.add_argument("--fast", action="store_true", help="no timing: memory results only, much faster")
     add_cost_model_args(parser)
@@ -69,8 +72,21 @@ def register(subparsers) -> None:
     parser.set_defaults(func=main)
 
 
+def capacity_text(entry: dict) -> str:
+    """One line on the capacity a trace's rows ran at (inferred ones say how)."""
+    from ..units import format_bytes
+
+    if entry["source"] == "inferred":
+        return (f"capacity {format_bytes(entry['capacity_bytes'])} for {entry['trace']}, inferred from the "
+                f"recording: {entry['note']} (--capacity SIZE overrides it)")
+    if entry["source"] is None:
+        return f"capacity unlimited for {entry['trace']} (its recording implies none; give --capacity SIZE)"
+    return ""
+
+
 def _text_report(report) -> str:
-    lines = [f"{report.rows} of {report.expected} rows in {report.output} "
+    lines = [line for line in map(capacity_text, report.capacities) if line]
+    lines += [f"{report.rows} of {report.expected} rows in {report.output} "
              f"({report.computed} computed, {report.skipped} from the journal, {report.errors} with errors) "
              f"in {report.wall_seconds:.1f} s on {report.executor}"]
     for failure in report.failed[:10]:
@@ -94,7 +110,7 @@ def main(args: argparse.Namespace) -> int:
         progress = not args.json and sys.stderr.isatty()
         report = run_sweep(args.traces, configs, output=args.output, capacity_bytes=capacity, device=args.device,
                            fast=args.fast, executor=executor, retry_errors=args.retry_errors, progress=progress,
-                           cost_model=cost_model)
+                           cost_model=cost_model, infer_capacity=capacity is None)
     except (AllocsimError, ValueError, OSError) as exc:
         print(f"allocsim sweep: error: {exc}", file=sys.stderr)
         return 2

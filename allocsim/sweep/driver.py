@@ -6,6 +6,11 @@
 4. Write ``output`` from the journaled rows of *this* sweep, in (trace, policy, grid) order, even
    when interrupted (marked incomplete in the file's metadata); compact the journal when complete.
 
+``execute_tasks(tasks, output=...)`` does steps 2-4 for tasks built elsewhere (``allocsim advise``
+runs its stages this way, each task with its own capacity). Without a given capacity, a sweep
+with ``infer_capacity=True`` (the command line) replays each trace at the capacity its recording
+implies, if any (``runner.resolve_capacity``), and says so in ``SweepReport.capacities``.
+
 Test hooks: ``stop_after_rows=k`` raises ``SweepStopped`` after k new rows are journaled; the
 environment variable ``ALLOCSIM_SWEEP_KILL_AFTER_ROWS=k`` SIGKILLs this process at the same point
 (a real crash, for resume tests).
@@ -24,7 +29,8 @@ from .executors import InProcessExecutor, make_executor
 from .grid import Config
 from .journal import Journal, journal_dir
 from .results import write_results
-from .tasks import file_sha256, make_tasks
+from .tasks import Task, file_sha256, make_tasks
+from .worker import cached_trace, clear_cache
 
 KILL_ENV = "ALLOCSIM_SWEEP_KILL_AFTER_ROWS"
 
@@ -48,6 +54,11 @@ class SweepReport:
     failed: list[str] = field(default_factory=list)   # tasks that did not finish (retried on rerun)
     complete: bool = False
     wall_seconds: float = 0.0
+    #: Per trace: the capacity its rows ran at and where it came from (``capacity_bytes``, ``source``,
+    #: ``note``); ``source`` is "given", "inferred" or None (unlimited).
+    capacities: list[dict[str, Any]] = field(default_factory=list)
+    #: The finished rows of this sweep, in task order (not part of ``to_dict``: they are in ``output``).
+    finished_rows: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (what ``allocsim sweep --json`` prints)."""
@@ -55,7 +66,7 @@ class SweepReport:
                 "expected_rows": self.expected, "rows": self.rows, "computed": self.computed,
                 "skipped": self.skipped, "errors": self.errors, "failed": len(self.failed),
                 "failures": self.failed[:20], "complete": self.complete,
-                "wall_seconds": round(self.wall_seconds, 3)}
+                "wall_seconds": round(self.wall_seconds, 3), "capacities": list(self.capacities)}
 
 
 def hash_traces(paths: list[str], log: Callable[[str], None]) -> list[tuple[str, str]]:
@@ -88,15 +99,66 @@ def run_sweep(traces: list[str], configs: list[Config], *, output: str | os.Path
               capacity_bytes: int | None = None, device: int | None = None, fast: bool = False,
               executor: Any = None, retry_errors: bool = False, progress: bool = False,
               log: Callable[[str], None] = _stderr, stop_after_rows: int | None = None,
-              cost_model: Any = None) -> SweepReport:
+              cost_model: Any = None, infer_capacity: bool = False) -> SweepReport:
     """Sweep ``configs`` over ``traces``; see the module docstring. ``executor`` defaults to in-process;
-    ``cost_model`` (a ``CostModel``) replaces the documented defaults, device footprint included."""
+    ``cost_model`` (a ``CostModel``) replaces the documented defaults, device footprint included;
+    ``infer_capacity`` (only without ``capacity_bytes``) uses the capacity each recording implies."""
     started = time.perf_counter()
+    hashed = hash_traces(list(traces), log)
+    executor = executor or InProcessExecutor()
+    capacities = {}
+    if infer_capacity and capacity_bytes is None:
+        capacities = inferred_capacities(hashed, device)
+        if not isinstance(executor, InProcessExecutor):
+            clear_cache()   # the rows run elsewhere: do not hold the traces here meanwhile
+    tasks = make_tasks(hashed, configs, capacity_bytes=capacity_bytes, device=device, fast=fast,
+                       cost_model=cost_model, capacities=capacities)
+    report = execute_tasks(tasks, output=output, executor=executor, retry_errors=retry_errors,
+                           progress=progress, log=log, stop_after_rows=stop_after_rows, started=started)
+    report.capacities = capacity_lines(hashed, capacities, capacity_bytes)
+    return report
+
+
+def inferred_capacities(traces: list[tuple[str, str]], device: int | None) -> dict[str, Any]:
+    """sha256 -> ``runner.Capacity`` for each trace whose recording implies a capacity (read here once)."""
+    from ..engine import select_device
+    from ..runner import resolve_capacity
+    out = {}
+    for path, sha in traces:
+        try:
+            trace = cached_trace(os.path.abspath(path), sha)
+        except Exception:  # noqa: BLE001 - an unreadable trace: its rows say why, as without inference
+            continue
+        if device is not None and device not in trace.devices:
+            continue   # every row of this trace will say so
+        capacity = resolve_capacity(select_device(trace, device) if device is not None else trace, None)
+        if capacity.bytes is not None:
+            out[sha] = capacity
+    return out
+
+
+def capacity_lines(traces: list[tuple[str, str]], inferred: dict[str, Any],
+                   capacity_bytes: int | None) -> list[dict[str, Any]]:
+    """What ``SweepReport.capacities`` says for each trace."""
+    out = []
+    for path, sha in traces:
+        own = inferred.get(sha)
+        if own is not None:
+            out.append({"trace": path, "capacity_bytes": own.bytes, "source": own.source, "note": own.note})
+        else:
+            out.append({"trace": path, "capacity_bytes": capacity_bytes,
+                        "source": "given" if capacity_bytes is not None else None, "note": ""})
+    return out
+
+
+def execute_tasks(tasks: list[Task], *, output: str | os.PathLike, executor: Any = None,
+                  retry_errors: bool = False, progress: bool = False, log: Callable[[str], None] = _stderr,
+                  stop_after_rows: int | None = None, started: float | None = None) -> SweepReport:
+    """Run ``tasks`` with the journal beside ``output`` (resume, then run the rest), write ``output``."""
+    started = time.perf_counter() if started is None else started
     executor = executor or InProcessExecutor()
     output = os.fspath(output)
-    tasks = make_tasks(hash_traces(list(traces), log), configs, capacity_bytes=capacity_bytes,
-                       device=device, fast=fast, cost_model=cost_model)
-    tasks.sort(key=lambda t: t.order)
+    tasks = sorted(tasks, key=lambda t: t.order)
     journal = Journal(journal_dir(output))
     finished = journal.load()
     if retry_errors:
@@ -132,6 +194,7 @@ def run_sweep(traces: list[str], configs: list[Config], *, output: str | os.Path
             if row is not None:
                 rows.append({**row, "trace": task.trace})
         report.rows = len(rows)
+        report.finished_rows = rows
         report.errors = sum(row.get("error") is not None for row in rows)
         report.complete = report.rows == len(tasks)
         write_results(rows, output, complete=report.complete, expected_rows=len(tasks))

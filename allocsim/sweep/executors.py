@@ -14,6 +14,10 @@ Tasks carry a trace path, never the trace: every worker process loads a trace on
   each exits by itself if the driver dies (SIGKILL), so no orphan keeps a trace in memory.
 - ``DaskExecutor`` (``--scheduler tcp://HOST:PORT``, or ``--dask local`` for a
   ``LocalCluster(n_workers=N, threads_per_worker=1)``): one task per Dask task, pure=False.
+
+Executors nest: entering one that is already open reuses its pool (and its workers' cached
+traces), and only the outermost exit closes it. A caller that runs several sweeps in a row
+(``allocsim advise``) opens the executor once around all of them.
 """
 
 from __future__ import annotations
@@ -36,11 +40,17 @@ class InProcessExecutor:
     name = "in-process"
     workers = 1
 
+    def __init__(self) -> None:
+        self._depth = 0
+
     def __enter__(self) -> "InProcessExecutor":
+        self._depth += 1
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        clear_cache()   # this process lives on after the sweep: do not keep its traces
+        self._depth -= 1
+        if self._depth == 0:
+            clear_cache()   # this process lives on after the sweep: do not keep its traces
 
     def run(self, tasks: list[Task]) -> Iterator[Outcome]:
         for task in tasks:
@@ -59,8 +69,12 @@ class ProcessPoolExecutor:
         self.workers = max(1, int(workers))
         self.name = f"process pool ({self.workers} workers)"
         self._pool: cf.ProcessPoolExecutor | None = None
+        self._depth = 0
 
     def __enter__(self) -> "ProcessPoolExecutor":
+        self._depth += 1
+        if self._pool is not None:
+            return self
         methods = multiprocessing.get_all_start_methods()
         ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
         if ctx.get_start_method() == "forkserver":
@@ -70,7 +84,8 @@ class ProcessPoolExecutor:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._pool is not None:
+        self._depth -= 1
+        if self._depth == 0 and self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
@@ -98,8 +113,12 @@ class DaskExecutor:
         self.name = f"dask {address}" if address else f"dask LocalCluster ({self.workers} workers)"
         self._cluster = None
         self._client = None
+        self._depth = 0
 
     def __enter__(self) -> "DaskExecutor":
+        if self._client is not None:
+            self._depth += 1
+            return self
         try:
             from dask.distributed import Client, LocalCluster
         except ImportError as exc:
@@ -113,9 +132,13 @@ class DaskExecutor:
             self._cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
                                          dashboard_address=None, silence_logs=logging.ERROR)
             self._client = self._cluster.get_client()
+        self._depth += 1
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self._depth -= 1
+        if self._depth > 0:
+            return
         if self._client is not None:
             self._client.close()
             self._client = None

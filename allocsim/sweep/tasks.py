@@ -1,8 +1,9 @@
 """What one sweep row needs, small enough to ship to any worker: ``Task`` (a path, never the trace itself).
 
 A row is keyed by ``(allocsim version, trace_sha256, policy, params_json, capacity_bytes, device, fast)``
-and, when the sweep has one, the cost model (``cost_model_json``): ``Task.row_key`` is the SHA-256
-of that tuple as canonical JSON. The same key always gives the same
+and, when the sweep has one, the cost model (``cost_model_json``), and ``"inferred"`` when the
+capacity is the one the recording implies (the verdict then says so): ``Task.row_key`` is the
+SHA-256 of that tuple as canonical JSON. The same key always gives the same
 deterministic summary, which is what lets a sweep skip finished rows on resume and compare
 executors row for row. The version is in the key because a new simulator may give new results:
 rows journaled by another version are recomputed, never reused.
@@ -33,11 +34,14 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 def row_key(trace_sha256: str, policy: str, params_json: str, capacity_bytes: int | None,
-            device: int | None, fast: bool, cost_model_json: str | None = None) -> str:
+            device: int | None, fast: bool, cost_model_json: str | None = None,
+            capacity_inferred: bool = False) -> str:
     """Hex SHA-256 identifying a row; equal keys mean equal deterministic results."""
     parts: list = [__version__, trace_sha256, policy, params_json, capacity_bytes, device, bool(fast)]
     if cost_model_json is not None:   # absent for the default cost model: older journals keep their keys
         parts.append(cost_model_json)
+    if capacity_inferred:             # the same for given capacities: older journals keep their keys
+        parts.append("inferred")
     text = json.dumps(parts, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -72,12 +76,17 @@ class Task:
     order: tuple[int, int] = (0, 0)
     #: ``cost_model_json`` of the sweep's ``--cost-model`` (None: the documented defaults).
     cost_model_json: str | None = None
+    #: Where ``capacity_bytes`` came from: "given", "inferred" (from the recording) or None (unlimited).
+    capacity_source: str | None = None
+    #: For an inferred capacity: how the recording implies it (the verdict quotes it).
+    capacity_note: str = ""
 
     @property
     def row_key(self) -> str:
         """See ``row_key()``."""
         return row_key(self.trace_sha256, self.policy, self.params_json, self.capacity_bytes,
-                       self.device, self.fast, self.cost_model_json)
+                       self.device, self.fast, self.cost_model_json,
+                       capacity_inferred=self.capacity_source == "inferred")
 
     def key_columns(self) -> dict[str, Any]:
         """The identifying columns every row starts with (``param.<key>`` holds ``--set`` texts)."""
@@ -90,15 +99,26 @@ class Task:
 
 
 def make_tasks(traces: list[tuple[str, str]], configs: list[Config], *, capacity_bytes: int | None = None,
-               device: int | None = None, fast: bool = False, cost_model: Any = None) -> list[Task]:
-    """The trace-major product of ``traces`` ((path, sha256) pairs) and ``configs``."""
+               device: int | None = None, fast: bool = False, cost_model: Any = None,
+               capacities: dict[str, Any] | None = None) -> list[Task]:
+    """The trace-major product of ``traces`` ((path, sha256) pairs) and ``configs``.
+
+    ``capacities`` maps a trace's sha256 to its own ``runner.Capacity`` (an inferred one); other
+    traces get ``capacity_bytes`` (given, or None: unlimited).
+    """
     cost_json = cost_model_json(cost_model)
     tasks = []
     for i, (path, sha) in enumerate(traces):
         absolute = os.path.abspath(path)
+        own = (capacities or {}).get(sha)
+        if own is not None:
+            cap, source, note = own.bytes, own.source, own.note
+        else:
+            cap, source, note = capacity_bytes, ("given" if capacity_bytes is not None else None), ""
         for config in configs:
             tasks.append(Task(trace=path, trace_path=absolute, trace_sha256=sha, policy=config.policy,
                               params=dict(config.params), params_json=config.params_json,
-                              param_texts=dict(config.texts), capacity_bytes=capacity_bytes, device=device,
-                              fast=fast, order=(i, config.order), cost_model_json=cost_json))
+                              param_texts=dict(config.texts), capacity_bytes=cap, device=device,
+                              fast=fast, order=(i, config.order), cost_model_json=cost_json,
+                              capacity_source=source, capacity_note=note))
     return tasks

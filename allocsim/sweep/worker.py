@@ -95,7 +95,9 @@ def simulate_summary(task: Task, trace: Any) -> dict[str, Any]:
 
     cost_model = (CostModel.from_overrides(json.loads(task.cost_model_json))
                   if task.cost_model_json is not None else None)
-    capacity = Capacity(task.capacity_bytes, "given" if task.capacity_bytes is not None else None)
+    source = task.capacity_source or ("given" if task.capacity_bytes is not None else None)
+    capacity = Capacity(task.capacity_bytes, source if task.capacity_bytes is not None else None,
+                        task.capacity_note)
     result = simulate_trace(select_device(trace, task.device), task.policy, dict(task.params),
                             capacity=capacity, cost_model=cost_model, fast=task.fast)
     return result.to_dict(include_perf=True)
