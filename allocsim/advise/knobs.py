@@ -29,7 +29,8 @@ from ..policies.registry import build_policy
 from ..sweep.grid import set_args
 from ..units import MiB, format_bytes
 
-#: The memory fraction that lets garbage_collection_threshold act when the run sets none (1 % of the device).
+#: The memory fraction that lets garbage_collection_threshold act when the run sets none. Not 1.0:
+#: current PyTorch keeps no memory maximum at a fraction of 1.0, and without one GC never runs.
 GC_MEMORY_FRACTION = 0.99
 MAX_SPLIT_MB = (64, 128, 256, 512)
 ROUNDUP_DIVISIONS = ("2", "4", "8", "16")
