@@ -6,14 +6,22 @@ import numpy as np
 
 from ..errors import TraceFormatError
 from .builder import MAX_SIZE_BYTES
+from .limits import DEFAULT_LIMITS, Limits, check_count
 from .schema import EventKind, Trace
+
+#: Times beyond this (about 146 years in ns) are refused: later sums of times must not wrap.
+MAX_ABS_TIME_NS = 1 << 62
 
 _KINDS = {int(k) for k in EventKind}
 
 
-def validate_events(trace: Trace, path: str, *, lenient: bool = False) -> None:
+def validate_events(trace: Trace, path: str, *, lenient: bool = False, limits: Limits = DEFAULT_LIMITS) -> None:
     """Raise ``TraceFormatError`` at the first bad event row; with ``lenient``, drop bad rows and report them."""
     ev = trace.events
+    check_count(path, "events", len(ev), limits, "events", "events")
+    check_count(path, "devices", len(np.unique(ev["device"].to_numpy())), limits, "devices", "events")
+    check_count(path, "streams", len(np.unique(ev["stream"].to_numpy())), limits, "streams", "events")
+    check_time_range(path, ev["t_ns"].to_numpy())
     bad_rows: list[int] = []
 
     def problem(row: int, reason: str) -> None:
@@ -36,6 +44,8 @@ def validate_events(trace: Trace, path: str, *, lenient: bool = False) -> None:
             problem(int(row), f"time goes back from {int(t_ns[row - 1])} to {int(t_ns[row])} ns")
 
     # Id life cycle: ALLOC -> FREE_REQUESTED -> FREE_COMPLETED; initial allocs start as allocated.
+    if not bad_rows and _life_cycles_valid(trace):
+        return
     state: dict[int, int] = {int(i): 0 for i in trace.initial_allocs["alloc_id"].to_numpy()}
     seen = set(state)
     kind_list, id_list = kind.tolist(), ids.tolist()
@@ -67,3 +77,37 @@ def validate_events(trace: Trace, path: str, *, lenient: bool = False) -> None:
         trace.events = ev.loc[keep].reset_index(drop=True)
         if len(bad_rows) > 200:
             trace.meta.repairs.append(f"... and {len(bad_rows) - 200} more rows dropped")
+
+
+def check_time_range(path: str, t_ns: np.ndarray) -> None:
+    """Refuse times beyond +-2**62 ns, so that spans and sums of times cannot wrap around int64."""
+    if len(t_ns) and (int(t_ns.min()) < -MAX_ABS_TIME_NS or int(t_ns.max()) > MAX_ABS_TIME_NS):
+        row = int(np.flatnonzero(np.abs(t_ns.astype(np.float64)) > MAX_ABS_TIME_NS)[0])
+        raise TraceFormatError(path, f"event row {row}", f"time {int(t_ns[row])} ns is beyond +-2**62 ns "
+                               "(about 146 years): not a real time")
+
+
+def _life_cycles_valid(trace: Trace) -> bool:
+    """True when every id goes ALLOC -> FREE_REQUESTED -> FREE_COMPLETED (initial ids start allocated)
+    and every marker names a label: checked with sorts, no hash table keyed by file values."""
+    ev = trace.events
+    kind = ev["kind"].to_numpy()
+    ids = ev["alloc_id"].to_numpy()
+    markers = kind == EventKind.MARKER
+    if markers.any() and (int(ids[markers].min()) < 0 or int(ids[markers].max()) >= len(trace.labels)):
+        return False
+    req = np.isin(kind, [EventKind.ALLOC, EventKind.FREE_REQUESTED, EventKind.FREE_COMPLETED])
+    initial = trace.initial_allocs["alloc_id"].to_numpy()
+    all_ids = np.concatenate([initial, ids[req]])
+    code = np.concatenate([np.full(len(initial), EventKind.ALLOC, dtype=np.int64), kind[req].astype(np.int64)])
+    pos = np.arange(len(all_ids))
+    order = np.lexsort((pos, all_ids))
+    s_id, s_code = all_ids[order], code[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = s_id[1:] != s_id[:-1]
+    prev = np.roll(s_code, 1)
+    ok_first = s_code[first] == EventKind.ALLOC
+    nxt = ~first
+    ok_next = ((prev[nxt] == EventKind.ALLOC) & (s_code[nxt] == EventKind.FREE_REQUESTED)) | (
+        (prev[nxt] == EventKind.FREE_REQUESTED) & (s_code[nxt] == EventKind.FREE_COMPLETED))
+    return bool(ok_first.all()) and bool(ok_next.all())
