@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from struct import error as struct_error
 
 from ..errors import TraceFormatError
+from .builder import MAX_SIZE_BYTES
 from .ipc_check import IpcFormatError, ipc_stream_bounds
 from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, open_binary, quote
 from .schema import (
@@ -245,6 +246,11 @@ def _assemble(path: str, events: pd.DataFrame, header: dict, side: dict, fmt: st
         labels = [str(x) for x in raw_labels]
     except (TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise TraceFormatError(path, "header", f"malformed metadata: {quote(str(exc))}") from None
+    if meta.allocator_settings is not None:
+        from .settings import checked_allocator_settings
+
+        meta.allocator_settings = checked_allocator_settings(meta.allocator_settings, path, lenient,
+                                                             meta.notes, lambda value: value)
     check_count(path, "events", len(labels), limits, "labels", "header")
     check_count(path, "devices", len(meta.devices), limits, "devices", "header")
     long_label = next((x for x in labels if len(x) > limits.string_chars), None)
@@ -258,6 +264,14 @@ def _assemble(path: str, events: pd.DataFrame, header: dict, side: dict, fmt: st
     if meta.source and meta.source != os.path.basename(path):
         meta.version_hints = {**meta.version_hints, "converted_from_file": meta.source}
     meta.source = os.path.basename(path)
+    for name, col in (("initial_allocs", "size_bytes"), ("initial_allocs", "block_size_bytes"),
+                      ("initial_segments", "size_bytes"), ("initial_blocks", "size_bytes"),
+                      ("initial_blocks", "requested_bytes"), ("decisions", "size_bytes")):
+        values = side[name][col].to_numpy()
+        bad = np.flatnonzero((values < -1) | (values > MAX_SIZE_BYTES))
+        if len(bad):
+            raise TraceFormatError(path, f"{name} row {int(bad[0])}",
+                                   f"column {col!r}: {int(values[bad[0]])} is not a byte count")
     trace = Trace(events=events, meta=meta, labels=labels, **side)
     check_schema(trace)
     validate_events(trace, path, lenient=lenient, limits=limits)
