@@ -181,7 +181,7 @@ def build_columns(rec: Records, *, first_alloc_id: int = 0) -> Built | None:
     ev_size[p] = sizes_here[emitting]
     ev_stream[p] = rec.stream[src]
     ev_device[p] = rec.device[src]
-    ev_stack[p] = rec.stack_id[src]
+    ev_stack[p] = np.where(is_req[emitting], rec.stack_id[src], -1)    # markers carry no stack
     oc = np.flatnonzero(extra > 0)
     if len(oc):
         q = pos_last[oc] - 1
