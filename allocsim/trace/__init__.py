@@ -14,7 +14,7 @@ from typing import Callable
 from ..errors import TraceFormatError
 from .detect import FORMATS, detect_format
 from .limits import DEFAULT_LIMITS, LimitExceeded, Limits, os_error, quote
-from .validate import check_time_range
+from .validate import check_live_bytes, check_time_range
 from .schema import EVENT_DTYPES, EventKind, Trace, TraceMeta, check_schema
 
 __all__ = [
@@ -67,6 +67,7 @@ def read_trace(path: str | os.PathLike, *, format: str | None = None, lenient: b
         # the reader did not foresee from ever surfacing as a traceback.
         raise TraceFormatError(path, None, f"malformed {fmt} data: {type(exc).__name__}: {quote(str(exc))}") from None
     check_time_range(path, trace.events["t_ns"].to_numpy())
+    check_live_bytes(path, trace)
     return trace
 
 

@@ -111,3 +111,24 @@ def _life_cycles_valid(trace: Trace) -> bool:
     ok_next = ((prev[nxt] == EventKind.ALLOC) & (s_code[nxt] == EventKind.FREE_REQUESTED)) | (
         (prev[nxt] == EventKind.FREE_REQUESTED) & (s_code[nxt] == EventKind.FREE_COMPLETED))
     return bool(ok_first.all()) and bool(ok_next.all())
+
+
+#: Live bytes beyond this (4 EiB) are refused: no device holds them, and later int64 sums must not wrap.
+MAX_LIVE_BYTES = 1 << 62
+
+
+def check_live_bytes(path: str, trace: Trace) -> None:
+    """Refuse a trace whose live bytes pass ``MAX_LIVE_BYTES`` (checked exactly, only when they could)."""
+    from .stats import _exact_sum, live_bytes_series
+
+    kind = trace.events["kind"].to_numpy()
+    sizes = trace.events["size_bytes"].to_numpy()
+    bound = _exact_sum(np.where(kind == EventKind.ALLOC, sizes, 0)) + _exact_sum(
+        trace.initial_allocs["size_bytes"].to_numpy())
+    if bound <= MAX_LIVE_BYTES:
+        return
+    _, total = live_bytes_series(trace)
+    over = [i for i, v in enumerate(total.tolist()) if v > MAX_LIVE_BYTES]
+    if over:
+        raise TraceFormatError(path, f"event row {over[0]}", f"live bytes reach {int(total[over[0]]):,}, more "
+                               "than 2**62 (4 EiB): not a real trace")
