@@ -22,6 +22,7 @@ from ..errors import TraceFormatError
 from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, quote
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_CHUNK = 8192
 
 
 class FrameTable:
@@ -64,22 +65,32 @@ class FrameTable:
         misses = [i for i, sid in enumerate(sids) if sid is None]
         if not misses:
             return sids
-        todo = [frame_lists[i] for i in misses]
-        try:
-            keys = list(map(tuple, map(map, repeat(id), todo)))
-        except TypeError:   # a value that is not a list: the per-entry path names it
-            keys = [None] * len(todo)
         by_ids = self._stack_by_ids
         by_ids[()] = -1
-        for i, f, key in zip(misses, todo, keys):
-            sid = by_ids.get(key) if key is not None else None
-            if sid is None:
-                sid = self.stack_id(f, record)
-                if key is not None:
-                    by_ids[key] = sid
-            sids[i] = sid
+        for first in range(0, len(misses), _CHUNK):     # chunks: the id tuples are big, keep few at once
+            chunk = misses[first:first + _CHUNK]
+            todo = [frame_lists[i] for i in chunk]
+            try:
+                keys = list(map(tuple, map(map, repeat(id), todo)))
+            except TypeError:   # a value that is not a list: the per-entry path names it
+                keys = [None] * len(todo)
+            for i, f, key in zip(chunk, todo, keys):
+                sid = by_ids.get(key) if key is not None else None
+                if sid is None:
+                    sid = self.stack_id(f, record)
+                    if key is not None:
+                        by_ids[key] = sid
+                sids[i] = sid
         self._keep_alive.append(frame_lists)
         return sids
+
+    def forget_objects(self) -> None:
+        """Drop the identity caches (and the objects they keep alive) once the source is read."""
+        self._frame_by_obj.clear()
+        self._stack_by_obj.clear()
+        self._stack_by_ids.clear()
+        self._child.clear()
+        self._keep_alive.clear()
 
     def stack_id(self, frames: Any, record: str) -> int:
         """The id of the stack ``frames`` (a list of frame dicts, innermost first); -1 for none."""

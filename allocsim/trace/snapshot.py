@@ -145,6 +145,13 @@ class _Segment(NamedTuple):
     blocks: list
 
 
+class _Holder:
+    """A box for the unpickled data, so the reader can let go of it while it still runs."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
 class _Skip(Exception):
     """An entry that lenient mode drops (the repair has already been recorded)."""
 
@@ -181,6 +188,8 @@ def finish_snapshot_trace(trace: Trace) -> None:
 
 def _parse(path: str, lenient: bool, limits: Limits, *, use_c: bool, phase: Callable[[str], None]) -> Trace:
     data = read_bytes(path, limits)
+    n_bytes = len(data)
+    obj = None
     if use_c:
         phase("unpickling (C)")
         try:
@@ -189,14 +198,13 @@ def _parse(path: str, lenient: bool, limits: Limits, *, use_c: bool, phase: Call
             raise
         except Exception:  # noqa: BLE001 - let the reference unpickler name what is wrong
             obj = None
-        if obj is None:
-            phase("unpickling")
-            obj = loads_data(data, path)
-    else:
+    if obj is None:
         phase("unpickling")
         obj = loads_data(data, path)
+    del data   # the objects are built: the file's bytes are no longer needed
     phase("parsing")
-    return _SnapshotReader(path, lenient, budget=len(data), limits=limits).read(obj)
+    reader = _SnapshotReader(path, lenient, budget=n_bytes, limits=limits)
+    return reader.read(_Holder(obj))
 
 
 def _c_unpickle_seconds(path: str, limits: Limits) -> int:
@@ -282,7 +290,9 @@ class _SnapshotReader:
             return -1
 
     # ------------------------------------------------------------------ top level
-    def read(self, data: Any) -> Trace:
+    def read(self, holder: Any) -> Trace:
+        # The holder lets the reader drop the (large) unpickled data as soon as it has its columns.
+        data = holder.value if isinstance(holder, _Holder) else holder
         b = self.b
         hints: dict[str, Any] = {}
         if isinstance(data, list):
@@ -341,8 +351,15 @@ class _SnapshotReader:
                               "interleaved round-robin, each keeping its recorded order")
 
         fast = entry_columns(raw_traces, has_time, SYNTHETIC_STEP_NS, _MAX_TIME_US, self.frames)
-        trace = self._read_fast(segments, fast, has_time) if fast is not None else None
-        if trace is None:
+        built = self._build_fast(segments, fast, has_time) if fast is not None else None
+        if built is not None:
+            # Every value is in columns now: free the unpickled object graph before going on.
+            if isinstance(holder, _Holder):
+                holder.value = None
+            del data, raw_traces, raw_segments
+            self.frames.forget_objects()
+            trace = self._finish_fast(segments, fast, *built)
+        else:
             trace = self._read_reference(segments, raw_traces, has_time)
         frame_tables = self.frames.tables()
         trace.frames = frame_from_columns(frame_tables["frames"], FRAME_DTYPES)
@@ -543,8 +560,8 @@ class _SnapshotReader:
         return _Entry(t_ns, device, i, action, addr, size, stream, extra, record, stack)
 
     # ------------------------------------------------------------------ fast path
-    def _read_fast(self, segments: list[_Segment], fast: list, has_time: bool) -> Trace | None:
-        """Build the trace from entry columns; None when a record needs the reference path."""
+    def _build_fast(self, segments: list[_Segment], fast: list, has_time: bool) -> tuple | None:
+        """Build the request columns; None when a record needs the reference path."""
         rec, action_idx, extra = merged_records(fast)
         devices = sorted({s.device for s in segments} | {d for d, f in enumerate(fast) if len(f.action)})
         check_count(self.path, "devices", len(devices), self.limits, "devices", "top level")
@@ -556,6 +573,12 @@ class _SnapshotReader:
         built = build_columns(rec, first_alloc_id=len(declared["addr"]))
         if built is None:
             return None
+        return rec, action_idx, extra, devices, declared, contradicted, dangling, built
+
+    def _finish_fast(self, segments: list[_Segment], fast: list, rec, action_idx, extra, devices, declared,
+                     contradicted: int, dangling: int, built) -> Trace:
+        """The trace from the columns ``_build_fast`` made."""
+        is_req = rec.op <= 3
         b = self.b
         b.meta.devices = devices
         self._note_declared(len(declared["addr"]), contradicted, dangling)

@@ -73,14 +73,18 @@ def _device_columns(raw: list, has_time: bool, step_ns: int, max_time_us: int,
     except (KeyError, TypeError):
         return None
     actions, sizes, streams = zip(*base)
+    del base
     if set(map(type, actions)) != {str}:
         return None
     codes = list(map(_ACTION_INDEX.get, actions))
+    del actions
     if None in codes:
         return None
     action = np.array(codes, dtype=np.int8)
-    size = _int64(list(sizes), 0, MAX_SIZE_BYTES)
-    stream = _int64(list(streams))
+    del codes
+    size = _int64(sizes, 0, MAX_SIZE_BYTES)
+    stream = _int64(streams)
+    del sizes, streams
     if size is None or stream is None:
         return None
     addrs = list(map(dict.get, raw, repeat("addr"), repeat(-1)))
