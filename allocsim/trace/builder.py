@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TraceFormatError
+from .limits import quote
 from .schema import (
     DECISION_DTYPES,
     EVENT_DTYPES,
@@ -87,9 +88,9 @@ class TraceBuilder:
     def check_size(self, record: int | str | None, size_bytes: int) -> int:
         """Reject negative or absurd sizes (a corrupt file must not make us allocate petabytes)."""
         if size_bytes < 0:
-            raise self.fail(record, f"negative size {size_bytes}")
+            raise self.fail(record, f"negative size {quote(size_bytes)}")
         if size_bytes > MAX_SIZE_BYTES:
-            raise self.fail(record, f"absurd size {size_bytes} bytes (> {MAX_SIZE_BYTES})")
+            raise self.fail(record, f"absurd size {quote(size_bytes)} bytes (> {MAX_SIZE_BYTES})")
         return size_bytes
 
     def _check_time(self, record: int | str | None, t_ns: int) -> int:

@@ -104,7 +104,10 @@ def build_columns(rec: Records, *, first_alloc_id: int = 0) -> Built | None:
     req = np.flatnonzero(is_req)
     dev_r = rec.device[rows[req]]
     addr_r = rec.addr[rows[req]]
-    order = np.lexsort((req, addr_r, dev_r))
+    if len(dev_r) and int(dev_r.min()) == int(dev_r.max()):
+        order = np.argsort(addr_r, kind="stable")      # one device: a stable sort keeps feed order
+    else:
+        order = np.lexsort((req, addr_r, dev_r))
     g_dev, g_addr = dev_r[order], addr_r[order]
     g_op = mop[req][order]
     g_size = size[req][order]

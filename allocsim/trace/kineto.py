@@ -650,16 +650,16 @@ def _parse_memory(builder: TraceBuilder, record: str, ev: dict, is_oom: bool,
     if nbytes is None:
         return bad(f"Bytes is missing or not an integer ({quote(args.get('Bytes'))})")
     if abs(nbytes) > MAX_SIZE_BYTES:
-        return bad(f"absurd size {nbytes} bytes (> {MAX_SIZE_BYTES})")
+        return bad(f"absurd size {quote(nbytes)} bytes (> {MAX_SIZE_BYTES})")
     if is_oom and nbytes < 0:
-        return bad(f"negative Bytes {nbytes}")
+        return bad(f"negative Bytes {quote(nbytes)}")
     addr = 0
     if not is_oom:
         addr = _as_int(args.get("Addr"))
         if addr is None:
             return bad(f"Addr is missing or not an integer ({quote(args.get('Addr'))})")
         if not _INT64_MIN <= addr <= (1 << 64) - 1:
-            return bad(f"Addr {addr} does not fit in 64 bits")
+            return bad(f"Addr {quote(addr)} does not fit in 64 bits")
         if addr > _INT64_MAX:
             addr -= 1 << 64  # an unsigned pointer printed as such: same bits as intptr_t
     dtype = _as_int(args.get("Device Type"))
@@ -674,11 +674,11 @@ def _parse_memory(builder: TraceBuilder, record: str, ev: dict, is_oom: bool,
     if dindex is None:
         dindex = -1 if dtype == CPU else 0
     if not 0 <= dtype <= 100:
-        return bad(f"Device Type {dtype} is not a device type")
+        return bad(f"Device Type {quote(dtype)} is not a device type")
     if dtype == CPU:
         dindex = -1
     elif not (-1 <= dindex <= 254) or (dtype in (CUDA, HIP) and dindex < 0):
-        return bad(f"Device Id {dindex} out of range for device type {dtype}")
+        return bad(f"Device Id {quote(dindex)} out of range for device type {quote(dtype)}")
     device_types.setdefault(dtype, set()).add(dindex)
     total = _as_int(args.get("Total Allocated"))
     reserved = _as_int(args.get("Total Reserved"))
