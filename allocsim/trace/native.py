@@ -79,7 +79,18 @@ def _typed(frame: pd.DataFrame, dtypes: dict, path: str, name: str, limits: Limi
             out[col] = np.full(len(frame), OPTIONAL_COLUMNS[col], dtype=dtype)
             continue
         out[col] = _typed_column(frame[col], dtype, path, name, col, limits)
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, copy=False)
+
+
+def _int_column(array: np.ndarray, dtype: np.dtype, path: str, name: str, col: str) -> np.ndarray:
+    if dtype == np.dtype("object") or dtype == np.dtype("bool"):
+        raise TraceFormatError(path, name, f"column {col!r} holds integers where text or booleans belong")
+    info = np.iinfo(dtype)
+    if len(array) and (int(array.min()) < info.min or int(array.max()) > info.max):
+        bad = _first((array < info.min) | (array > info.max)) if array.dtype.kind == "i" or info.max < np.iinfo(
+            array.dtype).max else _first(array > info.max)
+        raise TraceFormatError(path, f"{name} row {bad}", f"column {col!r}: {array[bad]} out of range for {dtype}")
+    return array.astype(dtype, copy=False)
 
 
 def _first(mask: np.ndarray) -> int:
@@ -88,6 +99,8 @@ def _first(mask: np.ndarray) -> int:
 
 def _typed_column(values: pd.Series, dtype: np.dtype, path: str, name: str, col: str,
                   limits: Limits = DEFAULT_LIMITS) -> np.ndarray:
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+        return _int_column(values, dtype, path, name, col)
     if dtype == np.dtype("object"):
         text = values.astype(object).to_numpy()
         lengths = pd.Series(text).map(lambda v: len(v) if isinstance(v, str) else 0).to_numpy()
@@ -131,7 +144,7 @@ def _typed_column(values: pd.Series, dtype: np.dtype, path: str, name: str, col:
             raise TraceFormatError(path, f"{name} row {bad}",
                                    f"column {col!r}: {quote(as_int[bad])} out of range for {dtype}")
         return np.array(as_int, dtype=dtype)
-    array = values.to_numpy()
+    array = values.to_numpy() if isinstance(values, pd.Series) else values
     info = np.iinfo(dtype)
     if len(array) and array.dtype.kind == "u" and int(array.max()) > info.max:
         bad = _first(array > info.max)
@@ -139,7 +152,7 @@ def _typed_column(values: pd.Series, dtype: np.dtype, path: str, name: str, col:
     if len(array) and (int(array.min()) < info.min or int(array.max()) > info.max):
         bad = _first((array < info.min) | (array > info.max))
         raise TraceFormatError(path, f"{name} row {bad}", f"column {col!r}: {array[bad]} out of range for {dtype}")
-    return array.astype(dtype)
+    return array.astype(dtype, copy=False)
 
 
 def write_parquet(trace: Trace, path: str) -> None:
@@ -186,8 +199,32 @@ def read_parquet(path: str, *, lenient: bool = False, limits: Limits | None = No
         table = pf.read(columns=[c for c in EVENT_DTYPES if c in schema.names])
     except (pa.ArrowException, OSError) as exc:
         raise TraceFormatError(path, None, f"not a readable Parquet file: {quote(str(exc))}") from None
-    events = _typed(table.to_pandas(), EVENT_DTYPES, path, "events", limits)
+    events = _events_from_arrow(table, path, limits)
     return _assemble(path, events, header, side, "allocsim-parquet", lenient, limits)
+
+
+def _events_from_arrow(table: pa.Table, path: str, limits: Limits) -> pd.DataFrame:
+    """The events table from Arrow columns: integer columns go to numpy without pandas in between."""
+    columns = {}
+    for col in table.column_names:
+        data = table.column(col)
+        if pa.types.is_integer(data.type) and data.null_count == 0:
+            columns[col] = data.combine_chunks().to_numpy(zero_copy_only=False)
+        else:
+            columns[col] = data.to_pandas()
+    missing = [c for c in EVENT_DTYPES if c not in columns and c not in OPTIONAL_COLUMNS]
+    if missing:
+        raise TraceFormatError(path, "events", f"missing columns {missing}")
+    n = table.num_rows
+    out = {}
+    for col, dtype in EVENT_DTYPES.items():
+        if col not in columns:
+            out[col] = np.full(n, OPTIONAL_COLUMNS[col], dtype=dtype)
+        elif isinstance(columns[col], np.ndarray):
+            out[col] = _typed_column(columns[col], dtype, path, "events", col, limits)
+        else:
+            out[col] = _typed_column(columns[col], dtype, path, "events", col, limits)
+    return pd.DataFrame(out, copy=False)
 
 
 def _check_ratio(path: str, decoded_bytes: int, file_bytes: int, limits: Limits, what: str) -> None:

@@ -140,7 +140,8 @@ def frame_from_columns(columns: dict[str, Any], dtypes: dict[str, np.dtype]) -> 
             out[name] = np.asarray(columns[name], dtype=dtype)
         else:
             out[name] = np.full(n_rows, OPTIONAL_COLUMNS[name], dtype=dtype)
-    return pd.DataFrame(out)
+    # copy=False: one block per column, no consolidation copy (the arrays are fresh, ours to keep).
+    return pd.DataFrame(out, copy=False)
 
 
 def with_optional_columns(frame: pd.DataFrame, dtypes: dict[str, np.dtype]) -> pd.DataFrame:
