@@ -90,7 +90,6 @@ _TOP_HINTS = ("allocator_settings", "external_annotations")
 _SEGMENT_HINTS = ("is_expandable", "segment_pool_id")
 #: Bounds on copying ``allocator_settings`` (a hostile pickle can nest shared lists exponentially).
 _SETTINGS_MAX_NODES = 10_000
-_SETTINGS_MAX_DEPTH = 8
 _MAX_NOTED = 5
 
 
@@ -389,7 +388,7 @@ class _SnapshotReader:
 
         def conv(v: Any, depth: int) -> Any:
             budget[0] -= 1
-            if budget[0] < 0 or depth > _SETTINGS_MAX_DEPTH:
+            if budget[0] < 0 or depth > self.limits.depth:
                 raise OverflowError
             if v is None or isinstance(v, (bool, str)):
                 return v
@@ -406,7 +405,8 @@ class _SnapshotReader:
         try:
             return conv(value, 0)
         except OverflowError:
-            self.notes.append("allocator_settings too large or deeply nested; not copied")
+            self.notes.append(f"allocator_settings too large or nested deeper than the limit depth="
+                              f"{self.limits.depth}; not copied (raise it with --limits depth=N)")
             return None
 
     # ------------------------------------------------------------------ parsing
