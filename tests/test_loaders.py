@@ -361,3 +361,24 @@ def test_quoted_values_are_short(tmp_path):
     with pytest.raises(TraceFormatError) as err:
         read_trace(path)
     assert len(str(err.value)) < 400
+
+
+# ---------------------------------------------------------------------- command line
+def test_cli_limit_options_and_special_files(tmp_path, capsys):
+    from allocsim.cli import main
+
+    path = write(tmp_path / "s.pickle", make_snapshot())
+    assert main(["info", str(path), "--max-events", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "s.pickle" in err and "--max-events" in err
+    assert main(["info", str(path), "--limits", "events=100,string_chars=1KiB"]) == 2     # not a whole number
+    assert "string_chars" in capsys.readouterr().err
+    assert main(["info", str(path), "--limits", "events=100", "--limits", "depth=4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["allocs"] == 2
+    assert main(["info", str(path), "--limits", "nonsense=1"]) == 2
+    assert "unknown limit" in capsys.readouterr().err
+    assert main(["info", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is a directory" in err
+    assert main(["run", str(path), "--policy", "pytorch", "--fast", "--max-decompressed", "100"]) == 2
+    assert "decompressed_bytes" in capsys.readouterr().err
