@@ -135,6 +135,8 @@ def main() -> None:
     parser.add_argument("--parquet-events", type=int, default=10_000_000)
     parser.add_argument("--big", type=Path, help="a big snapshot (benchmarks/make_big_snapshot.py)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--frames-cost", action="store_true",
+                        help="also time the snapshots with stack frames dropped (what keeping them costs)")
     args = parser.parse_args()
 
     rows = []
@@ -169,8 +171,23 @@ def main() -> None:
                "info_s": round(seconds, 1), "peak_rss_GiB": round(rss / 2**30, 2)}
         measure("snapshot (big)", args.big, baseline_pickle)
 
+    frames_cost = None
+    if args.frames_cost and snaps:
+        from allocsim.trace.frames import FrameTable
+
+        with_frames = sum(best(lambda p=p: read_trace(p), args.repeat) for p in snaps)
+        keep = FrameTable.stack_ids, FrameTable.stack_id
+        FrameTable.stack_ids = lambda self, lists, record: [-1] * len(lists)
+        FrameTable.stack_id = lambda self, frames, record: -1
+        try:
+            without = sum(best(lambda p=p: read_trace(p), args.repeat) for p in snaps)
+        finally:
+            FrameTable.stack_ids, FrameTable.stack_id = keep
+        frames_cost = {"with_frames_s": round(with_frames, 3), "without_frames_s": round(without, 3),
+                       "slower_by": round(with_frames / without - 1, 3)}
+
     if args.json:
-        print(json.dumps({"rows": rows, "big_info": big}, indent=2))
+        print(json.dumps({"rows": rows, "big_info": big, "frames_cost": frames_cost}, indent=2))
         return
     print(f"{'format':<15}{'file':<58}{'MB':>8}{'events':>11}{'ours s':>9}{'lib s':>8}{'ratio':>7}{'events/s':>12}")
     for r in rows:
@@ -180,6 +197,9 @@ def main() -> None:
         sel = [r for r in rows if r["format"] == fmt]
         ours, base = sum(r["ours_s"] for r in sel), sum(r["baseline_s"] for r in sel)
         print(f"  {fmt}: all files, baseline/ours = {base / ours:.2f}")
+    if frames_cost:
+        print(f"shared snapshots with frames {frames_cost['with_frames_s']} s, without "
+              f"{frames_cost['without_frames_s']} s: keeping frames costs {100 * frames_cost['slower_by']:.0f}%")
     if big:
         print(f"big snapshot {big['file']} ({big['MB']} MB): allocsim info exit {big['exit']}, "
               f"{big['info_s']} s, peak RSS {big['peak_rss_GiB']} GiB")

@@ -6,7 +6,6 @@ import gzip
 import io
 import json
 import os
-import pickle
 import struct
 from pathlib import Path
 

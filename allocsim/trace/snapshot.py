@@ -51,7 +51,6 @@ from .schema import (
     INITIAL_ALLOC_DTYPES,
     SEGMENT_DTYPES,
     STACK_DTYPES,
-    EventKind,
     Trace,
     check_schema,
     frame_from_columns,
