@@ -23,6 +23,8 @@ from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, quote
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _CHUNK = 8192
+#: Stacks remembered per (length, three sampled frames): bounds the comparisons per list.
+_BUCKET = 8
 
 
 class FrameTable:
@@ -37,6 +39,7 @@ class FrameTable:
         self._stack_by_value: dict[bytes, int] = {}
         self._stack_by_ids: dict[tuple[int, ...], int] = {}
         self._child: dict[tuple[int, int], int] = {}
+        self._stack_buckets: dict[tuple[int, int, int, int], list[tuple[list, int]]] = {}
         self._keep_alive: list[Any] = []    # ids are only unique while their objects live
         self.filenames: list[str] = []
         self.lines: list[int] = []
@@ -55,32 +58,37 @@ class FrameTable:
     def stack_ids(self, frame_lists: list, record: str) -> list[int]:
         """``stack_id`` of each element of ``frame_lists`` (None or [] for no frames).
 
-        The pickle shares frame dicts (and some whole lists), so a stack is looked up by the
-        identities of its list, else of its frame objects, with C-level ``map`` passes; only stacks
-        not met before take the per-frame path (``stack_id``).
+        Lists already met are found by identity in one C-level pass. The pickle shares frame dicts,
+        so an equal stack is mostly a list of the same objects: each other list is compared (a
+        C-level, mostly pointer comparison) with the few stacks seen with its length and three
+        sampled frames; only a new stack, or one whose bucket is full, takes the per-frame path.
         """
         by_obj = self._stack_by_obj
         by_obj[id(None)] = -1
         sids = list(map(by_obj.get, map(id, frame_lists)))
-        misses = [i for i, sid in enumerate(sids) if sid is None]
-        if not misses:
-            return sids
-        by_ids = self._stack_by_ids
-        by_ids[()] = -1
-        for first in range(0, len(misses), _CHUNK):     # chunks: the id tuples are big, keep few at once
-            chunk = misses[first:first + _CHUNK]
-            todo = [frame_lists[i] for i in chunk]
-            try:
-                keys = list(map(tuple, map(map, repeat(id), todo)))
-            except TypeError:   # a value that is not a list: the per-entry path names it
-                keys = [None] * len(todo)
-            for i, f, key in zip(chunk, todo, keys):
-                sid = by_ids.get(key) if key is not None else None
-                if sid is None:
-                    sid = self.stack_id(f, record)
-                    if key is not None:
-                        by_ids[key] = sid
-                sids[i] = sid
+        buckets = self._stack_buckets
+        stack_id = self.stack_id
+        for i in [i for i, sid in enumerate(sids) if sid is None]:
+            f = frame_lists[i]
+            if type(f) is not list or not f:
+                sids[i] = stack_id(f, record)
+                continue
+            n = len(f)
+            key = (n, id(f[n // 3]), id(f[n // 2]), id(f[(2 * n) // 3]))
+            seen = buckets.get(key)
+            sid = None
+            if seen is not None:
+                for rep, rep_sid in seen:
+                    if rep == f:
+                        sid = rep_sid
+                        break
+            if sid is None:
+                sid = stack_id(f, record)
+                if seen is None:
+                    buckets[key] = [(f, sid)]
+                elif len(seen) < _BUCKET:     # a full bucket: later lists go the per-frame way
+                    seen.append((f, sid))
+            sids[i] = sid
         self._keep_alive.append(frame_lists)
         return sids
 
@@ -90,6 +98,7 @@ class FrameTable:
         self._stack_by_obj.clear()
         self._stack_by_ids.clear()
         self._child.clear()
+        self._stack_buckets.clear()
         self._keep_alive.clear()
 
     def stack_id(self, frames: Any, record: str) -> int:
