@@ -6,8 +6,9 @@ whatever the input makes the parser do, this process neither runs out of memory 
 child sends back plain columns in a format that cannot carry code (a JSON header, then raw numeric
 arrays whose dtypes the header names from a fixed list); errors come back as their fields.
 
-Only on Linux (where ``RLIMIT_AS`` is enforced and fork is safe for this use); elsewhere
-``available()`` is False and callers parse in-process.
+Only on Linux (where ``RLIMIT_AS`` is enforced and fork is safe for this use); elsewhere, or with
+``ALLOCSIM_NO_ISOLATION=1`` in the environment (to debug a parser), ``available()`` is False and
+callers parse in-process with the pure-Python unpickler.
 """
 
 from __future__ import annotations
