@@ -76,6 +76,31 @@ def _expand_frees(rec: Records) -> tuple[np.ndarray, np.ndarray]:
     return rows, mop
 
 
+def _group_order(rec: Records, rows: np.ndarray, req: np.ndarray) -> np.ndarray:
+    """Positions in ``req`` (request micro-ops) sorted by (device, addr), feed order within each.
+
+    Sorting the source rows and expanding them is cheaper than sorting the micro-ops: a row's
+    micro-ops (request, then completion) are adjacent in feed order anyway.
+    """
+    op = rec.op
+    row_req = (op == _A) | (op == _R) | (op == _C) | (op == OP_FREE)
+    src = np.flatnonzero(row_req)
+    dev, addr = rec.device[src], rec.addr[src]
+    if len(dev) and int(dev.min()) == int(dev.max()):
+        row_order = np.argsort(addr, kind="stable")       # one device: a stable sort keeps feed order
+    else:
+        row_order = np.lexsort((src, addr, dev))
+    sorted_rows = src[row_order]
+    reps = np.where(op == OP_FREE, 2, 1)
+    first_micro = np.cumsum(reps) - reps                   # micro-op index of each row's first micro-op
+    counts = reps[sorted_rows]
+    starts = np.cumsum(counts) - counts
+    micro = np.repeat(first_micro[sorted_rows], counts) + (np.arange(int(counts.sum())) - np.repeat(starts, counts))
+    position_in_req = np.empty(len(rows), dtype=np.int64)
+    position_in_req[req] = np.arange(len(req))
+    return position_in_req[micro]
+
+
 def build_columns(rec: Records, *, first_alloc_id: int = 0) -> Built | None:
     """Turn ``rec`` into trace columns, or return None when the records need the sequential builder."""
     n = len(rec)
@@ -102,12 +127,9 @@ def build_columns(rec: Records, *, first_alloc_id: int = 0) -> Built | None:
 
     # Group the request micro-ops by (device, addr), in feed order inside each group.
     req = np.flatnonzero(is_req)
+    order = _group_order(rec, rows, req)
     dev_r = rec.device[rows[req]]
     addr_r = rec.addr[rows[req]]
-    if len(dev_r) and int(dev_r.min()) == int(dev_r.max()):
-        order = np.argsort(addr_r, kind="stable")      # one device: a stable sort keeps feed order
-    else:
-        order = np.lexsort((req, addr_r, dev_r))
     g_dev, g_addr = dev_r[order], addr_r[order]
     g_op = mop[req][order]
     g_size = size[req][order]

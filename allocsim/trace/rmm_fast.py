@@ -96,7 +96,8 @@ def _hex_fast(values) -> tuple[np.ndarray, np.ndarray] | None:
 def _hex_column(values) -> tuple[np.ndarray, np.ndarray] | None:
     """``_hex_fast`` over the distinct values when they are few (streams), else over all rows."""
     array = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-    if len(array) > 1024:
+    # Encode only when a sample says the values are few (streams), not for distinct pointers.
+    if len(array) > 1024 and len(pc.unique(array.slice(0, 4096))) * 16 < 4096:
         encoded = pc.dictionary_encode(array)
         if len(encoded.dictionary) * 16 < len(array):
             got = _hex_fast(encoded.dictionary) or _hex(pa.chunked_array([encoded.dictionary]))
