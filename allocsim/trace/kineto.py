@@ -15,12 +15,27 @@ Times: ``ts`` is in microseconds (an int, a float, or a decimal string such as
 as their decimal text, never rounded through binary floating point; digits below 1 ns are rounded
 half-even). Chrome traces need not be sorted: events are fed in (ts, position in file) order.
 
-Devices: a trace may mix devices. ``device`` is CUDA device N -> N, CPU -> -1, any other device type
-T with index I -> ``-(256 * T + I + 1)`` (so never -1 or >= 0). Kineto records no stream: every event
-has stream 0. Markers carry the lowest CUDA device of the trace, else CPU (-1). The mapping, the
-device types seen, and a per-device ``Total Allocated`` cross-check go to ``meta.version_hints``.
+Devices: a trace may mix devices. ``device`` is GPU device N -> N (CUDA, Device Type 1, and ROCm
+builds' HIP, Device Type 6), CPU -> -1, any other device type T with index I ->
+``-(256 * T + I + 1)`` (so never -1 or >= 0). Kineto records no stream: every event has stream 0.
+Markers carry the lowest GPU device of the trace, else CPU (-1). The mapping, the device types
+seen, and a per-device ``Total Allocated`` cross-check go to ``meta.version_hints``.
 
-Frees of blocks allocated before profiling began become initial-state allocations of ``|Bytes|``.
+Recorded totals: ``Total Allocated`` / ``Total Reserved`` after each ``[memory]`` event are kept in
+``Trace.recorded_series`` (with the index of the event they follow), and each GPU device's peaks,
+first and last reserved bytes are stored as a ``RecordedRun`` (``allocsim.trace.recorded``).
+
+Frames: Kineto records no allocation stacks. Each ``[memory]`` event gets pseudo-frames: the CPU
+ops (``cpu_op``, ``user_annotation``; filename "" and line 0, name = the op name) and Python
+functions (``python_function``, recorded with ``with_stack``: file and line from their name) that
+contain it in time on its thread, innermost first, so memory can be attributed by operator.
+
+The 2021 format (``[memory]`` events without ``Addr``) is refused: frees cannot be matched to
+allocations without it. Frees of blocks allocated before profiling began become initial-state
+allocations of ``|Bytes|``.
+
+Decoding uses ``msgspec`` (only the events the reader keeps are converted; see ``kineto_fast``),
+falling back to the standard library for anything unusual, which names the problem.
 
 Bad input (not JSON, corrupt gzip, no ``traceEvents``, a memory event without a numeric integer
 ``Addr``/``Bytes``, an absurd size) raises ``TraceFormatError`` naming the file, the record
@@ -346,12 +361,10 @@ def read_kineto(path, *, lenient: bool = False, limits: Limits | None = None) ->
     not_objects = n_objects
     step_seen: set[str] = set()
     duplicate_steps = 0
-    with_addr = without_addr = 0
 
     _refuse_without_addr(path, selected)
     for pos, ev in selected:
         if isinstance(ev, _Rec):     # a well-formed [memory] event, already parsed
-            with_addr += 1
             device_types.setdefault(ev.label_type, set()).add(ev.label_index)
             ev.label_type = ev.label_index = None
             if ev.nbytes == 0:
@@ -364,12 +377,6 @@ def read_kineto(path, *, lenient: bool = False, limits: Limits | None = None) ->
         name = ev.get("name")
         record = where.format(pos)
         if name == MEMORY_EVENT or name == OOM_EVENT:
-            args = ev.get("args")
-            if name == MEMORY_EVENT and isinstance(args, dict):
-                if "Addr" in args:
-                    with_addr += 1
-                else:
-                    without_addr += 1
             rec = _parse_memory(builder, record, ev, name == OOM_EVENT, device_types)
             if rec is None:
                 continue

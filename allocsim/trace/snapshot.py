@@ -18,10 +18,18 @@ the window to the state at its START (``initial_allocs``, ``initial_segments``, 
   only exists before an unmap takes the pool of the nearest mapped range of its stream;
 * initial blocks tile each initial segment: live initial allocations, free gaps between them.
 
-Nothing in the file is trusted: the pickle is loaded by ``safe_pickle`` (no globals), every entry is
-type- and range-checked and a bad one raises ``TraceFormatError`` naming ``device D entry I`` (under
-``lenient`` it is skipped and listed in ``meta.repairs``). A final state that does not fit the
-window is reported in ``meta.notes`` and leaves ``initial_blocks`` empty instead of failing.
+Nothing in the file is trusted: the pickle is loaded with every global refused, in a forked child
+under an address-space cap and a deadline (``isolate``; the C unpickler first, the pure-Python one
+of ``safe_pickle`` when that fails or is stopped), every entry is type- and range-checked and a bad
+one raises ``TraceFormatError`` naming ``device D entry I`` (under ``lenient`` it is skipped and
+listed in ``meta.repairs``). A final state that does not fit the window is reported in
+``meta.notes`` and leaves ``initial_blocks`` empty instead of failing.
+
+Well-formed files take a columnar path (``snapshot_fast`` reads the entries as columns,
+``columnar.build_columns`` builds the events); anything to report or repair goes through the
+entry-by-entry reference path below. Both keep every entry's and block's stack frames
+(``Trace.frames`` / ``Trace.stacks``, one ``stack_id`` per event, initial allocation and block).
+Work on the assembled trace (inference of the real run) belongs in ``finish_snapshot_trace``.
 """
 
 from __future__ import annotations
