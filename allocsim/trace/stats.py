@@ -25,7 +25,10 @@ def live_bytes_series(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     window_delta = np.where(is_alloc, size, 0) - np.where(is_done & ~is_baseline, size, 0)
     baseline_delta = -np.where(is_baseline, size, 0)
     baseline_total = _exact_sum(trace.initial_allocs["size_bytes"].to_numpy())
-    if _exact_sum(np.where(is_alloc, size, 0)) + baseline_total >= _INT64_LIMIT:
+    n_allocs = int(np.count_nonzero(is_alloc))
+    largest = max(int(size.max()) if len(size) else 0, 0)
+    if (n_allocs * largest + baseline_total >= _INT64_LIMIT
+            and _exact_sum(np.where(is_alloc, size, 0)) + baseline_total >= _INT64_LIMIT):
         # Live bytes could pass 2**63 (only crafted traces): sum in Python integers, never wrap.
         window = np.cumsum(window_delta.astype(object))
         total = window + baseline_total + np.cumsum(baseline_delta.astype(object))
