@@ -8,6 +8,8 @@ latency with a ``CostModel``. The validation harness replaces it with a real CUD
 
 from __future__ import annotations
 
+from sortedcontainers import SortedList
+
 from .errors import AllocsimError
 from .units import MiB, align_up
 
@@ -59,6 +61,11 @@ class SimulatedDevice:
         # cudaMallocs should get, and a count of device calls to refuse as if the GPU were full.
         self._address_hints: list[tuple[int, int]] = []
         self._address_plan: list[tuple[int, int]] = []   # reversed: the next planned address is last
+        # Start addresses of every occupied range (cudaMalloc'd, adopted, reserved virtual) and of
+        # every mapped range, sorted: overlap and containment checks cost O(log n), whatever
+        # addresses a recorded trace holds.
+        self._occupied_starts = SortedList()
+        self._mapped_starts = SortedList()
         self._refuse: int | None = 0
         self.n_adopted = 0
         self.adopted_bytes = 0
@@ -103,6 +110,7 @@ class SimulatedDevice:
         self._sizes[addr] = footprint
         if backing is not None:
             self._backing[addr] = backing
+        self._occupied_starts.add(addr)
         self.reserved_bytes += footprint
         if self.reserved_bytes > self.peak_reserved_bytes:
             self.peak_reserved_bytes = self.reserved_bytes
@@ -162,6 +170,7 @@ class SimulatedDevice:
         self._sizes[addr] = size_bytes
         if backing is not None:
             self._backing[addr] = backing
+        self._occupied_starts.add(addr)
         self._grow_reserved(size_bytes)
         self._next_addr = max(self._next_addr, align_up(addr + size_bytes, DEVICE_ALIGNMENT_BYTES))
         self.n_adopted += 1
@@ -176,19 +185,21 @@ class SimulatedDevice:
         self._address_spaces[addr] = size_bytes
         if backing is not None:
             self._backing[addr] = backing
+        self._occupied_starts.add(addr)
         self._next_addr = max(self._next_addr, align_up(addr + size_bytes, DEVICE_ALIGNMENT_BYTES))
 
     def adopt_mapped(self, addr: int, size_bytes: int) -> None:
         """Take over mapped pages inside an adopted virtual range; they count in ``reserved_bytes``."""
         if size_bytes <= 0:
             raise ValueError(f"cannot adopt a mapping of {size_bytes} bytes")
-        if not any(base <= addr and addr + size_bytes <= base + size
-                   for base, size in self._address_spaces.items()):
+        base = self._range_before(self._occupied_starts, addr + 1)
+        if base is None or base not in self._address_spaces or addr + size_bytes > base + self._address_spaces[base]:
             raise ValueError(f"mapping [{addr:#x}, +{size_bytes}) lies in no reserved address range")
-        if any(start < addr + size_bytes and addr < start + length for start, length in self._mapped.items()):
+        start = self._range_before(self._mapped_starts, addr + size_bytes)
+        if start is not None and start + self._mapped[start] > addr:
             raise ValueError(f"mapping [{addr:#x}, +{size_bytes}) overlaps mapped pages")
         self._back_map(addr, size_bytes, timed=False)
-        self._mapped[addr] = size_bytes
+        self._set_mapped(addr, size_bytes)
         self._grow_reserved(size_bytes)
         self.adopted_bytes += size_bytes
         self._after_call()
@@ -230,6 +241,21 @@ class SimulatedDevice:
             return True
         return False
 
+    @staticmethod
+    def _range_before(starts: SortedList, end: int) -> int | None:
+        """The largest start below ``end`` (ranges are disjoint, so the only one that can overlap)."""
+        k = starts.bisect_left(end) - 1
+        return starts[k] if k >= 0 else None
+
+    def _set_mapped(self, addr: int, size_bytes: int) -> None:
+        if addr not in self._mapped:
+            self._mapped_starts.add(addr)
+        self._mapped[addr] = size_bytes
+
+    def _drop_mapped(self, addr: int) -> int:
+        self._mapped_starts.remove(addr)
+        return self._mapped.pop(addr)
+
     def _hinted_address(self, footprint: int) -> int | None:
         plan = self._address_plan
         if plan:
@@ -247,12 +273,13 @@ class SimulatedDevice:
         return None
 
     def _overlaps(self, addr: int, size_bytes: int) -> bool:
-        end = addr + size_bytes
-        for ranges in (self._sizes, self._address_spaces):
-            for start, length in ranges.items():
-                if start < end and addr < start + length:
-                    return True
-        return False
+        start = self._range_before(self._occupied_starts, addr + size_bytes)
+        if start is None:
+            return False
+        length = self._sizes.get(start)
+        if length is None:
+            length = self._address_spaces[start]
+        return start + length > addr
 
     def _grow_reserved(self, size_bytes: int) -> None:
         self.reserved_bytes += size_bytes
@@ -263,6 +290,7 @@ class SimulatedDevice:
         """cudaFree: release the range at ``addr`` (device-wide synchronisation is the cost model's)."""
         footprint = self._sizes.pop(addr)
         self._back_free(self._backing.pop(addr, None), footprint)
+        self._occupied_starts.remove(addr)
         self.reserved_bytes -= footprint
         self.n_frees += 1
         self.freed_bytes += footprint
@@ -277,15 +305,17 @@ class SimulatedDevice:
         self._address_spaces[addr] = size_bytes
         if backing is not None:
             self._backing[addr] = backing
+        self._occupied_starts.add(addr)
         return addr
 
     def release_address_space(self, addr: int) -> None:
         """cuMemAddressFree: drop a virtual range; every page in it must already be unmapped."""
-        size_bytes = self._address_spaces.pop(addr)
-        end = addr + size_bytes
-        if any(addr <= start < end for start in self._mapped):
-            self._address_spaces[addr] = size_bytes
+        size_bytes = self._address_spaces[addr]
+        k = self._mapped_starts.bisect_left(addr)
+        if k < len(self._mapped_starts) and self._mapped_starts[k] < addr + size_bytes:
             raise ValueError(f"address range {addr:#x} still has mapped pages")
+        del self._address_spaces[addr]
+        self._occupied_starts.remove(addr)
         self._back_release(self._backing.pop(addr, None))
 
     def map(self, addr: int, size_bytes: int) -> None:
@@ -307,7 +337,7 @@ class SimulatedDevice:
         except DeviceOutOfMemory:
             self.n_failed_maps += 1
             raise
-        self._mapped[addr] = size_bytes
+        self._set_mapped(addr, size_bytes)
         self.reserved_bytes += size_bytes
         if self.reserved_bytes > self.peak_reserved_bytes:
             self.peak_reserved_bytes = self.reserved_bytes
@@ -327,12 +357,12 @@ class SimulatedDevice:
         cursor = addr
         while cursor < end:
             start = self._mapped_range_containing(cursor)
-            length = self._mapped.pop(start)
+            length = self._drop_mapped(start)
             if start < cursor:
-                self._mapped[start] = cursor - start
+                self._set_mapped(start, cursor - start)
             range_end = start + length
             if range_end > end:
-                self._mapped[end] = range_end - end
+                self._set_mapped(end, range_end - end)
             cursor = min(range_end, end)
         self._back_unmap(addr, size_bytes)
         self.reserved_bytes -= size_bytes
@@ -341,8 +371,7 @@ class SimulatedDevice:
         self._after_call()
 
     def _mapped_range_containing(self, addr: int) -> int:
-        # Linear in the number of mapped ranges: unmaps are rare (cache release), maps stay fast.
-        for start, length in self._mapped.items():
-            if start <= addr < start + length:
-                return start
+        start = self._range_before(self._mapped_starts, addr + 1)
+        if start is not None and addr < start + self._mapped[start]:
+            return start
         raise ValueError(f"address {addr:#x} is not mapped")

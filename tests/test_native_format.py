@@ -139,7 +139,8 @@ def test_csv_time_going_back_and_non_numeric(tmp_path):
 def test_csv_missing_column(tmp_path):
     path, lines = _csv_lines(tmp_path)
     header, cols, rows = lines[0], lines[1], lines[2:]
-    strip = lambda line: ",".join(line.split(",")[:-1])  # noqa: E731  drop the device column
+    device_col = cols.split(",").index("device")
+    strip = lambda line: ",".join(p for i, p in enumerate(line.split(",")) if i != device_col)  # noqa: E731
     path.write_text("\n".join([header, strip(cols)] + [strip(r) for r in rows]) + "\n")
     with pytest.raises(TraceFormatError, match=r"missing columns \['device'\]"):
         read_trace(path)

@@ -202,15 +202,17 @@ class RealDevice(SimulatedDevice):
 
     def close(self) -> None:
         """Free everything still allocated, mapped or reserved (the policy's cache included)."""
-        for start, length in list(self._mapped.items()):
+        for start in list(self._mapped):
+            length = self._drop_mapped(start)
             self._raw_unmap(self.real_pointer(start), length)
             self.reserved_bytes -= length
-        self._mapped.clear()
         for base in list(self._address_spaces):
             del self._address_spaces[base]
+            self._occupied_starts.remove(base)
             self._raw_release(self._backing.pop(base)[0])
         for addr in list(self._sizes):
             footprint = self._sizes.pop(addr)
+            self._occupied_starts.remove(addr)
             self._raw_free(self._backing.pop(addr)[0])
             self.reserved_bytes -= footprint
         self._sample()

@@ -10,6 +10,7 @@ from typing import Any
 from ..cost import CostModel
 from ..errors import AllocsimError
 from ..trace import Trace, read_trace
+from ..trace.limits import DEFAULT_LIMITS, Limits, parse_limit_options
 
 
 def add_trace_args(parser: argparse.ArgumentParser) -> None:
@@ -17,11 +18,26 @@ def add_trace_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", metavar="TRACE", help="trace file (PyTorch snapshot, Kineto JSON, RMM CSV, allocsim Parquet/CSV)")
     parser.add_argument("--lenient", action="store_true",
                         help="repair what can be repaired in a bad trace (every repair is reported) instead of failing")
+    parser.add_argument("--limits", action="append", metavar="KEY=VALUE",
+                        help="raise a cap on what a trace file may make the reader do, e.g. "
+                             "--limits events=5e8,memory_bytes=64GiB (caps: " + ", ".join(Limits.names()) + ")")
+    parser.add_argument("--max-events", metavar="N", help="same as --limits events=N")
+    parser.add_argument("--max-decompressed", metavar="SIZE", help="same as --limits decompressed_bytes=SIZE")
+
+
+def trace_limits(args: argparse.Namespace) -> Limits:
+    """The ``Limits`` that ``--limits``, ``--max-events`` and ``--max-decompressed`` ask for."""
+    overrides = parse_limit_options(getattr(args, "limits", None))
+    if getattr(args, "max_events", None) is not None:
+        overrides["events"] = args.max_events
+    if getattr(args, "max_decompressed", None) is not None:
+        overrides["decompressed_bytes"] = args.max_decompressed
+    return DEFAULT_LIMITS.with_overrides(overrides)
 
 
 def load_trace(args: argparse.Namespace) -> Trace:
-    """Read ``args.trace`` honouring ``--lenient``."""
-    return read_trace(args.trace, lenient=args.lenient)
+    """Read ``args.trace`` honouring ``--lenient`` and the limit options."""
+    return read_trace(args.trace, lenient=args.lenient, limits=trace_limits(args))
 
 
 def select_device(trace: Trace, device: int | None) -> Trace:

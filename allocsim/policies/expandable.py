@@ -30,9 +30,10 @@ DEFAULT_ADDRESS_SPACE_BYTES = 90 * GiB
 class UnmappedRanges:
     """Unmapped page ranges of one pool's expandable segments, address-ordered per stream."""
 
-    __slots__ = ("size_at", "start_ending_at", "by_stream", "stream_at")
+    __slots__ = ("size_at", "start_ending_at", "by_stream", "stream_at", "total_bytes")
 
     def __init__(self) -> None:
+        self.total_bytes = 0          # kept up to date: summing the ranges on every query is O(n)
         self.size_at: dict[int, int] = {}
         self.start_ending_at: dict[int, int] = {}
         self.stream_at: dict[int, int] = {}
@@ -49,6 +50,7 @@ class UnmappedRanges:
         if end not in segment_starts and end in self.size_at:
             size_bytes += self.take(end)
         self.size_at[addr] = size_bytes
+        self.total_bytes += size_bytes
         self.start_ending_at[addr + size_bytes] = addr
         self.stream_at[addr] = stream
         self.by_stream.setdefault(stream, SortedList()).add(addr)
@@ -56,6 +58,7 @@ class UnmappedRanges:
     def take(self, addr: int) -> int:
         """Remove the unmapped range starting at ``addr``; return its size."""
         size_bytes = self.size_at.pop(addr)
+        self.total_bytes -= size_bytes
         del self.start_ending_at[addr + size_bytes]
         self.by_stream[self.stream_at.pop(addr)].remove(addr)
         return size_bytes
@@ -200,4 +203,4 @@ class ExpandableSegments:
 
     def mapped_bytes(self) -> int:
         """Bytes of this pool's segments that are mapped (segment bytes minus unmapped ranges)."""
-        return self.pool.segment_bytes - sum(self.unmapped.size_at.values())
+        return self.pool.segment_bytes - self.unmapped.total_bytes

@@ -158,6 +158,14 @@ def allocator_settings_to_kwargs(settings: Mapping[str, Any] | None) -> dict[str
     """
     if not settings:
         return {}
+    from ..trace.settings import setting_problem
+
+    for key in ("max_split_size", "garbage_collection_threshold", "expandable_segments",
+                "roundup_power2_divisions"):
+        if key in settings:
+            problem = setting_problem(key, settings[key])
+            if problem is not None:
+                raise ValueError(f"allocator setting {key} {problem}")
     kwargs: dict[str, Any] = {}
     if "max_split_size" in settings:
         value = int(settings["max_split_size"])

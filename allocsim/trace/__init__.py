@@ -8,15 +8,18 @@ and allocsim's own Parquet and CSV. The format is detected from the content.
 from __future__ import annotations
 
 import os
+import zlib
 from typing import Callable
 
 from ..errors import TraceFormatError
 from .detect import FORMATS, detect_format
+from .limits import DEFAULT_LIMITS, LimitExceeded, Limits, os_error, quote
+from .validate import check_live_bytes, check_time_range
 from .schema import EVENT_DTYPES, EventKind, Trace, TraceMeta, check_schema
 
 __all__ = [
     "EventKind", "Trace", "TraceMeta", "EVENT_DTYPES", "FORMATS",
-    "read_trace", "write_trace", "detect_format", "check_schema",
+    "read_trace", "write_trace", "detect_format", "check_schema", "Limits", "LimitExceeded",
 ]
 
 
@@ -40,24 +43,32 @@ def _reader(fmt: str) -> Callable[..., Trace]:
     raise ValueError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
 
 
-def read_trace(path: str | os.PathLike, *, format: str | None = None, lenient: bool = False) -> Trace:
+def read_trace(path: str | os.PathLike, *, format: str | None = None, lenient: bool = False,
+               limits: Limits | None = None) -> Trace:
     """Read the trace at ``path``; bad input raises ``TraceFormatError`` naming file, record and reason.
 
     With ``lenient=True`` readers repair what they can (documented per reader) and list every
-    repair in ``trace.meta.repairs`` instead of raising.
+    repair in ``trace.meta.repairs`` instead of raising. ``limits`` caps what the file may make a
+    reader do (``allocsim.trace.limits.Limits``; an exceeded cap raises ``LimitExceeded``).
     """
     path = os.fspath(path)
+    limits = limits or DEFAULT_LIMITS
     fmt = format or detect_format(path)
     try:
-        return _reader(fmt)(path, lenient=lenient)
+        trace = _reader(fmt)(path, lenient=lenient, limits=limits)
     except TraceFormatError:
         raise
-    except (OSError, EOFError, UnicodeDecodeError, MemoryError, RecursionError) as exc:
-        raise TraceFormatError(path, None, f"cannot read as {fmt}: {type(exc).__name__}: {exc}") from None
+    except (OSError, EOFError, zlib.error) as exc:
+        raise os_error(path, exc) from None
+    except (UnicodeDecodeError, MemoryError, RecursionError) as exc:
+        raise TraceFormatError(path, None, f"cannot read as {fmt}: {type(exc).__name__}: {quote(str(exc))}") from None
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as exc:
         # Readers name the record for every failure they foresee; this net keeps a damaged file
         # the reader did not foresee from ever surfacing as a traceback.
-        raise TraceFormatError(path, None, f"malformed {fmt} data: {type(exc).__name__}: {exc}") from None
+        raise TraceFormatError(path, None, f"malformed {fmt} data: {type(exc).__name__}: {quote(str(exc))}") from None
+    check_time_range(path, trace.events["t_ns"].to_numpy())
+    check_live_bytes(path, trace)
+    return trace
 
 
 def write_trace(trace: Trace, path: str | os.PathLike) -> None:

@@ -8,11 +8,14 @@ when lenient, repairs and reports) double frees, size mismatches, absurd sizes a
 
 from __future__ import annotations
 
+import os
+import struct
 from typing import Any
 
 import numpy as np
 
 from ..errors import TraceFormatError
+from .limits import quote
 from .schema import (
     DECISION_DTYPES,
     EVENT_DTYPES,
@@ -30,6 +33,18 @@ MAX_SIZE_BYTES = 1 << 50
 MAX_REPORTED_REPAIRS = 200
 
 _LIVE, _PENDING = 0, 1
+_KEY = struct.Struct("<qq")
+#: Address keys are salted bytes: bytes hash with the per-process random key, so a file cannot
+#: choose addresses whose hashes collide (ints hash to themselves).
+_SALT = os.urandom(8)
+
+
+def _key(device: int, addr: int) -> bytes:
+    return _SALT + _KEY.pack(device, addr)
+
+
+def _unkey(key: bytes) -> tuple[int, int]:
+    return _KEY.unpack(key[len(_SALT):])
 
 
 class TraceBuilder:
@@ -41,12 +56,13 @@ class TraceBuilder:
         self.lenient = lenient
         self._cols: dict[str, list[int]] = {name: [] for name in EVENT_DTYPES}
         self._initial: dict[str, list[int]] = {name: [] for name in INITIAL_ALLOC_DTYPES}
+        self._stack = -1   # stack id given to the events of the call in progress
         self._decisions: dict[str, list[Any]] = {name: [] for name in DECISION_DTYPES}
         self.labels: list[str] = []
         self._label_index: dict[str, int] = {}
-        # (device, addr) -> [alloc_id, size_bytes, state]
-        self._live: dict[tuple[int, int], list[int]] = {}
-        self._freed_addrs: set[tuple[int, int]] = set()
+        # _key(device, addr) -> [alloc_id, size_bytes, state]
+        self._live: dict[bytes, list[int]] = {}
+        self._freed_addrs: set[bytes] = set()
         self._next_id = 0
         self._last_t_ns: int | None = None
         self._repair_count = 0
@@ -72,9 +88,9 @@ class TraceBuilder:
     def check_size(self, record: int | str | None, size_bytes: int) -> int:
         """Reject negative or absurd sizes (a corrupt file must not make us allocate petabytes)."""
         if size_bytes < 0:
-            raise self.fail(record, f"negative size {size_bytes}")
+            raise self.fail(record, f"negative size {quote(size_bytes)}")
         if size_bytes > MAX_SIZE_BYTES:
-            raise self.fail(record, f"absurd size {size_bytes} bytes (> {MAX_SIZE_BYTES})")
+            raise self.fail(record, f"absurd size {quote(size_bytes)} bytes (> {MAX_SIZE_BYTES})")
         return size_bytes
 
     def _check_time(self, record: int | str | None, t_ns: int) -> int:
@@ -94,6 +110,7 @@ class TraceBuilder:
         cols["size_bytes"].append(size_bytes)
         cols["stream"].append(stream)
         cols["device"].append(device)
+        cols["stack_id"].append(self._stack)
         return len(cols["t_ns"]) - 1
 
     def _new_id(self) -> int:
@@ -101,11 +118,12 @@ class TraceBuilder:
         return self._next_id - 1
 
     def alloc(self, record, t_ns: int, device: int, stream: int, addr: int, size_bytes: int,
-              *, record_decision: bool = False) -> int:
+              *, record_decision: bool = False, stack_id: int = -1) -> int:
         """Record an allocation request at ``addr``; return its fresh allocation id."""
         t_ns = self._check_time(record, t_ns)
         self.check_size(record, size_bytes)
-        key = (device, addr)
+        self._stack = stack_id
+        key = _key(device, addr)
         if key in self._live:
             self.problem(record, f"allocation at address {addr:#x} which is still allocated",
                          "treated the old allocation as freed here")
@@ -116,13 +134,14 @@ class TraceBuilder:
         self._live[key] = [alloc_id, size_bytes, _LIVE]
         self._freed_addrs.discard(key)
         index = self._emit(t_ns, EventKind.ALLOC, alloc_id, size_bytes, stream, device)
+        self._stack = -1
         if record_decision:
             self.decision(index, t_ns, "alloc", addr, size_bytes, stream, device, alloc_id)
         return alloc_id
 
     def _lookup_for_free(self, record, t_ns: int, device: int, stream: int, addr: int,
                          size_bytes: int | None) -> list[int] | None:
-        key = (device, addr)
+        key = _key(device, addr)
         entry = self._live.get(key)
         if entry is None:
             if key in self._freed_addrs:
@@ -145,7 +164,7 @@ class TraceBuilder:
         return entry
 
     def _add_initial(self, alloc_id: int, size_bytes: int, stream: int, device: int, addr: int,
-                     block_size_bytes: int = -1) -> None:
+                     block_size_bytes: int = -1, stack_id: int = -1) -> None:
         init = self._initial
         init["alloc_id"].append(alloc_id)
         init["size_bytes"].append(size_bytes)
@@ -153,19 +172,22 @@ class TraceBuilder:
         init["device"].append(device)
         init["addr"].append(addr)
         init["block_size_bytes"].append(block_size_bytes)
+        init["stack_id"].append(stack_id)
 
     def initial_alloc(self, device: int, stream: int, addr: int, size_bytes: int,
-                      block_size_bytes: int = -1) -> int:
+                      block_size_bytes: int = -1, stack_id: int = -1) -> int:
         """Declare an allocation alive before the window (e.g. from a snapshot's final state)."""
         alloc_id = self._new_id()
-        self._add_initial(alloc_id, size_bytes, stream, device, addr, block_size_bytes)
-        self._live[(device, addr)] = [alloc_id, size_bytes, _LIVE]
+        self._add_initial(alloc_id, size_bytes, stream, device, addr, block_size_bytes, stack_id)
+        self._live[_key(device, addr)] = [alloc_id, size_bytes, _LIVE]
         return alloc_id
 
     def free_requested(self, record, t_ns: int, device: int, stream: int, addr: int,
-                       size_bytes: int | None = None, *, record_decision: bool = False) -> int | None:
+                       size_bytes: int | None = None, *, record_decision: bool = False,
+                       stack_id: int = -1) -> int | None:
         """Record that the program freed the block at ``addr`` (reuse may wait for its stream)."""
         t_ns = self._check_time(record, t_ns)
+        self._stack = stack_id
         entry = self._lookup_for_free(record, t_ns, device, stream, addr, size_bytes)
         if entry is None:
             return None
@@ -174,15 +196,18 @@ class TraceBuilder:
             return None
         entry[2] = _PENDING
         index = self._emit(t_ns, EventKind.FREE_REQUESTED, entry[0], entry[1], stream, device)
+        self._stack = -1
         if record_decision:
             self.decision(index, t_ns, "free_requested", addr, entry[1], stream, device, entry[0])
         return entry[0]
 
     def free_completed(self, record, t_ns: int, device: int, stream: int, addr: int,
-                       size_bytes: int | None = None, *, record_decision: bool = False) -> int | None:
+                       size_bytes: int | None = None, *, record_decision: bool = False,
+                       stack_id: int = -1) -> int | None:
         """Record that the block at ``addr`` is reusable again."""
         t_ns = self._check_time(record, t_ns)
-        key = (device, addr)
+        self._stack = stack_id
+        key = _key(device, addr)
         entry = self._live.get(key)
         if entry is None or entry[2] != _PENDING:
             if entry is None and key not in self._freed_addrs and size_bytes is not None:
@@ -197,26 +222,29 @@ class TraceBuilder:
                 entry[2] = _PENDING
                 self._emit(t_ns, EventKind.FREE_REQUESTED, entry[0], entry[1], stream, device)
             else:
+                self._stack = -1
                 self.problem(record, f"free completed at {addr:#x} which is not allocated", "dropped it")
                 return None
         del self._live[key]
         self._freed_addrs.add(key)
         index = self._emit(t_ns, EventKind.FREE_COMPLETED, entry[0], entry[1], stream, device)
+        self._stack = -1
         if record_decision:
             self.decision(index, t_ns, "free_completed", addr, entry[1], stream, device, entry[0])
         return entry[0]
 
     def free(self, record, t_ns: int, device: int, stream: int, addr: int,
-             size_bytes: int | None = None) -> int | None:
+             size_bytes: int | None = None, *, stack_id: int = -1) -> int | None:
         """Record a free the source does not split in two: requested and completed at once."""
-        alloc_id = self.free_requested(record, t_ns, device, stream, addr, size_bytes)
+        alloc_id = self.free_requested(record, t_ns, device, stream, addr, size_bytes, stack_id=stack_id)
         if alloc_id is None:
             return None
-        return self.free_completed(record, t_ns, device, stream, addr)
+        return self.free_completed(record, t_ns, device, stream, addr, stack_id=stack_id)
 
     def empty_cache(self, record, t_ns: int, device: int, stream: int = 0) -> None:
         """Record the program's explicit cache release."""
         t_ns = self._check_time(record, t_ns)
+        self._stack = -1
         self._emit(t_ns, EventKind.EMPTY_CACHE, -1, 0, stream, device)
 
     def marker(self, record, t_ns: int, label: str, device: int = 0, stream: int = 0, size_bytes: int = 0) -> None:
@@ -225,6 +253,7 @@ class TraceBuilder:
         if label not in self._label_index:
             self._label_index[label] = len(self.labels)
             self.labels.append(label)
+        self._stack = -1
         self._emit(t_ns, EventKind.MARKER, self._label_index[label], size_bytes, stream, device)
 
     def decision(self, event_index: int, t_ns: int, action: str, addr: int, size_bytes: int,
@@ -253,7 +282,7 @@ class TraceBuilder:
 
     def live_items(self):
         """(device, addr) -> (alloc_id, size_bytes, pending) for allocations alive now."""
-        return {key: (v[0], v[1], v[2] == _PENDING) for key, v in self._live.items()}
+        return {_unkey(key): (v[0], v[1], v[2] == _PENDING) for key, v in self._live.items()}
 
     # ----------------------------------------------------------------- result
     def finish(self, **side_tables) -> Trace:

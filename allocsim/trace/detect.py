@@ -2,34 +2,19 @@
 
 from __future__ import annotations
 
-import gzip
 import os
 
 from ..errors import TraceFormatError
+from .limits import check_regular_file, read_head
 
 FORMATS = ("pytorch-snapshot", "kineto", "rmm-csv", "allocsim-parquet", "allocsim-csv")
-
-
-def _head(path: str, n_bytes: int = 4096) -> bytes:
-    with open(path, "rb") as fh:
-        head = fh.read(n_bytes)
-    if head[:2] == b"\x1f\x8b":
-        try:
-            with gzip.open(path, "rb") as fh:
-                return fh.read(n_bytes)
-        except (OSError, EOFError) as exc:
-            raise TraceFormatError(path, None, f"corrupt gzip data: {exc}") from None
-    return head
 
 
 def detect_format(path: str | os.PathLike) -> str:
     """Return one of ``FORMATS`` for the file at ``path``, or raise ``TraceFormatError`` saying why not."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise TraceFormatError(path, None, "no such file")
-    if os.path.getsize(path) == 0:
-        raise TraceFormatError(path, None, "empty file")
-    head = _head(path)
+    check_regular_file(path)   # one line for a directory, FIFO, device file, missing or unreadable file
+    head = read_head(path)
     if not head:
         raise TraceFormatError(path, None, "empty file (after decompression)")
     if head[:4] == b"PAR1":

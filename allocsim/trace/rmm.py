@@ -27,14 +27,25 @@ free with a bad size uses the allocated size, other bad rows are skipped; each i
 
 from __future__ import annotations
 
-import gzip
 import io
 import re
 import zlib
 
+import numpy as np
+
 from ..errors import TraceFormatError
 from .builder import MAX_SIZE_BYTES, TraceBuilder
-from .schema import Trace
+from .columnar import OP_ALLOC, OP_FREE, OP_NONE, Records, build_columns
+from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, open_binary, read_bytes
+from .rmm_fast import rmm_columns
+from .schema import (
+    DECISION_DTYPES,
+    EVENT_DTYPES,
+    INITIAL_ALLOC_DTYPES,
+    Trace,
+    check_schema,
+    frame_from_columns,
+)
 
 HEADER = ("thread", "time", "action", "pointer", "size", "stream")
 REQUIRED = ("action", "pointer", "size")
@@ -76,23 +87,104 @@ def parse_hex(text: str) -> tuple[int, bool] | None:
     return value, bool(m.group(1))
 
 
-def _lines(path: str):
-    """Yield (line number, text) of the file, gzip or not, decoding bad bytes as U+FFFD."""
-    with open(path, "rb") as raw:
-        magic = raw.read(2)
-        raw.seek(0)
-        stream = gzip.GzipFile(fileobj=raw, mode="rb") if magic == b"\x1f\x8b" else raw
-        text = io.TextIOWrapper(stream, encoding="utf-8", errors="replace", newline=None)
-        for number, line in enumerate(text, start=1):
-            yield number, line
+def _lines(source):
+    """Yield (line number, text) of a binary stream, decoding bad bytes as U+FFFD."""
+    text = io.TextIOWrapper(source, encoding="utf-8", errors="replace", newline=None)
+    for number, line in enumerate(text, start=1):
+        yield number, line
 
 
-def read_rmm_csv(path, *, lenient: bool = False, device: int = 0) -> Trace:
+def _header_of(data: bytes) -> tuple[int, int, bytes] | None:
+    """(line number, byte offset after it, text) of the first non-empty line, or None."""
+    pos, number = 0, 0
+    while pos < len(data):
+        end = data.find(b"\n", pos)
+        end = len(data) if end < 0 else end + 1
+        number += 1
+        line = data[pos:end]
+        if line.strip():
+            return number, end, line
+        pos = end
+    return None
+
+
+def read_rmm_csv(path, *, lenient: bool = False, device: int = 0, limits: Limits | None = None) -> Trace:
     """Read an RMM logging_resource_adaptor CSV log into a ``Trace`` (see module doc)."""
     path = str(path)
+    limits = limits or DEFAULT_LIMITS
     if not -(1 << 15) <= int(device) < (1 << 15):
         raise ValueError(f"device {device} does not fit in int16")
     device = int(device)
+    try:
+        data = read_bytes(path, limits)
+    except LimitExceeded:
+        raise
+    except TraceFormatError:
+        data = None        # damaged: the line-by-line path reads what it can and says where it stopped
+    if data is not None:
+        trace = _read_columnar(path, data, device, limits)
+        if trace is not None:
+            return trace
+    source = io.BytesIO(data) if data is not None else open_binary(path, limits)
+    try:
+        return _read_lines(path, source, lenient, device, limits)
+    finally:
+        source.close()
+
+
+def _read_columnar(path: str, data: bytes, device: int, limits: Limits) -> Trace | None:
+    """The trace of a clean log from columns, or None when the line-by-line path must read it."""
+    head = _header_of(data)
+    if head is None:
+        return None
+    number, header_end, line = head
+    text = line.decode("utf-8", "replace").strip()
+    if number == 1:
+        text = text.lstrip("\ufeff")
+    fields = [f.strip() for f in text.split(",")]
+    columns = _parse_header(path, f"line {number}", fields)
+    cols = rmm_columns(data, columns, len(fields), header_end)
+    if cols is None:
+        return None
+    check_count(path, "events", len(cols.action), limits, "rows", None)
+    n = len(cols.action)
+    skip = (cols.pointer == 0) & (cols.action != 2)          # null pointer, size 0 (checked)
+    keep = np.flatnonzero(~skip)
+    t_ns = cols.t_ns if cols.t_ns is not None else np.arange(n, dtype=np.int64)
+    op = np.array([OP_ALLOC, OP_FREE, OP_NONE], dtype=np.uint8)[cols.action]
+    stream = cols.stream if cols.stream is not None else np.zeros(n, dtype=np.int64)
+    check_count(path, "streams", len(np.unique(stream)), limits, "streams", None)
+    rec = Records(t_ns=t_ns[keep], op=op[keep], device=np.full(len(keep), device, dtype=np.int64),
+                  stream=stream[keep], addr=cols.pointer[keep], size=cols.size[keep],
+                  stack_id=np.full(len(keep), -1, dtype=np.int32), label=np.zeros(len(keep), dtype=np.int64))
+    built = build_columns(rec)
+    if built is None:
+        return None
+    builder = TraceBuilder(path, "rmm-csv")
+    fail = np.flatnonzero(rec.op == OP_NONE)
+    decisions = {
+        "event_index": built.row_event[fail], "t_ns": rec.t_ns[fail],
+        "action": np.array(["oom"] * len(fail), dtype=object),
+        "addr": np.where(rec.addr[fail] != 0, rec.addr[fail], -1), "size_bytes": rec.size[fail],
+        "stream": rec.stream[fail], "device": rec.device[fail],
+        "alloc_id": np.full(len(fail), -1, np.int64), "device_free_bytes": np.full(len(fail), -1, np.int64)}
+    if built.orphan_frees:
+        builder.meta.notes.append(
+            f"{built.orphan_frees} frees of blocks allocated before the trace began; "
+            "they are in the initial state with the size the free reported")
+    trace = Trace(events=frame_from_columns(built.events, EVENT_DTYPES), meta=builder.meta,
+                  initial_allocs=frame_from_columns(built.initial, INITIAL_ALLOC_DTYPES),
+                  decisions=frame_from_columns(decisions, DECISION_DTYPES))
+    styles = {"time_separator": cols.time_separators, "pointer_0x": cols.pointer_0x, "stream_0x": cols.stream_0x}
+    threads = min(cols.threads, _MAX_THREADS_KEPT) if cols.threads is not None else 0
+    _describe(builder.meta, columns, len(fields), styles, threads, device, wraps=0,
+              failures=len(fail), null_zero=int(skip.sum()), rows=n)
+    check_schema(trace)
+    return trace
+
+
+def _read_lines(path: str, source, lenient: bool, device: int, limits: Limits) -> Trace:
+    """The reference path: one line at a time, naming the first bad line or repairing it."""
     builder = TraceBuilder(path, "rmm-csv", lenient=lenient)
     meta = builder.meta
 
@@ -109,7 +201,7 @@ def read_rmm_csv(path, *, lenient: bool = False, device: int = 0) -> Trace:
     styles = {"time_separator": set(), "pointer_0x": set(), "stream_0x": set()}
 
     try:
-        for number, line in _lines(path):
+        for number, line in _lines(source):
             line = line.strip()
             if number == 1:
                 line = line.lstrip("\ufeff")
@@ -221,7 +313,13 @@ def read_rmm_csv(path, *, lenient: bool = False, device: int = 0) -> Trace:
 
     if columns is None:
         raise TraceFormatError(path, None, "empty file (no header line)")
+    _describe(meta, columns, ncols, styles, len(threads), device, wraps, failures, null_zero, rows)
+    return builder.finish()
 
+
+def _describe(meta, columns: dict[str, int], ncols: int, styles: dict, threads: int, device: int,
+              wraps: int, failures: int, null_zero: int, rows: int) -> None:
+    """Version hints and notes of a log (both paths)."""
     hints = meta.version_hints
     hints["columns"] = [name for name, _ in sorted(columns.items(), key=lambda kv: kv[1])]
     if ncols > len(columns):
@@ -230,13 +328,13 @@ def read_rmm_csv(path, *, lenient: bool = False, device: int = 0) -> Trace:
     if seps:
         hints["time_format"] = "/".join(sorted(
             {".": "HH:MM:SS.micro (RMM >= 2021)", ":": "HH:MM:SS:micro (RMM < 2021)",
-             "": "HH:MM:SS"}[s] for s in seps))
+             "": "HH:MM:SS"}[s if s is not None else ""] for s in seps))
     for key in ("pointer_0x", "stream_0x"):
         if styles[key]:
             hints[key.replace("_0x", "_style")] = "/".join(
                 sorted("0x-prefixed hex" if v else "bare hex" for v in styles[key]))
     if threads:
-        hints["threads"] = len(threads)
+        hints["threads"] = threads
     hints["device"] = device
     meta.devices = [device]
     meta.notes.append(f"RMM logs have no device column: every row is on device {device}")
@@ -254,7 +352,6 @@ def read_rmm_csv(path, *, lenient: bool = False, device: int = 0) -> Trace:
         meta.notes.append(f"{null_zero} rows of 0 bytes at a null pointer skipped")
     if rows == 0:
         meta.notes.append("the log has a header but no rows")
-    return builder.finish()
 
 
 def _parse_header(path: str, record: str, fields: list[str]) -> dict[str, int]:

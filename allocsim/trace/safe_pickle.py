@@ -16,12 +16,11 @@ would zero ``n`` bytes). Everything else that can go wrong becomes ``TraceFormat
 
 from __future__ import annotations
 
-import gzip
+import dataclasses
 import io
 import os
 import pickle
 import reprlib
-import zlib
 from typing import Any
 
 from ..errors import TraceFormatError, UnsafePickleError
@@ -29,9 +28,7 @@ from ..errors import TraceFormatError, UnsafePickleError
 #: Files (and decompressed gzip streams) larger than this are refused unless the caller allows more.
 DEFAULT_MAX_BYTES = 4 << 30
 
-_GZIP_MAGIC = b"\x1f\x8b"
 _SCALARS = (str, int, float, bool, type(None), bytes)
-_CHUNK = 1 << 20
 
 _short = reprlib.Repr()
 _short.maxlevel = 2
@@ -119,41 +116,37 @@ del _op
 
 def read_bounded(path: str | os.PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     """Return the bytes of ``path``, gunzipped when it starts with the gzip magic, at most ``max_bytes``."""
-    path = os.fspath(path)
-    try:
-        size = os.path.getsize(path)
-    except OSError as exc:
-        raise TraceFormatError(path, None, f"cannot read: {exc.strerror or exc}") from None
-    if size > max_bytes:
-        raise TraceFormatError(path, None, f"file is {size} bytes, over the {max_bytes}-byte limit")
-    if size == 0:
-        raise TraceFormatError(path, None, "empty file")
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(max_bytes + 1)
-        if data[:2] != _GZIP_MAGIC:
-            if len(data) > max_bytes:
-                raise TraceFormatError(path, None, f"file is over the {max_bytes}-byte limit")
-            return data
-        out = bytearray()
-        with gzip.GzipFile(fileobj=io.BytesIO(data), mode="rb") as gz:
-            while True:
-                chunk = gz.read(_CHUNK)
-                if not chunk:
-                    break
-                out += chunk
-                if len(out) > max_bytes:
-                    raise TraceFormatError(path, None,
-                                           f"decompressed data exceeds the {max_bytes}-byte limit")
-        if not out:
-            raise TraceFormatError(path, None, "empty file (after decompression)")
-        return bytes(out)
-    except TraceFormatError:
-        raise
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise TraceFormatError(path, None, f"truncated or corrupt gzip data: {type(exc).__name__}: {exc}") from None
-    except OSError as exc:
-        raise TraceFormatError(path, None, f"cannot read: {type(exc).__name__}: {exc}") from None
+    from .limits import DEFAULT_LIMITS, read_bytes
+
+    return read_bytes(os.fspath(path), dataclasses.replace(DEFAULT_LIMITS, decompressed_bytes=max_bytes))
+
+
+class _RefusingCUnpickler(pickle.Unpickler):
+    """CPython's C unpickler with every global and persistent id refused: only plain data loads.
+
+    Safe from code execution (every way a pickle reaches a callable goes through ``find_class``
+    or ``persistent_load``), but not from resource bombs (a huge memo index, hashing a key built
+    from shared tuples): run it only where memory and time are capped (``isolate``).
+    """
+
+    def __init__(self, file: Any, path: str):
+        super().__init__(file)
+        self._path = path
+
+    def find_class(self, module: str, name: str) -> Any:  # noqa: D401 - pickle API
+        raise UnsafePickleError(
+            self._path, None,
+            f"refused to load global {str(module)[:100]}.{str(name)[:100]}: a snapshot holds plain "
+            "data only, so this pickle may be hostile; nothing in it was run")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise UnsafePickleError(self._path, None,
+                                f"refused persistent id {short_repr(pid)}: a snapshot holds plain data only")
+
+
+def loads_fast(data: bytes, path: str | os.PathLike = "<bytes>") -> object:
+    """Unpickle ``data`` with the C unpickler, refusing globals; only under memory and time caps."""
+    return _RefusingCUnpickler(io.BytesIO(data), os.fspath(path)).load()
 
 
 def loads_data(data: bytes, path: str | os.PathLike = "<bytes>") -> object:

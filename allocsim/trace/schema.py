@@ -1,8 +1,9 @@
 """The one trace schema every reader produces: build a ``Trace`` and every later stage can use it.
 
 A trace is columnar. ``Trace.events`` is a pandas DataFrame with exactly the columns of
-``EVENT_DTYPES`` (about 36 bytes per event); side tables hold the state at the start of the window
-and the real allocator's recorded decisions, kept apart from the program's requests.
+``EVENT_DTYPES`` (40 bytes per event); side tables hold the state at the start of the window, the
+real allocator's recorded decisions (kept apart from the program's requests), the allocator's own
+recorded totals, and the stack frames of the program (one interned table, one stack id per event).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ EVENT_DTYPES: dict[str, np.dtype] = {
     "size_bytes": np.dtype("int64"),
     "stream": np.dtype("int64"),
     "device": np.dtype("int16"),
+    "stack_id": np.dtype("int32"),       # row of ``Trace.stacks`` (-1: no frames recorded)
 }
 
 #: Allocations alive when recording began (``addr``/``block_size_bytes`` are -1 when unknown).
@@ -43,6 +45,7 @@ INITIAL_ALLOC_DTYPES: dict[str, np.dtype] = {
     "device": np.dtype("int16"),
     "addr": np.dtype("int64"),
     "block_size_bytes": np.dtype("int64"),
+    "stack_id": np.dtype("int32"),
 }
 
 #: Device segments held by the real allocator at the start of the window (PyTorch snapshots).
@@ -64,6 +67,7 @@ BLOCK_DTYPES: dict[str, np.dtype] = {
     "requested_bytes": np.dtype("int64"),
     "state": np.dtype("object"),         # "active_allocated" | "active_pending_free" | "inactive"
     "alloc_id": np.dtype("int64"),
+    "stack_id": np.dtype("int32"),
 }
 
 #: What the real allocator did, as recorded by the source. ``event_index`` is the index in
@@ -80,6 +84,36 @@ DECISION_DTYPES: dict[str, np.dtype] = {
     "device_free_bytes": np.dtype("int64"),  # OOM entries only, else -1
 }
 
+#: Interned stack frames: one row per distinct (filename, line, name).
+FRAME_DTYPES: dict[str, np.dtype] = {
+    "frame_id": np.dtype("int32"),
+    "filename": np.dtype("object"),
+    "line": np.dtype("int64"),
+    "name": np.dtype("object"),
+}
+
+#: Interned stacks: ``stack_id`` is a run of rows, ``depth`` 0 the innermost frame.
+STACK_DTYPES: dict[str, np.dtype] = {
+    "stack_id": np.dtype("int32"),
+    "depth": np.dtype("int32"),
+    "frame_id": np.dtype("int32"),
+}
+
+#: The allocator's own running totals, as recorded (Kineto ``Total Allocated`` / ``Total Reserved``).
+#: ``event_index`` is the index in ``Trace.events`` of the request the totals were recorded after
+#: (-1 when the record made no request event, e.g. a free of a block from before the window that
+#: the reader could not place).
+RECORDED_SERIES_DTYPES: dict[str, np.dtype] = {
+    "event_index": np.dtype("int64"),
+    "t_ns": np.dtype("int64"),
+    "device": np.dtype("int16"),
+    "allocated_bytes": np.dtype("int64"),   # -1 when not recorded
+    "reserved_bytes": np.dtype("int64"),    # -1 when not recorded
+}
+
+#: Columns a caller may leave out of ``frame_from_columns``: filled with this value.
+OPTIONAL_COLUMNS = {"stack_id": -1}
+
 DECISION_ACTIONS = (
     "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
     "segment_map", "segment_unmap", "oom", "snapshot",
@@ -92,11 +126,33 @@ def empty_frame(dtypes: dict[str, np.dtype]) -> pd.DataFrame:
 
 
 def frame_from_columns(columns: dict[str, Any], dtypes: dict[str, np.dtype]) -> pd.DataFrame:
-    """Build a schema table from column sequences, casting each to the schema dtype."""
-    missing = set(dtypes) - set(columns)
+    """Build a schema table from column sequences, casting each to the schema dtype.
+
+    Optional columns (``stack_id``) that ``columns`` lacks are filled with their default.
+    """
+    missing = set(dtypes) - set(columns) - set(OPTIONAL_COLUMNS)
     if missing:
         raise ValueError(f"missing columns: {sorted(missing)}")
-    return pd.DataFrame({name: np.asarray(columns[name], dtype=dtype) for name, dtype in dtypes.items()})
+    n_rows = len(next(iter(columns.values()))) if columns else 0
+    out = {}
+    for name, dtype in dtypes.items():
+        if name in columns:
+            out[name] = np.asarray(columns[name], dtype=dtype)
+        else:
+            out[name] = np.full(n_rows, OPTIONAL_COLUMNS[name], dtype=dtype)
+    # copy=False: one block per column, no consolidation copy (the arrays are fresh, ours to keep).
+    return pd.DataFrame(out, copy=False)
+
+
+def with_optional_columns(frame: pd.DataFrame, dtypes: dict[str, np.dtype]) -> pd.DataFrame:
+    """Return ``frame`` with any missing optional column added (default value), in schema order."""
+    if all(name in frame.columns for name in dtypes):
+        return frame
+    frame = frame.copy()
+    for name, default in OPTIONAL_COLUMNS.items():
+        if name in dtypes and name not in frame.columns:
+            frame[name] = np.full(len(frame), default, dtype=dtypes[name])
+    return frame[[c for c in dtypes if c in frame.columns] + [c for c in frame.columns if c not in dtypes]]
 
 
 @dataclasses.dataclass
@@ -141,6 +197,19 @@ class Trace:
     initial_segments: pd.DataFrame = dataclasses.field(default_factory=lambda: empty_frame(SEGMENT_DTYPES))
     initial_blocks: pd.DataFrame = dataclasses.field(default_factory=lambda: empty_frame(BLOCK_DTYPES))
     decisions: pd.DataFrame = dataclasses.field(default_factory=lambda: empty_frame(DECISION_DTYPES))
+    #: Interned stack frames (``frame_id``, ``filename``, ``line``, ``name``).
+    frames: pd.DataFrame = dataclasses.field(default_factory=lambda: empty_frame(FRAME_DTYPES))
+    #: Interned stacks (``stack_id``, ``depth``, ``frame_id``), depth 0 innermost.
+    stacks: pd.DataFrame = dataclasses.field(default_factory=lambda: empty_frame(STACK_DTYPES))
+    #: The allocator's recorded totals after events (Kineto), empty when the source has none.
+    recorded_series: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: empty_frame(RECORDED_SERIES_DTYPES))
+
+    def __post_init__(self) -> None:
+        # Traces built by code that predates stack ids get them as -1 ("no frames").
+        self.events = with_optional_columns(self.events, EVENT_DTYPES)
+        self.initial_allocs = with_optional_columns(self.initial_allocs, INITIAL_ALLOC_DTYPES)
+        self.initial_blocks = with_optional_columns(self.initial_blocks, BLOCK_DTYPES)
 
     def __len__(self) -> int:
         return len(self.events)
@@ -179,7 +248,50 @@ class Trace:
             initial_segments=self.initial_segments.loc[self.initial_segments["device"] == device].reset_index(drop=True),
             initial_blocks=self.initial_blocks.loc[self.initial_blocks["device"] == device].reset_index(drop=True),
             decisions=decisions.reset_index(drop=True),
+            frames=self.frames,
+            stacks=self.stacks,
+            recorded_series=self._series_for(device, keep),
         )
+
+    def _series_for(self, device: int, keep: np.ndarray) -> pd.DataFrame:
+        series = self.recorded_series.loc[self.recorded_series["device"] == device].copy()
+        if len(series):
+            kept_positions = np.flatnonzero(keep)
+            idx = series["event_index"].to_numpy()
+            pos = np.searchsorted(kept_positions, idx)
+            series["event_index"] = np.where(idx < 0, -1, pos).astype(np.int64)
+        return series.reset_index(drop=True)
+
+    def stack(self, stack_id: int) -> list[tuple[str, int, str]]:
+        """The frames of stack ``stack_id`` as ``(filename, line, name)``, innermost first ([] for -1)."""
+        if stack_id < 0:
+            return []
+        starts, rows = self._stack_index()
+        if stack_id + 1 >= len(starts):
+            raise ValueError(f"no stack {stack_id} in this trace ({len(starts) - 1} stacks)")
+        frame_rows = rows[starts[stack_id]:starts[stack_id + 1]]
+        fr = self.frames
+        names, files, lines = fr["name"].to_numpy(), fr["filename"].to_numpy(), fr["line"].to_numpy()
+        return [(str(files[r]), int(lines[r]), str(names[r])) for r in frame_rows]
+
+    def _stack_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """(first row of each stack id, frame rows in (stack, depth) order), cached per stacks table."""
+        cached = getattr(self, "_stack_cache", None)
+        if cached is not None and cached[0] is self.stacks and cached[1] is self.frames:
+            return cached[2]
+        st = self.stacks
+        sid = st["stack_id"].to_numpy()
+        order = np.lexsort((st["depth"].to_numpy(), sid))
+        sid_sorted = sid[order]
+        n_stacks = int(sid_sorted[-1]) + 1 if len(sid_sorted) else 0
+        starts = np.searchsorted(sid_sorted, np.arange(n_stacks))
+        frame_ids = self.frames["frame_id"].to_numpy()
+        frame_pos = np.empty(int(frame_ids.max()) + 1 if len(frame_ids) else 0, dtype=np.int64)
+        frame_pos[frame_ids] = np.arange(len(frame_ids))
+        rows = frame_pos[st["frame_id"].to_numpy()[order]] if len(order) else np.empty(0, np.int64)
+        result = (np.append(starts, len(rows)), rows)
+        self._stack_cache = (self.stacks, self.frames, result)
+        return result
 
     def column(self, name: str) -> np.ndarray:
         """Return one event column as a numpy array (no copy)."""
@@ -194,6 +306,9 @@ def check_schema(trace: Trace) -> None:
         ("initial_segments", trace.initial_segments, SEGMENT_DTYPES),
         ("initial_blocks", trace.initial_blocks, BLOCK_DTYPES),
         ("decisions", trace.decisions, DECISION_DTYPES),
+        ("frames", trace.frames, FRAME_DTYPES),
+        ("stacks", trace.stacks, STACK_DTYPES),
+        ("recorded_series", trace.recorded_series, RECORDED_SERIES_DTYPES),
     ):
         if list(frame.columns) != list(dtypes):
             raise ValueError(f"{name}: columns {list(frame.columns)} != {list(dtypes)}")

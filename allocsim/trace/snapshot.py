@@ -18,26 +18,55 @@ the window to the state at its START (``initial_allocs``, ``initial_segments``, 
   only exists before an unmap takes the pool of the nearest mapped range of its stream;
 * initial blocks tile each initial segment: live initial allocations, free gaps between them.
 
-Nothing in the file is trusted: the pickle is loaded by ``safe_pickle`` (no globals), every entry is
-type- and range-checked and a bad one raises ``TraceFormatError`` naming ``device D entry I`` (under
-``lenient`` it is skipped and listed in ``meta.repairs``). A final state that does not fit the
-window is reported in ``meta.notes`` and leaves ``initial_blocks`` empty instead of failing.
+Nothing in the file is trusted: the pickle is loaded with every global refused, in a forked child
+under an address-space cap and a deadline (``isolate``; the C unpickler first, the pure-Python one
+of ``safe_pickle`` when that fails or is stopped), every entry is type- and range-checked and a bad
+one raises ``TraceFormatError`` naming ``device D entry I`` (under ``lenient`` it is skipped and
+listed in ``meta.repairs``). A final state that does not fit the window is reported in
+``meta.notes`` and leaves ``initial_blocks`` empty instead of failing.
+
+Well-formed files take a columnar path (``snapshot_fast`` reads the entries as columns,
+``columnar.build_columns`` builds the events); anything to report or repair goes through the
+entry-by-entry reference path below. Both keep every entry's and block's stack frames
+(``Trace.frames`` / ``Trace.stacks``, one ``stack_id`` per event, initial allocation and block).
+Work on the assembled trace (inference of the real run) belongs in ``finish_snapshot_trace``.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import os
-from typing import Any, NamedTuple
+import signal
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
+from sortedcontainers import SortedDict, SortedList
 
 from ..errors import TraceFormatError
+from . import isolate
 from .builder import MAX_SIZE_BYTES, TraceBuilder
 from .recorded import infer_from_snapshot
-from .safe_pickle import DEFAULT_MAX_BYTES, loads_data, read_bounded, short_repr
-from .schema import BLOCK_DTYPES, SEGMENT_DTYPES, Trace, check_schema, frame_from_columns
+from .columnar import build_columns, match_keys
+from .frames import FrameTable
+from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, read_bytes
+from .safe_pickle import loads_data, loads_fast, short_repr
+from .schema import (
+    BLOCK_DTYPES,
+    DECISION_DTYPES,
+    EVENT_DTYPES,
+    FRAME_DTYPES,
+    INITIAL_ALLOC_DTYPES,
+    SEGMENT_DTYPES,
+    STACK_DTYPES,
+    Trace,
+    check_schema,
+    frame_from_columns,
+)
+from .settings import checked_allocator_settings
+from .snapshot_fast import ACTION_NAMES, entry_columns, merged_records
+from .transport import payload_to_trace, trace_to_payload
 
 FORMAT = "pytorch-snapshot"
 
@@ -69,7 +98,6 @@ _TOP_HINTS = ("allocator_settings", "external_annotations")
 _SEGMENT_HINTS = ("is_expandable", "segment_pool_id")
 #: Bounds on copying ``allocator_settings`` (a hostile pickle can nest shared lists exponentially).
 _SETTINGS_MAX_NODES = 10_000
-_SETTINGS_MAX_DEPTH = 8
 _MAX_NOTED = 5
 
 
@@ -103,6 +131,7 @@ class _Entry(NamedTuple):
     stream: int
     extra: int         # oom: device_free bytes (-1 when absent); else unused
     record: str
+    stack: int = -1    # stack id of the entry's frames (-1: none)
 
 
 class _Block(NamedTuple):
@@ -110,6 +139,7 @@ class _Block(NamedTuple):
     size: int
     requested: int
     state: str
+    stack: int = -1
 
 
 class _Segment(NamedTuple):
@@ -122,34 +152,118 @@ class _Segment(NamedTuple):
     blocks: list
 
 
+class _Holder:
+    """A box for the unpickled data, so the reader can let go of it while it still runs."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
 class _Skip(Exception):
     """An entry that lenient mode drops (the repair has already been recorded)."""
 
 
-def read_snapshot(path: str | os.PathLike, *, lenient: bool = False,
-                  max_bytes: int = DEFAULT_MAX_BYTES) -> Trace:
+def read_snapshot(path: str | os.PathLike, *, lenient: bool = False, max_bytes: int | None = None,
+                  limits: Limits | None = None) -> Trace:
     """Read a PyTorch memory snapshot pickle (plain or gzip) into a ``Trace``.
 
     Raises ``UnsafePickleError`` for pickles that reference code and ``TraceFormatError`` (naming the
     file, the record such as ``device 0 entry 17`` and the reason) for anything malformed. With
     ``lenient=True`` malformed entries are skipped and listed in ``trace.meta.repairs``.
+
+    On Linux the file is parsed in a forked child process under ``limits.memory_bytes`` of address
+    space and ``limits.seconds`` of wall time, first with CPython's C unpickler (refusing every
+    global), and only if that fails or is stopped, with the pure-Python data-only unpickler.
     """
     path = os.fspath(path)
-    raw = read_bounded(path, max_bytes=max_bytes)
-    data = loads_data(raw, path)
-    return _SnapshotReader(path, lenient, budget=len(raw)).read(data)
+    limits = limits or DEFAULT_LIMITS
+    if max_bytes is not None:
+        limits = dataclasses.replace(limits, decompressed_bytes=max_bytes)
+    check_regular_file(path)
+    if isolate.available():
+        trace = _read_isolated(path, lenient, limits)
+    else:
+        trace = _parse(path, lenient, limits, use_c=False, phase=lambda _name: None)
+    finish_snapshot_trace(trace)
+    return trace
+
+
+def finish_snapshot_trace(trace: Trace) -> None:
+    """Work done on the assembled ``Trace`` of a snapshot, in this process (inference of the real run)."""
+    infer_from_snapshot(trace)
+    check_schema(trace)
+
+
+def _parse(path: str, lenient: bool, limits: Limits, *, use_c: bool, phase: Callable[[str], None]) -> Trace:
+    data = read_bytes(path, limits)
+    n_bytes = len(data)
+    obj = None
+    if use_c:
+        phase("unpickling (C)")
+        try:
+            obj = loads_fast(data, path)
+        except TraceFormatError:
+            raise
+        except Exception:  # noqa: BLE001 - let the reference unpickler name what is wrong
+            obj = None
+    if obj is None:
+        phase("unpickling")
+        obj = loads_data(data, path)
+    del data   # the objects are built: the file's bytes are no longer needed
+    phase("parsing")
+    reader = _SnapshotReader(path, lenient, budget=n_bytes, limits=limits)
+    return reader.read(_Holder(obj))
+
+
+def _c_unpickle_seconds(path: str, limits: Limits) -> int:
+    """Time allowed to the C unpickler before the reader falls back (a hash bomb never finishes)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = 0
+    return int(min(limits.seconds, 3 + size // 2_000_000))
+
+
+def _read_isolated(path: str, lenient: bool, limits: Limits) -> Trace:
+    c_seconds = _c_unpickle_seconds(path, limits)
+
+    def work(use_c: bool) -> Callable[[Callable[[str], None]], dict]:
+        def run(phase: Callable[[str], None]) -> dict:
+            def timed_phase(name: str) -> None:
+                phase(name)
+                if name == "unpickling (C)":
+                    signal.alarm(max(1, c_seconds))
+                elif name in ("unpickling", "parsing"):
+                    signal.alarm(max(1, int(limits.seconds)))
+            return trace_to_payload(_parse(path, lenient, limits, use_c=use_c, phase=timed_phase))
+        return run
+
+    for use_c in (True, False):
+        try:
+            return payload_to_trace(isolate.run_isolated(path, limits, work(use_c)))
+        except isolate.ChildFailed as failed:
+            if use_c and failed.phase == "unpickling (C)":
+                continue   # the reference unpickler keeps its memo small and refuses hash bombs
+            if failed.why == "time":
+                raise LimitExceeded(path, None, "seconds", limits.seconds,
+                                    f"parsing took too long ({failed.phase})") from None
+            raise LimitExceeded(path, None, "memory_bytes", limits.memory_bytes,
+                                f"parsing needs more memory ({failed.phase})") from None
+    raise AssertionError("unreachable")
 
 
 class _SnapshotReader:
-    def __init__(self, path: str, lenient: bool, budget: int):
+    def __init__(self, path: str, lenient: bool, budget: int, limits: Limits = DEFAULT_LIMITS):
         self.path = path
         self.lenient = lenient
+        self.limits = limits
         # Every list element costs at least one pickle byte unless lists are shared through the
         # memo; more elements than bytes means repeated lists (a CPU bomb), never a real snapshot.
         self.budget = budget
         self.b = TraceBuilder(path, FORMAT, lenient=lenient)
         self.notes = self.b.meta.notes
         self.consistent = True  # False once the start-state reconstruction hit a contradiction
+        self.frames = FrameTable(path, limits)
 
     # ------------------------------------------------------------------ helpers
     def _bad(self, record: str, reason: str, repair: str = "skipped it") -> None:
@@ -169,8 +283,24 @@ class _SnapshotReader:
         self.consistent = False
         self.notes.append(f"start-state reconstruction: {what}")
 
+    def _stack(self, record: str, frames: Any) -> int:
+        """Stack id of an entry's or block's frames; bad frames are an error (lenient: dropped)."""
+        if frames is None:
+            return -1
+        try:
+            return self.frames.stack_id(frames, record)
+        except LimitExceeded:
+            raise
+        except TraceFormatError as exc:
+            if not self.lenient:
+                raise
+            self.b.repair(record, f"{exc.reason}; dropped the frames")
+            return -1
+
     # ------------------------------------------------------------------ top level
-    def read(self, data: Any) -> Trace:
+    def read(self, holder: Any) -> Trace:
+        # The holder lets the reader drop the (large) unpickled data as soon as it has its columns.
+        data = holder.value if isinstance(holder, _Holder) else holder
         b = self.b
         hints: dict[str, Any] = {}
         if isinstance(data, list):
@@ -200,8 +330,13 @@ class _SnapshotReader:
             raise b.fail("top level", "not a PyTorch memory snapshot: expected a dict with 'segments' "
                          f"and 'device_traces' or a list of segments, got {_describe(data)}")
 
+        self._spend("top level", len(raw_traces))
+        self._spend("top level", sum(len(tr) for tr in raw_traces if isinstance(tr, list)))
+        check_count(self.path, "segments", len(raw_segments), self.limits, "segments", "top level")
+        check_count(self.path, "devices", len(raw_traces), self.limits, "device traces", "top level")
+        check_count(self.path, "events", sum(len(tr) for tr in raw_traces if isinstance(tr, list)),
+                    self.limits, "trace entries", "top level")
         segments = self._parse_segments(raw_segments)
-        traces = self._parse_traces(raw_traces)
 
         # Version fingerprint: which optional keys appear anywhere.
         for key in _TOP_HINTS:
@@ -212,21 +347,48 @@ class _SnapshotReader:
             hints[key] = any(isinstance(e, dict) and key in e
                              for tr in raw_traces if isinstance(tr, list) for e in tr)
         b.meta.version_hints = hints
-        if isinstance(data, dict) and isinstance(data.get("allocator_settings"), dict):
-            b.meta.allocator_settings = self._plain(data["allocator_settings"])
+        if isinstance(data, dict) and "allocator_settings" in data:
+            b.meta.allocator_settings = checked_allocator_settings(
+                data["allocator_settings"], self.path, self.lenient, self.notes, self._plain)
+        has_time = any(isinstance(e, dict) and "time_us" in e
+                       for tr in raw_traces if isinstance(tr, list) for e in tr)
+        if not has_time and any(isinstance(tr, list) and tr for tr in raw_traces):
+            b.meta.time_synthesized = True
+            self.notes.append(f"no time_us in this snapshot (PyTorch < 2.2): times are synthesised, "
+                              f"{SYNTHETIC_STEP_NS} ns per entry of each device; devices are "
+                              "interleaved round-robin, each keeping its recorded order")
 
+        fast = entry_columns(raw_traces, has_time, SYNTHETIC_STEP_NS, _MAX_TIME_US, self.frames)
+        built = self._build_fast(segments, fast, has_time) if fast is not None else None
+        if built is not None:
+            # Every value is in columns now: free the unpickled object graph before going on.
+            if isinstance(holder, _Holder):
+                holder.value = None
+            del data, raw_traces, raw_segments
+            self.frames.forget_objects()
+            trace = self._finish_fast(segments, fast, *built)
+        else:
+            trace = self._read_reference(segments, raw_traces, has_time)
+        frame_tables = self.frames.tables()
+        trace.frames = frame_from_columns(frame_tables["frames"], FRAME_DTYPES)
+        trace.stacks = frame_from_columns(frame_tables["stacks"], STACK_DTYPES)
+        check_schema(trace)
+        return trace
+
+    def _read_reference(self, segments: list["_Segment"], raw_traces: list, has_time: bool) -> Trace:
+        """The entry-by-entry path: names the first bad record and makes the lenient repairs."""
+        b = self.b
+        traces = self._parse_traces(raw_traces, has_time)
         devices = {s.device for s in segments} | {d for d, tr in enumerate(traces) if tr}
         b.meta.devices = sorted(devices)
-
         self._declare_initial_allocs(segments, traces)
         self._feed(traces)
-        initial_segments = self._initial_segments(segments, traces)
+        seg_events = [[e for e in tr if e.action.startswith("segment_")] for tr in traces]
+        initial_segments = self._initial_segments(segments, seg_events)
         trace = b.finish(initial_segments=self._segments_frame(initial_segments))
-        self._fix_orphan_block_sizes(trace, segments, traces)
-        blocks = self._initial_blocks(trace, initial_segments)
-        trace.initial_blocks = blocks
-        infer_from_snapshot(trace)
-        check_schema(trace)
+        allocated = [(e.device, e.addr) for tr in traces for e in tr if e.action == "alloc"]
+        self._fix_orphan_block_sizes(trace, segments, allocated)
+        trace.initial_blocks = self._initial_blocks(trace, initial_segments)
         return trace
 
     def _plain(self, value: Any) -> Any:
@@ -235,7 +397,7 @@ class _SnapshotReader:
 
         def conv(v: Any, depth: int) -> Any:
             budget[0] -= 1
-            if budget[0] < 0 or depth > _SETTINGS_MAX_DEPTH:
+            if budget[0] < 0 or depth > self.limits.depth:
                 raise OverflowError
             if v is None or isinstance(v, (bool, str)):
                 return v
@@ -252,7 +414,8 @@ class _SnapshotReader:
         try:
             return conv(value, 0)
         except OverflowError:
-            self.notes.append("allocator_settings too large or deeply nested; not copied")
+            self.notes.append(f"allocator_settings too large or nested deeper than the limit depth="
+                              f"{self.limits.depth}; not copied (raise it with --limits depth=N)")
             return None
 
     # ------------------------------------------------------------------ parsing
@@ -330,23 +493,14 @@ class _SnapshotReader:
                 self._check_size(brec, requested)
             else:
                 requested = bsize
-            blocks.append(_Block(baddr, bsize, requested, state))
+            blocks.append(_Block(baddr, bsize, requested, state, self._stack(brec, blk.get("frames"))))
             offset = baddr + bsize
         return _Segment(device, addr, size, stream, pool, expandable, blocks)
 
-    def _parse_traces(self, raw_traces: list) -> list[list[_Entry]]:
+    def _parse_traces(self, raw_traces: list, has_time: bool) -> list[list[_Entry]]:
         traces: list[list[_Entry]] = []
         if len(raw_traces) > 32768:
             raise self.b.fail("top level", f"{len(raw_traces)} device traces (at most 32768 devices)")
-        self._spend("top level", len(raw_traces))
-        self._spend("top level", sum(len(tr) for tr in raw_traces if isinstance(tr, list)))
-        has_time = any(isinstance(e, dict) and "time_us" in e
-                       for tr in raw_traces if isinstance(tr, list) for e in tr)
-        if not has_time and any(isinstance(tr, list) and tr for tr in raw_traces):
-            self.b.meta.time_synthesized = True
-            self.notes.append(f"no time_us in this snapshot (PyTorch < 2.2): times are synthesised, "
-                              f"{SYNTHETIC_STEP_NS} ns per entry of each device; devices are "
-                              "interleaved round-robin, each keeping its recorded order")
         for device, raw in enumerate(raw_traces):
             if not isinstance(raw, list):
                 if not self.lenient:
@@ -411,67 +565,116 @@ class _SnapshotReader:
                 t_ns = t_us * 1000
         else:
             t_ns = i * SYNTHETIC_STEP_NS
-        return _Entry(t_ns, device, i, action, addr, size, stream, extra, record)
+        stack = self._stack(record, e.get("frames"))
+        return _Entry(t_ns, device, i, action, addr, size, stream, extra, record, stack)
+
+    # ------------------------------------------------------------------ fast path
+    def _build_fast(self, segments: list[_Segment], fast: list, has_time: bool) -> tuple | None:
+        """Build the request columns; None when a record needs the reference path."""
+        rec, action_idx, extra = merged_records(fast)
+        devices = sorted({s.device for s in segments} | {d for d, f in enumerate(fast) if len(f.action)})
+        check_count(self.path, "devices", len(devices), self.limits, "devices", "top level")
+        is_req = rec.op <= 3
+        last_dev, last_addr, last_action = _last_request_actions(
+            rec.device[is_req], rec.addr[is_req], action_idx[is_req], np.flatnonzero(is_req))
+        declared, contradicted, dangling = _declared_initial(
+            _live_blocks(segments), last_dev, last_addr, last_action, has_events=len(rec) > 0)
+        built = build_columns(rec, first_alloc_id=len(declared["addr"]))
+        if built is None:
+            return None
+        return rec, action_idx, extra, devices, declared, contradicted, dangling, built
+
+    def _finish_fast(self, segments: list[_Segment], fast: list, rec, action_idx, extra, devices, declared,
+                     contradicted: int, dangling: int, built) -> Trace:
+        """The trace from the columns ``_build_fast`` made."""
+        is_req = rec.op <= 3
+        b = self.b
+        b.meta.devices = devices
+        self._note_declared(len(declared["addr"]), contradicted, dangling)
+        seg_events = [_segment_entries(d, f) for d, f in enumerate(fast)]
+        initial_segments = self._initial_segments(segments, seg_events)
+        if built.orphan_frees:
+            self.notes.append(
+                f"{built.orphan_frees} frees of blocks allocated before the trace began; "
+                "they are in the initial state with the size the free reported")
+        initial = {name: np.concatenate([np.asarray(declared[name]), built.initial[name]])
+                   for name in INITIAL_ALLOC_DTYPES}
+        is_dec = action_idx != ACTION_NAMES.index("snapshot")
+        names = np.array(ACTION_NAMES, dtype=object)
+        req_dec = is_req[is_dec]
+        decisions = {
+            "event_index": built.row_event[is_dec],
+            "t_ns": rec.t_ns[is_dec],
+            "action": names[action_idx[is_dec]],
+            "addr": np.where(action_idx[is_dec] == ACTION_NAMES.index("oom"), -1, rec.addr[is_dec]),
+            "size_bytes": np.where(req_dec, built.row_alloc_size[is_dec], rec.size[is_dec]),
+            "stream": rec.stream[is_dec],
+            "device": rec.device[is_dec],
+            "alloc_id": np.where(req_dec, built.row_alloc_id[is_dec], -1),
+            "device_free_bytes": np.where(action_idx[is_dec] == ACTION_NAMES.index("oom"), extra[is_dec], -1),
+        }
+        labels = ["snapshot"] if bool((~is_dec).any()) else []
+        trace = Trace(
+            events=frame_from_columns(built.events, EVENT_DTYPES),
+            meta=b.meta,
+            labels=labels,
+            initial_allocs=frame_from_columns(initial, INITIAL_ALLOC_DTYPES),
+            initial_segments=self._segments_frame(initial_segments),
+            decisions=frame_from_columns(decisions, DECISION_DTYPES),
+        )
+        allocated = np.flatnonzero(rec.op == 1)
+        self._fix_orphan_block_sizes(trace, segments, list(zip(rec.device[allocated].tolist(),
+                                                               rec.addr[allocated].tolist())))
+        trace.initial_blocks = self._initial_blocks(trace, initial_segments)
+        return trace
 
     # ------------------------------------------------------------------ initial allocations
     def _declare_initial_allocs(self, segments: list[_Segment], traces: list[list[_Entry]]) -> None:
         """Declare final live blocks the window never touches: they were allocated before it."""
-        last: dict[tuple[int, int], str] = {}
-        for entries in traces:
-            for e in entries:
-                if e.action in _REQUESTS:
-                    last[(e.device, e.addr)] = e.action
-        final_live: set[tuple[int, int]] = set()
-        declared: list[tuple[int, int, int, int, int]] = []
-        contradicted = 0
-        for seg in segments:
-            for blk in seg.blocks:
-                if blk.state not in _LIVE_STATES:
-                    continue
-                key = (seg.device, blk.addr)
-                final_live.add(key)
-                action = last.get(key)
-                if action is None:
-                    declared.append((seg.device, blk.addr, seg.stream, blk.requested, blk.size))
-                elif action == "free_completed":
-                    contradicted += 1
+        req = [(e.device, e.addr, ACTION_NAMES.index(e.action), k)
+               for k, e in enumerate(x for tr in traces for x in tr) if e.action in _REQUESTS]
+        cols = np.array(req, dtype=np.int64).reshape(-1, 4)
+        last_dev, last_addr, last_action = _last_request_actions(cols[:, 0], cols[:, 1], cols[:, 2], cols[:, 3])
+        declared, contradicted, dangling = _declared_initial(
+            _live_blocks(segments), last_dev, last_addr, last_action, has_events=bool(traces and any(traces)))
+        for i in range(len(declared["addr"])):
+            self.b.initial_alloc(int(declared["device"][i]), int(declared["stream"][i]), int(declared["addr"][i]),
+                                 size_bytes=int(declared["size_bytes"][i]),
+                                 block_size_bytes=int(declared["block_size_bytes"][i]),
+                                 stack_id=int(declared["stack_id"][i]))
+        self._note_declared(len(declared["addr"]), contradicted, dangling)
+
+    def _note_declared(self, n_declared: int, contradicted: int, dangling: int) -> None:
         if contradicted:
             self._inconsistent(f"{contradicted} blocks live in the final segments were freed at the "
                                "end of the trace")
-        dangling = sum(1 for key, action in last.items() if action != "free_completed"
-                       and key not in final_live)
-        if dangling and traces and any(traces):
+        if dangling:
             self._inconsistent(f"{dangling} allocations live at the end of the trace are not in the "
                                "final segments")
-        for device, addr, stream, requested, block_size in sorted(declared):
-            self.b.initial_alloc(device, stream, addr, size_bytes=requested, block_size_bytes=block_size)
-        if declared:
-            self.notes.append(f"{len(declared)} blocks live in the final segments were allocated "
+        if n_declared:
+            self.notes.append(f"{n_declared} blocks live in the final segments were allocated "
                               "before the trace began; they are in the initial state")
 
     def _fix_orphan_block_sizes(self, trace: Trace, segments: list[_Segment],
-                                traces: list[list[_Entry]]) -> None:
+                                allocated: list[tuple[int, int]]) -> None:
         """Give orphan-free initial allocations a block size (the builder leaves -1)."""
         ia = trace.initial_allocs
         block = ia["block_size_bytes"].to_numpy().copy()
         todo = np.flatnonzero(block < 0)
         if not len(todo):
             return
-        final_live = {(seg.device, blk.addr): blk.size for seg in segments for blk in seg.blocks
-                      if blk.state in _LIVE_STATES}
-        allocated_in_window = {(e.device, e.addr) for tr in traces for e in tr if e.action == "alloc"}
-        sizes = ia["size_bytes"].to_numpy()
-        devices = ia["device"].to_numpy()
-        addrs = ia["addr"].to_numpy()
-        rounded = 0
-        for row in todo:
-            key = (int(devices[row]), int(addrs[row]))
-            if key in final_live and key not in allocated_in_window:
-                block[row] = final_live[key]      # still pending-free at the end: exact size
-            else:
-                block[row] = round_size(int(sizes[row]))
-                rounded += 1
+        live = _live_blocks(segments)
+        alloc_keys = np.array(allocated, dtype=np.int64).reshape(-1, 2)
+        devices = ia["device"].to_numpy()[todo].astype(np.int64)
+        addrs = ia["addr"].to_numpy()[todo]
+        in_live = match_keys(live["device"], live["addr"], devices, addrs)
+        in_window = match_keys(alloc_keys[:, 0], alloc_keys[:, 1], devices, addrs) >= 0
+        exact = (in_live >= 0) & ~in_window
+        sizes = ia["size_bytes"].to_numpy()[todo]
+        rounded_sizes = np.maximum(K_MIN_BLOCK_SIZE, -(-sizes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE)
+        block[todo] = np.where(exact, _gather(live["block_size_bytes"], in_live), rounded_sizes)
         trace.initial_allocs["block_size_bytes"] = block
+        rounded = int((~exact).sum())
         if rounded:
             settings = self.b.meta.allocator_settings or {}
             divisions = settings.get("roundup_power2_divisions")
@@ -495,13 +698,14 @@ class _SnapshotReader:
         for e in stream_of_entries:
             action = e.action
             if action == "alloc":
-                b.alloc(e.record, e.t_ns, e.device, e.stream, e.addr, e.size, record_decision=True)
+                b.alloc(e.record, e.t_ns, e.device, e.stream, e.addr, e.size, record_decision=True,
+                        stack_id=e.stack)
             elif action == "free_requested":
                 b.free_requested(e.record, e.t_ns, e.device, e.stream, e.addr, e.size,
-                                 record_decision=True)
+                                 record_decision=True, stack_id=e.stack)
             elif action == "free_completed":
                 b.free_completed(e.record, e.t_ns, e.device, e.stream, e.addr, e.size,
-                                 record_decision=True)
+                                 record_decision=True, stack_id=e.stack)
             elif action == "snapshot":
                 b.marker(e.record, e.t_ns, "snapshot", e.device, e.stream, e.size)
             else:
@@ -518,25 +722,28 @@ class _SnapshotReader:
 
     # ------------------------------------------------------------------ initial segments
     def _initial_segments(self, segments: list[_Segment],
-                          traces: list[list[_Entry]]) -> list[tuple[int, int, int, int, str, bool]]:
-        """Walk the final segments back through the window's segment events to its start."""
-        devices = sorted({s.device for s in segments} | {d for d, tr in enumerate(traces) if tr})
+                          seg_events: list[list[_Entry]]) -> list[tuple[int, int, int, int, str, bool]]:
+        """Walk the final segments back through the window's segment events to its start.
+
+        Sorted containers keyed by address keep this O(n log n) whatever addresses a file holds.
+        """
+        by_device: dict[int, list[_Segment]] = {}
+        for seg in segments:
+            by_device.setdefault(seg.device, []).append(seg)
+        devices = sorted(set(by_device) | {d for d, tr in enumerate(seg_events) if tr})
         out: list[tuple[int, int, int, int, str, bool]] = []
         for device in devices:
-            fixed: dict[int, tuple[int, int, str]] = {}
-            ranges: list[list[Any]] = []   # sorted [start, end, stream, pool]
-            for seg in segments:
-                if seg.device != device:
-                    continue
+            fixed: SortedDict = SortedDict()
+            ranges = _RangeSet()
+            for seg in by_device.get(device, []):
                 if seg.expandable:
-                    ranges.append([seg.addr, seg.addr + seg.size, seg.stream, seg.pool])
+                    ranges.add_unchecked(seg.addr, seg.addr + seg.size, seg.stream, seg.pool)
                 elif seg.addr in fixed:
                     self._inconsistent(f"device {device}: two final segments at {seg.addr:#x}")
                 else:
                     fixed[seg.addr] = (seg.size, seg.stream, seg.pool)
-            ranges.sort()
-            final_pools = [(r[0], r[1], r[2], r[3]) for r in ranges]
-            events = traces[device] if device < len(traces) else []
+            final_ranges = ranges.copy()
+            events = seg_events[device] if device < len(seg_events) else []
             problems: list[str] = []
             for e in reversed(events):
                 a = e.action
@@ -552,21 +759,20 @@ class _SnapshotReader:
                     else:
                         fixed[e.addr] = (e.size, e.stream, _pool_for_segment_size(e.size))
                 elif a == "segment_map":
-                    if e.size and _remove_range(ranges, e.addr, e.addr + e.size) != e.size:
+                    if e.size and ranges.remove(e.addr, e.addr + e.size) != e.size:
                         problems.append(f"{e.record}: segment_map of [{e.addr:#x}, +{e.size}) is not "
                                         "mapped later")
                 elif a == "segment_unmap" and e.size:
-                    pool = _guess_pool(ranges, final_pools, e.addr, e.addr + e.size, e.stream)
-                    if not _add_range(ranges, e.addr, e.addr + e.size, e.stream, pool):
+                    pool = ranges.nearest_pool(e.addr, e.addr + e.size, e.stream, final_ranges)
+                    if not ranges.add(e.addr, e.addr + e.size, e.stream, pool):
                         problems.append(f"{e.record}: segment_unmap of [{e.addr:#x}, +{e.size}) "
                                         "overlaps memory mapped later")
             if problems:
                 more = f" (and {len(problems) - _MAX_NOTED} more)" if len(problems) > _MAX_NOTED else ""
                 self._inconsistent(f"device {device}: " + "; ".join(problems[:_MAX_NOTED]) + more)
-            for addr in sorted(fixed):
-                size, stream, pool = fixed[addr]
+            for addr, (size, stream, pool) in fixed.items():
                 out.append((device, addr, size, stream, pool, False))
-            for start, end, stream, pool in _merge_ranges(ranges):
+            for start, end, stream, pool in ranges.merged():
                 out.append((device, start, end - start, stream, pool, True))
         out.sort(key=lambda s: (s[0], s[1]))
         return out
@@ -584,23 +790,23 @@ class _SnapshotReader:
             self.notes.append("initial_blocks left empty because the start state is inconsistent")
             return empty
         ia = trace.initial_allocs
-        allocs: dict[int, list[tuple[int, int, int, int]]] = {}
-        for dev, addr, bsize, req, aid in zip(ia["device"].to_numpy().tolist(), ia["addr"].to_numpy().tolist(),
-                                              ia["block_size_bytes"].to_numpy().tolist(),
-                                              ia["size_bytes"].to_numpy().tolist(),
-                                              ia["alloc_id"].to_numpy().tolist()):
-            allocs.setdefault(dev, []).append((addr, bsize, req, aid))
+        allocs: dict[int, list[tuple[int, int, int, int, int]]] = {}
+        for dev, addr, bsize, req, aid, sid in zip(
+                ia["device"].to_numpy().tolist(), ia["addr"].to_numpy().tolist(),
+                ia["block_size_bytes"].to_numpy().tolist(), ia["size_bytes"].to_numpy().tolist(),
+                ia["alloc_id"].to_numpy().tolist(), ia["stack_id"].to_numpy().tolist()):
+            allocs.setdefault(dev, []).append((addr, bsize, req, aid, sid))
         seg_by_dev: dict[int, list[tuple[int, int]]] = {}
         for dev, addr, size, _stream, _pool, _exp in segs:
             seg_by_dev.setdefault(dev, []).append((addr, size))
         failures: list[str] = []
-        placed: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+        placed: dict[tuple[int, int], list[tuple[int, int, int, int, int]]] = {}
         for dev, items in allocs.items():
             items.sort()
             dsegs = seg_by_dev.get(dev, [])
             starts = [s[0] for s in dsegs]
             prev_end = -1
-            for addr, bsize, req, aid in items:
+            for addr, bsize, req, aid, sid in items:
                 if addr < 0 or bsize <= 0:
                     failures.append(f"device {dev}: initial allocation {aid} has no address or block size")
                     continue
@@ -612,14 +818,14 @@ class _SnapshotReader:
                     failures.append(f"device {dev}: initial block [{addr:#x}, +{bsize}) lies in no "
                                     "initial segment")
                     continue
-                placed.setdefault((dev, dsegs[k][0]), []).append((addr, bsize, req, aid))
+                placed.setdefault((dev, k), []).append((addr, bsize, req, aid, sid))
         if failures:
             more = f" (and {len(failures) - _MAX_NOTED} more)" if len(failures) > _MAX_NOTED else ""
             self._inconsistent("; ".join(failures[:_MAX_NOTED]) + more)
             self.notes.append("initial_blocks left empty because the start state is inconsistent")
             return empty
 
-        def add(dev: int, seg_addr: int, addr: int, size: int, req: int, state: str, aid: int) -> None:
+        def add(dev: int, seg_addr: int, addr: int, size: int, req: int, state: str, aid: int, sid: int) -> None:
             cols["device"].append(dev)
             cols["segment_addr"].append(seg_addr)
             cols["addr"].append(addr)
@@ -627,72 +833,154 @@ class _SnapshotReader:
             cols["requested_bytes"].append(req)
             cols["state"].append(state)
             cols["alloc_id"].append(aid)
+            cols["stack_id"].append(sid)
 
+        index_in_device: dict[int, int] = {}
         for dev, seg_addr, seg_size, _stream, _pool, _exp in segs:
+            k = index_in_device.get(dev, 0)
+            index_in_device[dev] = k + 1
             cursor = seg_addr
-            for addr, bsize, req, aid in placed.get((dev, seg_addr), []):
+            for addr, bsize, req, aid, sid in placed.get((dev, k), []):
                 if addr > cursor:
-                    add(dev, seg_addr, cursor, addr - cursor, 0, "inactive", -1)
-                add(dev, seg_addr, addr, bsize, req, "active_allocated", aid)
+                    add(dev, seg_addr, cursor, addr - cursor, 0, "inactive", -1, -1)
+                add(dev, seg_addr, addr, bsize, req, "active_allocated", aid, sid)
                 cursor = addr + bsize
             if cursor < seg_addr + seg_size:
-                add(dev, seg_addr, cursor, seg_addr + seg_size - cursor, 0, "inactive", -1)
+                add(dev, seg_addr, cursor, seg_addr + seg_size - cursor, 0, "inactive", -1, -1)
         return frame_from_columns(cols, BLOCK_DTYPES)
 
 
-# ---------------------------------------------------------------------- mapped-range helpers
-def _remove_range(ranges: list[list[Any]], start: int, end: int) -> int:
-    """Unmap [start, end) from the sorted range list; return how many bytes were mapped there."""
-    removed = 0
-    out: list[list[Any]] = []
-    for r in ranges:
-        lo, hi = r[0], r[1]
-        if hi <= start or lo >= end:
-            out.append(r)
-            continue
-        removed += min(hi, end) - max(lo, start)
-        if lo < start:
-            out.append([lo, start, r[2], r[3]])
-        if hi > end:
-            out.append([end, hi, r[2], r[3]])
-    ranges[:] = out
-    return removed
+# ---------------------------------------------------------------------- array helpers
+def _gather(values: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``values[index]`` where ``index`` may hold -1 (or ``values`` be empty): those give 0."""
+    if not len(values):
+        return np.zeros(len(index), dtype=values.dtype)
+    return np.where(index >= 0, values[np.maximum(index, 0)], 0)
 
 
-def _add_range(ranges: list[list[Any]], start: int, end: int, stream: int, pool: str) -> bool:
-    """Map [start, end) into the sorted range list; False (and no change) if it overlaps."""
-    k = bisect.bisect_left(ranges, [start])
-    if k > 0 and ranges[k - 1][1] > start:
-        return False
-    if k < len(ranges) and ranges[k][0] < end:
-        return False
-    ranges.insert(k, [start, end, stream, pool])
-    return True
+def _live_blocks(segments: list[_Segment]) -> dict[str, np.ndarray]:
+    """Blocks live in the final segments, as columns (in segment order)."""
+    rows = [(seg.device, blk.addr, seg.stream, blk.requested, blk.size, blk.stack)
+            for seg in segments for blk in seg.blocks if blk.state in _LIVE_STATES]
+    arr = np.array(rows, dtype=np.int64).reshape(-1, 6)
+    return {"device": arr[:, 0], "addr": arr[:, 1], "stream": arr[:, 2], "size_bytes": arr[:, 3],
+            "block_size_bytes": arr[:, 4], "stack_id": arr[:, 5]}
 
 
-def _guess_pool(ranges: list[list[Any]], final_ranges: list[tuple[int, int, int, str]],
-                start: int, end: int, stream: int) -> str:
-    """Pool of a range mapped only before the window's unmap: that of the nearest range of its stream."""
-    best: tuple[int, str] | None = None
-    for candidates in (ranges, final_ranges):
-        for r in candidates:
-            if r[2] != stream:
+def _last_request_actions(device: np.ndarray, addr: np.ndarray, action: np.ndarray,
+                          position: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unique (device, addr) keys of request entries with the action of the last one at each."""
+    if not len(device):
+        e = np.empty(0, np.int64)
+        return e, e, e
+    order = np.lexsort((position, addr, device))
+    d, a = device[order], addr[order]
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = (d[1:] != d[:-1]) | (a[1:] != a[:-1])
+    return d[last].astype(np.int64), a[last].astype(np.int64), action[order][last].astype(np.int64)
+
+
+def _declared_initial(live: dict[str, np.ndarray], last_dev: np.ndarray, last_addr: np.ndarray,
+                      last_action: np.ndarray, *, has_events: bool) -> tuple[dict[str, np.ndarray], int, int]:
+    """Final live blocks never touched in the window (sorted), and the two consistency counts."""
+    done = ACTION_NAMES.index("free_completed")
+    m = match_keys(last_dev, last_addr, live["device"], live["addr"])
+    untouched = m < 0
+    contradicted = int(((m >= 0) & (_gather(last_action, m) == done)).sum())
+    back = match_keys(live["device"], live["addr"], last_dev, last_addr)
+    dangling = int(((last_action != done) & (back < 0)).sum()) if has_events else 0
+    sel = {k: v[untouched] for k, v in live.items()}
+    order = np.lexsort((sel["block_size_bytes"], sel["size_bytes"], sel["stream"], sel["addr"], sel["device"]))
+    declared = {k: v[order] for k, v in sel.items()}
+    declared["alloc_id"] = np.arange(len(order), dtype=np.int64)
+    return declared, contradicted, dangling
+
+
+def _segment_entries(device: int, cols: Any) -> list[_Entry]:
+    """The segment_* entries of one device as ``_Entry`` (few: the rest stay columns)."""
+    first = ACTION_NAMES.index("segment_alloc")
+    idx = np.flatnonzero((cols.action >= first) & (cols.action < first + 4))
+    return [_Entry(int(cols.t_ns[i]), device, int(i), ACTION_NAMES[int(cols.action[i])], int(cols.addr[i]),
+                   int(cols.size[i]), int(cols.stream[i]), -1, f"device {device} entry {int(i)}")
+            for i in idx.tolist()]
+
+
+# ---------------------------------------------------------------------- mapped ranges
+class _RangeSet:
+    """Disjoint mapped ranges ``[start, end)`` with stream and pool, sorted by address (O(log n) each)."""
+
+    def __init__(self) -> None:
+        self.ranges: SortedList = SortedList()
+        self.by_stream: SortedDict = SortedDict()     # stream -> SortedList of (start, end, pool)
+
+    def copy(self) -> "_RangeSet":
+        other = _RangeSet()
+        for r in self.ranges:
+            other.add_unchecked(*r)
+        return other
+
+    def add_unchecked(self, start: int, end: int, stream: int, pool: str) -> None:
+        self.ranges.add((start, end, stream, pool))
+        self.by_stream.setdefault(stream, SortedList()).add((start, end, pool))
+
+    def _discard(self, r: tuple) -> None:
+        self.ranges.remove(r)
+        self.by_stream[r[2]].remove((r[0], r[1], r[3]))
+
+    def remove(self, start: int, end: int) -> int:
+        """Unmap [start, end); return how many bytes were mapped there."""
+        removed = 0
+        k = max(0, self.ranges.bisect_left((start,)) - 1)
+        hits = []
+        while k < len(self.ranges) and self.ranges[k][0] < end:
+            r = self.ranges[k]
+            if r[1] > start:
+                hits.append(r)
+            k += 1
+        for lo, hi, stream, pool in hits:
+            self._discard((lo, hi, stream, pool))
+            removed += min(hi, end) - max(lo, start)
+            if lo < start:
+                self.add_unchecked(lo, start, stream, pool)
+            if hi > end:
+                self.add_unchecked(end, hi, stream, pool)
+        return removed
+
+    def add(self, start: int, end: int, stream: int, pool: str) -> bool:
+        """Map [start, end); False (and no change) if it overlaps a mapped range."""
+        k = self.ranges.bisect_left((start,))
+        if k > 0 and self.ranges[k - 1][1] > start:
+            return False
+        if k < len(self.ranges) and self.ranges[k][0] < end:
+            return False
+        self.add_unchecked(start, end, stream, pool)
+        return True
+
+    def nearest_pool(self, start: int, end: int, stream: int, final: "_RangeSet") -> str:
+        """Pool of a range mapped only before an unmap: that of the nearest range of its stream."""
+        for candidates in (self, final):
+            lst = candidates.by_stream.get(stream)
+            if not lst:
                 continue
-            gap = start - r[1] if r[1] <= start else (r[0] - end if r[0] >= end else 0)
-            if best is None or gap < best[0]:
-                best = (gap, r[3])
-        if best is not None:
-            return best[1]
-    # Expandable pages: 2 MiB in the small pool, 20 MiB in the large one.
-    return "large" if (end - start) % (10 * K_SMALL_BUFFER) == 0 else "small"
+            k = lst.bisect_left((start,))
+            best: tuple[int, int, str] | None = None
+            for j in (k - 1, k):
+                if 0 <= j < len(lst):
+                    lo, hi, pool = lst[j]
+                    gap = start - hi if hi <= start else (lo - end if lo >= end else 0)
+                    if best is None or (gap, lo) < best[:2]:
+                        best = (gap, lo, pool)
+            if best is not None:
+                return best[2]
+        # Expandable pages: 2 MiB in the small pool, 20 MiB in the large one.
+        return "large" if (end - start) % (10 * K_SMALL_BUFFER) == 0 else "small"
 
-
-def _merge_ranges(ranges: list[list[Any]]) -> list[tuple[int, int, int, str]]:
-    """Merge touching ranges of one (stream, pool): snapshots report one segment per mapped run."""
-    merged: list[list[Any]] = []
-    for start, end, stream, pool in ranges:
-        if merged and merged[-1][1] == start and merged[-1][2] == stream and merged[-1][3] == pool:
-            merged[-1][1] = end
-        else:
-            merged.append([start, end, stream, pool])
-    return [tuple(m) for m in merged]
+    def merged(self) -> list[tuple[int, int, int, str]]:
+        """Touching ranges of one (stream, pool) merged: snapshots report one segment per mapped run."""
+        merged: list[list[Any]] = []
+        for start, end, stream, pool in self.ranges:
+            if merged and merged[-1][1] == start and merged[-1][2] == stream and merged[-1][3] == pool:
+                merged[-1][1] = end
+            else:
+                merged.append([start, end, stream, pool])
+        return [tuple(m) for m in merged]

@@ -24,10 +24,31 @@ def live_bytes_series(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     is_baseline = np.isin(ids, baseline_ids) & is_done
     window_delta = np.where(is_alloc, size, 0) - np.where(is_done & ~is_baseline, size, 0)
     baseline_delta = -np.where(is_baseline, size, 0)
+    baseline_total = _exact_sum(trace.initial_allocs["size_bytes"].to_numpy())
+    n_allocs = int(np.count_nonzero(is_alloc))
+    largest = max(int(size.max()) if len(size) else 0, 0)
+    if (n_allocs * largest + baseline_total >= _INT64_LIMIT
+            and _exact_sum(np.where(is_alloc, size, 0)) + baseline_total >= _INT64_LIMIT):
+        # Live bytes could pass 2**63 (only crafted traces): sum in Python integers, never wrap.
+        window = np.cumsum(window_delta.astype(object))
+        total = window + baseline_total + np.cumsum(baseline_delta.astype(object))
+        return window, total
     window = np.cumsum(window_delta, dtype=np.int64)
-    baseline_total = int(trace.initial_allocs["size_bytes"].sum())
     total = window + baseline_total + np.cumsum(baseline_delta, dtype=np.int64)
     return window, total
+
+
+_INT64_LIMIT = 1 << 63
+
+
+def _exact_sum(values: np.ndarray) -> int:
+    """Sum of non-negative int64 values as a Python int (no wrap-around)."""
+    if not len(values):
+        return 0
+    if int(values.max()) > 1 << 50 or int(values.min()) < 0:
+        return sum(values.tolist())
+    # Chunks of 2**12 values of at most 2**50 bytes each (the readers' size cap) cannot wrap.
+    return sum(int(chunk.sum()) for chunk in np.array_split(values, max(1, len(values) // 4096)))
 
 
 def summarize(trace: Trace) -> dict[str, Any]:
@@ -35,7 +56,7 @@ def summarize(trace: Trace) -> dict[str, Any]:
     kind = trace.column("kind")
     t_ns = trace.column("t_ns")
     window, total = live_bytes_series(trace)
-    baseline_bytes = int(trace.initial_allocs["size_bytes"].sum())
+    baseline_bytes = _exact_sum(trace.initial_allocs["size_bytes"].to_numpy())
     mem_kinds = np.isin(kind, [EventKind.ALLOC, EventKind.FREE_REQUESTED, EventKind.FREE_COMPLETED])
     streams = sorted(int(s) for s in np.unique(trace.column("stream")[mem_kinds]))
     decisions = trace.decisions["action"].value_counts().to_dict() if len(trace.decisions) else {}
@@ -54,13 +75,13 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "stream_ids": streams,
         "devices": trace.devices,
         "time_synthesized": bool(trace.meta.time_synthesized),
-        "time_span_ns": int(t_ns[-1] - t_ns[0]) if len(t_ns) else 0,
+        "time_span_ns": int(t_ns[-1]) - int(t_ns[0]) if len(t_ns) else 0,
         "baseline_allocs": int(len(trace.initial_allocs)),
         "baseline_live_bytes": baseline_bytes,
-        "peak_live_bytes": int(max(0, window.max())) if len(window) else 0,
-        "peak_live_with_baseline_bytes": int(max(baseline_bytes, total.max())) if len(total) else baseline_bytes,
+        "peak_live_bytes": int(max(0, int(window.max()))) if len(window) else 0,
+        "peak_live_with_baseline_bytes": int(max(baseline_bytes, int(total.max()))) if len(total) else baseline_bytes,
         "initial_segments": int(len(trace.initial_segments)),
-        "initial_reserved_bytes": int(trace.initial_segments["size_bytes"].sum()),
+        "initial_reserved_bytes": _exact_sum(trace.initial_segments["size_bytes"].to_numpy()),
         "recorded_decisions": {str(k): int(v) for k, v in sorted(decisions.items())},
         "allocator_settings": trace.meta.allocator_settings,
         "recorded": {device: _recorded_brief(run) for device, run in sorted(trace.meta.recorded.items())},

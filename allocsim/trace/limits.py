@@ -1,0 +1,332 @@
+"""Caps on what an untrusted trace file may make a reader do: raise one with ``--limits KEY=VALUE``.
+
+Every reader takes a ``Limits`` and every byte it reads comes through ``read_bytes`` /
+``open_text``: decompression is streamed and stops at ``decompressed_bytes`` or when the output
+grows past ``compression_ratio`` times the compressed size (a few MB of gzip cannot become
+gigabytes). Counts (events, devices, streams, segments, frames), string and number lengths and
+nesting depth are checked where values enter. An exceeded cap raises ``LimitExceeded``: one line
+naming the file, the cap, its value and the option that raises it.
+
+Operating-system failures (a directory, no permission, a FIFO or device file, a missing file)
+become ``TraceFormatError`` lines too, never tracebacks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+import os
+import stat
+import zlib
+from typing import Any, Iterator
+
+from ..errors import TraceFormatError
+from ..units import GiB, MiB, parse_bytes
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_CHUNK_BYTES = 1 << 20
+#: Below this much output the ratio cap is not applied (small files compress arbitrarily well).
+_RATIO_FLOOR_BYTES = 64 * MiB
+#: Quoted values in messages are cut to this many characters (the full length is noted).
+QUOTE_CHARS = 80
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Named caps with documented defaults; every trace reader honours them."""
+
+    decompressed_bytes: int = 16 * GiB   #: bytes a reader may read after decompression
+    compression_ratio: int = 200         #: decompressed / compressed size, checked past 64 MiB
+    events: int = 200_000_000            #: request events (and trace entries) in one trace
+    devices: int = 1024                  #: distinct devices
+    streams: int = 65_536                #: distinct streams
+    segments: int = 10_000_000           #: segments and blocks of a snapshot's final state
+    frames: int = 10_000_000             #: distinct stack frames, and frames in one stack
+    string_chars: int = 65_536           #: characters in one string value (frame names, labels)
+    number_chars: int = 64               #: characters of one number written as text
+    depth: int = 64                      #: nesting depth of JSON / pickle containers
+    memory_bytes: int = 32 * GiB         #: address space of the process that parses a snapshot
+    seconds: int = 3600                  #: wall time of the process that parses a snapshot
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """The cap names ``--limits`` accepts."""
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def with_overrides(self, overrides: dict[str, Any]) -> "Limits":
+        """Return a copy with ``overrides`` (``{"events": "1e9"}``, sizes like ``"64GiB"``) applied."""
+        changes = {}
+        for key, raw in overrides.items():
+            name = key.strip().replace("-", "_")
+            if name not in self.names():
+                raise ValueError(f"unknown limit {quote(key)}; known: {', '.join(self.names())}")
+            changes[name] = _parse_limit_value(name, raw)
+        return dataclasses.replace(self, **changes)
+
+
+DEFAULT_LIMITS = Limits()
+
+#: How to raise each cap, quoted in every "limit exceeded" message.
+def how_to_raise(name: str) -> str:
+    """The command-line option that raises cap ``name``."""
+    if name == "events":
+        return "--max-events N or --limits events=N"
+    if name == "decompressed_bytes":
+        return "--max-decompressed SIZE or --limits decompressed_bytes=SIZE"
+    return f"--limits {name}=VALUE"
+
+
+def _parse_limit_value(name: str, raw: Any) -> int:
+    if name.endswith("_bytes"):
+        value = parse_bytes(str(raw).strip()) if not isinstance(raw, int) else raw
+    else:
+        text = str(raw).strip().replace("_", "")
+        try:
+            value = int(float(text)) if any(c in text for c in ".eE") else int(text)
+        except ValueError:
+            raise ValueError(f"limit {name}: {quote(raw)} is not a whole number") from None
+    if value <= 0:
+        raise ValueError(f"limit {name}: must be positive (got {value})")
+    return int(value)
+
+
+def parse_limit_options(items: list[str] | None) -> dict[str, str]:
+    """Turn ``["events=1e9", "depth=100,string_chars=1MiB"]`` into a dict; bad syntax raises ValueError."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        for part in str(item).split(","):
+            if not part.strip():
+                continue
+            if "=" not in part:
+                raise ValueError(f"--limits takes KEY=VALUE, got {quote(part)}")
+            key, value = part.split("=", 1)
+            out[key.strip()] = value.strip()
+    return out
+
+
+class LimitExceeded(TraceFormatError):
+    """A trace file asked for more than a cap allows; the message says how to raise the cap."""
+
+    def __init__(self, path: str, record: str | int | None, name: str, limit: int, what: str):
+        self.limit_name = name
+        super().__init__(path, record, f"{what}: over the limit {name}={limit} "
+                                       f"(raise it with {how_to_raise(name)})")
+
+
+def check_count(path: str, name: str, count: int, limits: Limits, what: str,
+                record: str | None = None) -> None:
+    """Raise ``LimitExceeded`` when ``count`` exceeds the cap ``name``."""
+    limit = getattr(limits, name)
+    if count > limit:
+        raise LimitExceeded(path, record, name, limit, f"{count:,} {what}")
+
+
+# ------------------------------------------------------------------------------------ messages
+def quote(value: Any, max_chars: int = QUOTE_CHARS) -> str:
+    """``repr`` of a value from a file, cut to ``max_chars`` with its full length noted."""
+    if type(value) is int and value.bit_length() > 200:
+        return f"<{value.bit_length()}-bit integer>"
+    if isinstance(value, (str, bytes)):
+        text = repr(value[: max_chars + 1])
+        if len(value) > max_chars:
+            return f"{text[:max_chars]}... ({len(value):,} characters)"
+        return text
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a value from a hostile file may not even repr
+        return f"<{type(value).__name__}>"
+    if len(text) > max_chars:
+        return f"{text[:max_chars]}... ({len(text):,} characters)"
+    return text
+
+
+# ------------------------------------------------------------------------------------ files
+def check_regular_file(path: str) -> int:
+    """Return the size of ``path``; raise one ``TraceFormatError`` line for anything but a readable file."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise TraceFormatError(path, None, "no such file") from None
+    except PermissionError:
+        raise TraceFormatError(path, None, "permission denied") from None
+    except OSError as exc:
+        raise TraceFormatError(path, None, f"cannot read: {exc.strerror or type(exc).__name__}") from None
+    mode = st.st_mode
+    if stat.S_ISDIR(mode):
+        raise TraceFormatError(path, None, "is a directory, not a trace file")
+    if stat.S_ISFIFO(mode):
+        raise TraceFormatError(path, None, "is a FIFO (named pipe), not a trace file")
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        raise TraceFormatError(path, None, "is a device file, not a trace file")
+    if stat.S_ISSOCK(mode):
+        raise TraceFormatError(path, None, "is a socket, not a trace file")
+    if not stat.S_ISREG(mode):
+        raise TraceFormatError(path, None, "is not a regular file")
+    if not os.access(path, os.R_OK):
+        raise TraceFormatError(path, None, "permission denied")
+    if st.st_size == 0:
+        raise TraceFormatError(path, None, "empty file")
+    return st.st_size
+
+
+def os_error(path: str, exc: BaseException) -> TraceFormatError:
+    """One line for an ``OSError`` (or zlib/EOF error) met while reading ``path``."""
+    if isinstance(exc, PermissionError):
+        return TraceFormatError(path, None, "permission denied")
+    if isinstance(exc, IsADirectoryError):
+        return TraceFormatError(path, None, "is a directory, not a trace file")
+    if isinstance(exc, (zlib.error, EOFError, gzip.BadGzipFile)):
+        return TraceFormatError(path, None, f"truncated or corrupt gzip data ({type(exc).__name__}: "
+                                f"{quote(str(exc))})")
+    return TraceFormatError(path, None, f"cannot read: {quote(getattr(exc, 'strerror', None) or str(exc))}")
+
+
+class BoundedReader(io.RawIOBase):
+    """A binary stream over ``path`` that decompresses gzip on the fly under the byte and ratio caps."""
+
+    def __init__(self, path: str, limits: Limits = DEFAULT_LIMITS):
+        super().__init__()
+        self.path = path
+        self.limits = limits
+        self.file_bytes = check_regular_file(path)
+        try:
+            self._raw = open(path, "rb")
+        except OSError as exc:
+            raise os_error(path, exc) from None
+        magic = self._raw.read(2)
+        self._raw.seek(0)
+        self.compressed = magic == _GZIP_MAGIC
+        self._inflate = zlib.decompressobj(wbits=31) if self.compressed else None
+        self._pending = b""
+        self.total_out = 0
+        self._eof = False
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()
+        super().close()
+
+    def _count(self, n: int) -> None:
+        self.total_out += n
+        limits = self.limits
+        if self.total_out > limits.decompressed_bytes:
+            what = "decompressed data" if self.compressed else "file"
+            raise LimitExceeded(self.path, None, "decompressed_bytes", limits.decompressed_bytes,
+                                f"{what} is over {limits.decompressed_bytes:,} bytes")
+        if (self.compressed and self.total_out > _RATIO_FLOOR_BYTES
+                and self.total_out > limits.compression_ratio * self.file_bytes):
+            raise LimitExceeded(self.path, None, "compression_ratio", limits.compression_ratio,
+                                f"gzip data expands more than {limits.compression_ratio}x "
+                                f"({self.file_bytes:,} bytes to over {self.total_out:,}): a decompression bomb?")
+
+    def _next_chunk(self, size: int) -> bytes:
+        """The next decompressed chunk; OS, zlib and EOF errors propagate (``read_bytes`` names them)."""
+        if self._inflate is None:
+            chunk = self._raw.read(size)
+            if not chunk:
+                self._eof = True
+            return chunk
+        while True:
+            if self._pending:
+                out = self._inflate.decompress(self._pending, size)
+                self._pending = self._inflate.unconsumed_tail
+            else:
+                data = self._raw.read(_CHUNK_BYTES)
+                if not data:
+                    if not self._inflate.eof:
+                        raise EOFError("compressed file ended before the end-of-stream marker")
+                    self._eof = True
+                    return b""
+                out = self._inflate.decompress(data, size)
+                self._pending = self._inflate.unconsumed_tail
+            if self._inflate.eof:
+                rest = self._inflate.unused_data + self._pending
+                self._pending = b""
+                if rest.startswith(_GZIP_MAGIC):
+                    # A concatenated gzip member (gzip -c a b > c): keep going.
+                    self._inflate = zlib.decompressobj(wbits=31)
+                    self._pending = rest
+                elif rest.strip(b"\x00"):
+                    raise zlib.error("trailing garbage after the gzip stream")
+                if not out and not self._pending:
+                    self._eof = True
+                    return b""
+            if out:
+                return out
+
+    def readinto(self, buffer) -> int:
+        if self._eof:
+            return 0
+        view = memoryview(buffer).cast("B")
+        chunk = self._next_chunk(min(len(view), _CHUNK_BYTES))
+        n = len(chunk)
+        if n:
+            self._count(n)
+            view[:n] = chunk
+        return n
+
+
+def read_bytes(path: str, limits: Limits = DEFAULT_LIMITS) -> bytes:
+    """Return the whole (decompressed) content of ``path`` under the caps; empty content is an error."""
+    reader = BoundedReader(path, limits)
+    try:
+        parts = []
+        while True:
+            chunk = reader._next_chunk(_CHUNK_BYTES)
+            if not chunk:
+                break
+            reader._count(len(chunk))
+            parts.append(chunk)
+    except (OSError, zlib.error, EOFError) as exc:
+        raise os_error(path, exc) from None
+    finally:
+        reader.close()
+    data = b"".join(parts)
+    if not data:
+        raise TraceFormatError(path, None, "empty file (after decompression)")
+    return data
+
+
+def open_binary(path: str, limits: Limits = DEFAULT_LIMITS) -> io.BufferedReader:
+    """A buffered binary stream of the (decompressed) content of ``path`` under the caps."""
+    return io.BufferedReader(BoundedReader(path, limits), buffer_size=_CHUNK_BYTES)
+
+
+def read_head(path: str, n_bytes: int = 4096) -> bytes:
+    """The first ``n_bytes`` of the (decompressed) content, for format detection."""
+    reader = BoundedReader(path, DEFAULT_LIMITS)
+    try:
+        out = b""
+        while len(out) < n_bytes:
+            chunk = reader._next_chunk(n_bytes)
+            if not chunk:
+                break
+            out += chunk
+        return out[:n_bytes]
+    except (OSError, zlib.error, EOFError) as exc:
+        if out:
+            return out[:n_bytes]   # enough to recognise the format; the reader reports the damage
+        raise os_error(path, exc) from None
+    finally:
+        reader.close()
+
+
+def iter_chunks(path: str, limits: Limits = DEFAULT_LIMITS) -> Iterator[bytes]:
+    """Yield the (decompressed) content of ``path`` in chunks of about 1 MiB, under the caps."""
+    reader = BoundedReader(path, limits)
+    try:
+        while True:
+            try:
+                chunk = reader._next_chunk(_CHUNK_BYTES)
+            except (OSError, zlib.error, EOFError) as exc:
+                raise os_error(path, exc) from None
+            if not chunk:
+                return
+            reader._count(len(chunk))
+            yield chunk
+    finally:
+        reader.close()

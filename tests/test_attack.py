@@ -1,0 +1,128 @@
+"""Attack suite: every CLI command on hostile and valid files, in a subprocess under a memory cap.
+
+Each run must end with exit 0, 1, 2 or 3, no traceback, a one-line error naming the file when it
+fails, peak RSS within the cap, and on valid files the numbers of an independent recount. CI runs
+one file per class of attack; ``pytest -m slow tests/test_attack.py`` runs every generator with
+several seeds plus a hypothesis search over valid files (see the README, "Limits and untrusted input").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.attack_files import HOSTILE, VALID
+
+ROOT = Path(__file__).resolve().parents[1]
+MEMORY_CAP_BYTES = 4 << 30
+TIME_LIMIT_S = 120
+_CLI = "import sys; from allocsim.cli import main; sys.exit(main())"
+_VALIDATE = "import sys, runpy; sys.argv[0] = 'validate'; runpy.run_module('validate', run_name='__main__')"
+
+
+def commands(path: Path, out_dir: Path) -> dict[str, list[str]]:
+    """Every command that reads a trace, as argv lists."""
+    return {
+        "info": ["-c", _CLI, "info", str(path), "--json"],
+        "run pytorch": ["-c", _CLI, "run", str(path), "--policy", "pytorch", "--fast"],
+        "run bestfit": ["-c", _CLI, "run", str(path), "--policy", "bestfit", "--fast"],
+        "convert": ["-c", _CLI, "convert", str(path), "-o", str(out_dir / "out.parquet")],
+        "validate snapshot": ["-c", _VALIDATE, "snapshot", str(path)],
+    }
+
+
+def run_capped(argv: list[str]) -> tuple[int, str, str, int]:
+    """(exit code, stdout, stderr, peak RSS bytes of the process and its children)."""
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP_BYTES, MEMORY_CAP_BYTES))
+
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, *argv], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                preexec_fn=cap, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        timer = threading.Timer(TIME_LIMIT_S, proc.kill)
+        timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return proc.returncode, out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace"), \
+            usage.ru_maxrss * 1024
+
+
+def check_run(name: str, path: Path, argv: list[str], expected: dict | None) -> None:
+    code, out, err, rss = run_capped(argv)
+    where = f"{name} on {path.name}"
+    assert code in (0, 1, 2, 3), f"{where}: exit {code} (killed or crashed)\n{err[-2000:]}"
+    assert "Traceback" not in err, f"{where}: traceback\n{err[-3000:]}"
+    assert rss <= MEMORY_CAP_BYTES, f"{where}: peak RSS {rss} bytes"
+    if code == 2:
+        lines = [line for line in err.strip().splitlines() if line.strip()]
+        assert len(lines) == 1, f"{where}: error is not one line:\n{err[-2000:]}"
+        assert path.name in lines[0], f"{where}: error does not name the file: {lines[0]}"
+        assert len(lines[0]) < 1000, f"{where}: error line of {len(lines[0])} characters"
+    if expected is not None and name == "info":
+        assert code == 0, f"{where}: a valid file failed: {err}"
+        summary = json.loads(out)
+        for key, value in expected.items():
+            assert summary[key] == value, f"{where}: {key} {summary[key]} != recount {value}"
+
+
+def _cases(seeds: int):
+    for cls, generators in HOSTILE.items():
+        for gen_name, gen in generators.items():
+            for seed in range(seeds):
+                yield pytest.param(cls, gen_name, gen, seed, id=f"{cls}-{gen_name}-{seed}")
+
+
+# One generator per class in CI (a few seconds per CLI run); all of them, several seeds, under -m slow.
+_CI_PICK = {"decompression bomb": "json.gz", "amplification": "empty containers",
+            "quadratic structure": "address collisions", "traceback": "settings types",
+            "wrong numbers": "wrapping sums", "messages": "huge string"}
+_CI_COMMANDS = ("info", "run pytorch")
+
+
+@pytest.mark.parametrize("cls, gen_name, gen, seed",
+                         [c for c in _cases(1) if _CI_PICK.get(c.values[0]) == c.values[1]])
+def test_hostile_files_ci(tmp_path, cls, gen_name, gen, seed):
+    path, _ = gen(tmp_path, random.Random(seed))
+    for name in _CI_COMMANDS:
+        check_run(name, path, commands(path, tmp_path)[name], None)
+
+
+@pytest.mark.parametrize("kind", sorted(VALID))
+def test_valid_files_ci(tmp_path, kind):
+    path, expected = VALID[kind](tmp_path, random.Random(1))
+    for name, argv in commands(path, tmp_path).items():
+        check_run(name, path, argv, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls, gen_name, gen, seed", list(_cases(3)))
+def test_hostile_files_all_commands(tmp_path, cls, gen_name, gen, seed):
+    path, _ = gen(tmp_path, random.Random(seed))
+    for name, argv in commands(path, tmp_path).items():
+        check_run(name, path, argv, None)
+
+
+@pytest.mark.slow
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kind=st.sampled_from(sorted(VALID)), seed=st.integers(0, 1 << 30))
+def test_valid_files_recount(kind, seed):
+    with tempfile.TemporaryDirectory() as folder:
+        path, expected = VALID[kind](Path(folder), random.Random(seed))
+        for name, argv in commands(path, Path(folder)).items():
+            check_run(name, path, argv, expected)
