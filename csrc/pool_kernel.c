@@ -132,27 +132,37 @@ static uint32_t find(const KernelObject *k, const Request *r) {
     return block >= limit ? 0 : x;
 }
 
-/* Hand out block (size, addr) for r: split off the remainder as the policy's should_split says.
- * On return *addr and *block are what the request gets; *split tells whether a split happened. */
-static int place(const KernelObject *k, const Request *r, int64_t owner, uint64_t *addr, uint64_t *block, int *split) {
-    *split = 0;
-    if (*block <= r->size) return 0;
-    uint64_t remaining = *block - r->size;
+/* How a block (size, addr) serves r, decided by the policy's should_split and changing nothing:
+ * what the request gets (addr, size) and the remainder left free (remainder_size 0: no split). */
+typedef struct {
+    uint64_t addr, size;
+    uint64_t remainder_addr, remainder_size;
+} Placement;
+
+static Placement plan(const KernelObject *k, const Request *r, uint64_t addr, uint64_t block) {
+    Placement p = {addr, block, 0, 0};
+    if (block <= r->size) return p;
+    uint64_t remaining = block - r->size;
     if (k->flavor == FLAVOR_PYTORCH) {
-        if (r->small ? remaining < K_MIN_BLOCK_SIZE : !(r->size < k->max_split && remaining > K_SMALL_SIZE)) return 0;
-        if (fl_add(r->pool, *addr + r->size, remaining, r->stream_key) < 0) return -1;
+        if (r->small ? remaining < K_MIN_BLOCK_SIZE : !(r->size < k->max_split && remaining > K_SMALL_SIZE)) return p;
+        p.remainder_addr = addr + r->size;   /* the low part is handed out */
     } else {
-        if (remaining < k->min_split) return 0;
+        if (remaining < k->min_split) return p;
         if (k->carve_high) {   /* Paddle: the remainder stays at the low end */
-            if (fl_add(r->pool, *addr, remaining, owner) < 0) return -1;
-            *addr += remaining;
-        } else if (fl_add(r->pool, *addr + r->size, remaining, owner) < 0) {
-            return -1;
+            p.remainder_addr = addr;
+            p.addr = addr + remaining;
+        } else {
+            p.remainder_addr = addr + r->size;
         }
     }
-    *block = r->size;
-    *split = 1;
-    return 0;
+    p.size = r->size;
+    p.remainder_size = remaining;
+    return p;
+}
+
+/* Leave the placement's remainder free in the pool, owned by stream key owner. */
+static inline int place(const Request *r, const Placement *p, int64_t owner) {
+    return p->remainder_size ? fl_add(r->pool, p->remainder_addr, p->remainder_size, owner) : 0;
 }
 
 /* ------------------------------------------------------------------------------ counters */
@@ -378,8 +388,11 @@ static PyObject *Kernel_malloc(KernelObject *k, PyObject *const *args, Py_ssize_
         return NULL;
     }
 placed:;
-    int split;
-    if (place(k, &r, owner, &addr, &block, &split) < 0) return NULL;
+    Placement p = plan(k, &r, addr, block);
+    if (place(&r, &p, owner) < 0) return NULL;
+    int split = p.remainder_size != 0;
+    addr = p.addr;
+    block = p.size;
     PyObject *addr_obj = PyLong_FromUnsignedLongLong(addr);
     if (!addr_obj) return NULL;
     if (k->flavor == FLAVOR_POOL) {
@@ -647,55 +660,45 @@ static PyObject *Kernel_replay_run(KernelObject *k, PyObject *obj) {
             uint32_t x = find(k, &r);
             if (!x) break;   /* a miss: growth and retries are the per-event route's */
             uint64_t block = r.pool->nodes.nodes[x].size, addr = r.pool->nodes.nodes[x].addr;
-            int64_t new_requested, most_allocated;
-            if (__builtin_add_overflow(requested, size_bytes, &new_requested) || block > (uint64_t)INT64_MAX
-                    || __builtin_add_overflow(allocated, (int64_t)block, &most_allocated))
+            Placement p = plan(k, &r, addr, block);
+            int64_t new_requested, new_allocated;
+            if (__builtin_add_overflow(requested, size_bytes, &new_requested) || p.size > (uint64_t)INT64_MAX
+                    || __builtin_add_overflow(allocated, (int64_t)p.size, &new_allocated))
                 break;
+            /* The live entry goes in first (setdefault: one lookup, and a duplicate id changes nothing). */
             PyObject *aid = column_object(&run.alloc_id, pos, aid_value);
-            if (!aid) {
-                failed = 1;
-                break;
-            }
-            int known = PyDict_Contains(k->live, aid);
-            if (known) {
-                Py_DECREF(aid);
-                if (known < 0) failed = 1;
-                break;
-            }
-            if (k->gc) r.pool->clock++;
-            fl_take(r.pool, r.stream_key, block, addr);
-            int split;
-            PyObject *addr_obj = NULL, *size_obj = NULL, *block_obj = NULL, *stream_obj = NULL, *entry = NULL;
-            if (place(k, &r, r.stream_key, &addr, &block, &split) < 0) {
-                Py_DECREF(aid);
-                failed = 1;
-                break;
-            }
-            n_splits += split;
-            addr_obj = PyLong_FromUnsignedLongLong(addr);
-            size_obj = column_object(&run.size_bytes, pos, size_bytes);
-            block_obj = PyLong_FromUnsignedLongLong(block);
-            stream_obj = column_object(&run.stream, pos, stream);
-            if (addr_obj && size_obj && block_obj && stream_obj)
-                entry = PyTuple_Pack(4, addr_obj, size_obj, block_obj, stream_obj);
-            if (!entry || PyDict_SetItem(k->live, aid, entry) < 0
-                    || (k->flavor == FLAVOR_POOL && k->two_pools
+            PyObject *addr_obj = aid ? PyLong_FromUnsignedLongLong(p.addr) : NULL;
+            PyObject *size_obj = addr_obj ? column_object(&run.size_bytes, pos, size_bytes) : NULL;
+            PyObject *block_obj = size_obj ? PyLong_FromUnsignedLongLong(p.size) : NULL;
+            PyObject *stream_obj = block_obj ? column_object(&run.stream, pos, stream) : NULL;
+            PyObject *entry = stream_obj ? PyTuple_Pack(4, addr_obj, size_obj, block_obj, stream_obj) : NULL;
+            PyObject *present = entry ? PyDict_SetDefault(k->live, aid, entry) : NULL;
+            int duplicate = present != NULL && present != entry;
+            if (!present
+                    || (!duplicate && k->flavor == FLAVOR_POOL && k->two_pools
                         && PyDict_SetItem(k->pool_of, addr_obj, (PyObject *)r.pool) < 0)) {
                 failed = 1;
-            } else {
+            } else if (!duplicate) {
+                Py_INCREF(stream_obj);
                 Py_XSETREF(last_stream, stream_obj);
-                stream_obj = NULL;
             }
             Py_XDECREF(entry);
             Py_XDECREF(addr_obj);
             Py_XDECREF(size_obj);
             Py_XDECREF(block_obj);
             Py_XDECREF(stream_obj);
-            Py_DECREF(aid);
-            if (failed) break;
+            Py_XDECREF(aid);
+            if (failed || duplicate) break;   /* a duplicate id: the reference raises InvalidFree */
+            if (k->gc) r.pool->clock++;
+            fl_take(r.pool, r.stream_key, block, addr);
+            if (place(&r, &p, r.stream_key) < 0) {
+                failed = 1;
+                break;
+            }
+            n_splits += p.remainder_size != 0;
             n_hits++;
             requested = new_requested;
-            allocated += (int64_t)block;   /* after the split: no more than the checked sum */
+            allocated = new_allocated;
             run.requested.data[row] = requested;
             run.active.data[row] = allocated;
         } else if (kind == EV_FREE_REQUESTED) {
@@ -705,23 +708,24 @@ static PyObject *Kernel_replay_run(KernelObject *k, PyObject *obj) {
                 failed = 1;
                 break;
             }
-            int is_pending = PySet_Contains(k->pending, aid);
-            PyObject *entry = is_pending == 0 ? PyDict_GetItemWithError(k->live, aid) : NULL;
+            PyObject *entry = PyDict_GetItemWithError(k->live, aid);
             uint64_t addr, block;
             int64_t req, stream, new_pending;
             if (!entry || !read_entry(entry, &addr, &req, &block, &stream)
                     || __builtin_add_overflow(pending_bytes, (int64_t)block, &new_pending)) {
-                /* already pending, not allocated (or its allocation failed), or out of range */
+                /* not allocated (or its allocation failed), or out of range */
                 Py_DECREF(aid);
                 if (PyErr_Occurred()) failed = 1;
                 break;
             }
+            Py_ssize_t before = PySet_GET_SIZE(k->pending);
             if (PySet_Add(k->pending, aid) < 0) {
                 Py_DECREF(aid);
                 failed = 1;
                 break;
             }
             Py_DECREF(aid);
+            if (PySet_GET_SIZE(k->pending) == before) break;   /* already pending: nothing changed */
             pending_bytes = new_pending;
             run.pending.data[row] = pending_bytes;
         } else if (kind == EV_FREE_COMPLETED) {
@@ -731,8 +735,7 @@ static PyObject *Kernel_replay_run(KernelObject *k, PyObject *obj) {
                 failed = 1;
                 break;
             }
-            int is_pending = PySet_Contains(k->pending, aid);
-            PyObject *entry = is_pending == 1 ? PyDict_GetItemWithError(k->live, aid) : NULL;
+            PyObject *entry = PyDict_GetItemWithError(k->live, aid);
             uint64_t addr, block;
             int64_t req, stream;
             if (!entry || !read_entry(entry, &addr, &req, &block, &stream)) {
@@ -740,9 +743,15 @@ static PyObject *Kernel_replay_run(KernelObject *k, PyObject *obj) {
                 if (PyErr_Occurred()) failed = 1;
                 break;
             }
+            int was_pending = PySet_Discard(k->pending, aid);
+            if (was_pending <= 0) {   /* not requested first: the per-event route requests it */
+                Py_DECREF(aid);
+                if (was_pending < 0) failed = 1;
+                break;
+            }
             FreeListObject *pool = NULL;
             int64_t stream_key = 0;
-            if (PySet_Discard(k->pending, aid) < 0 || PyDict_DelItem(k->live, aid) < 0
+            if (PyDict_DelItem(k->live, aid) < 0
                     || (block && free_target(k, addr, block, stream, &pool, &stream_key) < 0)) {
                 Py_DECREF(aid);
                 failed = 1;
