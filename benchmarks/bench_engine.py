@@ -3,6 +3,7 @@
     python benchmarks/bench_engine.py                                   # pytorch, fast + SimPy, both routes
     python benchmarks/bench_engine.py --policies all --routes compiled  # every policy on the kernel
     python benchmarks/bench_engine.py --stream stream.parquet           # a stream from build_stream.py (or .csv)
+    python benchmarks/bench_engine.py --single-stream --no-peer         # SimPy versus fast on one stream
     python benchmarks/bench_engine.py --trace T --events 2000000        # one trace repeated instead
     python benchmarks/bench_engine.py --json
 
@@ -215,7 +216,7 @@ def load_stream(args) -> Trace:
         return repeat_trace(select_device(trace, device), args.events)
     from build_stream import build_stream, default_paths
 
-    return build_stream(default_paths(), args.requests)
+    return build_stream(default_paths(), args.requests, single_stream=args.single_stream)
 
 
 def _print_row(row: dict, peer: dict | None) -> None:
@@ -235,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stream", help="a stream file (build_stream.py output: Parquet or RMM CSV)")
     parser.add_argument("--requests", type=int, default=1_000_000, help="requests in the default stream")
+    parser.add_argument("--single-stream", action="store_true", help="the default stream with every request on stream 0")
     parser.add_argument("--trace", help="instead: repeat this trace to --events events")
     parser.add_argument("--device", type=int, default=None, help="device of a multi-device --trace")
     parser.add_argument("--events", type=int, default=1_000_000, help="minimum events for --trace")

@@ -9,7 +9,8 @@ dropped; what a recording leaves allocated is freed at its end, so memory stays 
 allocation's size moves by a few 512-byte units (-3..+3, never below 1 byte) drawn from a seeded
 generator, so no round repeats another exactly and every run of the script writes the same
 stream. Rounds continue until the stream holds ``--requests`` requests (allocations + frees).
-Pointers are never reused; each snapshot keeps its own stream ids; times are 1 us apart.
+Pointers are never reused; each snapshot keeps its own stream ids (``--single-stream`` puts every
+request on stream 0, for SimPy-versus-fast comparisons on one stream); times are 1 us apart.
 
 ``benchmarks/bench_engine.py`` builds the same stream in memory when given no ``--stream``.
 """
@@ -79,7 +80,7 @@ def snapshot_requests(path: Path) -> Requests:
     return Requests(path.name, is_alloc, local_id, size_of[local_id], stream_of[local_id])
 
 
-def build_stream(paths: list[Path], target_requests: int, seed: int = 0) -> Trace:
+def build_stream(paths: list[Path], target_requests: int, seed: int = 0, single_stream: bool = False) -> Trace:
     """The benchmark stream as a ``Trace`` (each free as a free request and its completion at the same time)."""
     streams = [snapshot_requests(p) for p in paths]
     rng = np.random.default_rng(seed)
@@ -88,7 +89,7 @@ def build_stream(paths: list[Path], target_requests: int, seed: int = 0) -> Trac
         for req in streams:
             jitter = rng.integers(-JITTER_UNITS, JITTER_UNITS + 1, size=req.n_allocs) * UNIT_BYTES
             sizes = np.maximum(req.size + jitter[req.local_id], 1)
-            parts.append((req.is_alloc, req.local_id + next_id, sizes, req.stream))
+            parts.append((req.is_alloc, req.local_id + next_id, sizes, req.stream * (not single_stream)))
             next_id += req.n_allocs
             requests += len(req.is_alloc)
             if requests >= target_requests:
@@ -148,10 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=1_000_000, help="minimum requests (default: %(default)s)")
     parser.add_argument("--snapshots", nargs="+", help="snapshot files (default: four shared snapshots)")
     parser.add_argument("--seed", type=int, default=0, help="jitter seed (default: %(default)s)")
+    parser.add_argument("--single-stream", action="store_true", help="every request on stream 0")
     args = parser.parse_args(argv)
     paths = [Path(p) for p in args.snapshots] if args.snapshots else default_paths()
     started = time.perf_counter()
-    trace = build_stream(paths, args.requests, args.seed)
+    trace = build_stream(paths, args.requests, args.seed, args.single_stream)
     out = Path(args.out)
     if out.suffix == ".csv":
         write_rmm_csv(trace, out)

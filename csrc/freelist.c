@@ -86,9 +86,14 @@ static PyObject *value_or_none(int found, uint64_t value) {
 }
 
 /* ------------------------------------------------------------------------------ core operations */
-uint32_t *fl_stream_root(FreeListObject *fl, int64_t stream_key, int create) {
+BTree *fl_stream_tree(FreeListObject *fl, int64_t stream_key, int create) {
     uint64_t slot;
-    if (u64map_get(&fl->stream_slot, (uint64_t)stream_key, &slot)) return &fl->stream_roots[slot];
+    if (fl->last_stream_slot >= 0 && fl->last_stream_key == stream_key) return &fl->stream_trees[fl->last_stream_slot];
+    if (u64map_get(&fl->stream_slot, (uint64_t)stream_key, &slot)) {
+        fl->last_stream_key = stream_key;
+        fl->last_stream_slot = (Py_ssize_t)slot;
+        return &fl->stream_trees[slot];
+    }
     if (!create) return NULL;
     if (fl->n_streams == fl->stream_capacity) {
         Py_ssize_t capacity = fl->stream_capacity ? fl->stream_capacity * 2 : 4;
@@ -98,12 +103,12 @@ uint32_t *fl_stream_root(FreeListObject *fl, int64_t stream_key, int create) {
             return NULL;
         }
         fl->stream_keys = keys;
-        uint32_t *roots = (uint32_t *)PyMem_Realloc(fl->stream_roots, (size_t)capacity * sizeof(uint32_t));
-        if (!roots) {
+        BTree *trees = (BTree *)PyMem_Realloc(fl->stream_trees, (size_t)capacity * sizeof(BTree));
+        if (!trees) {
             PyErr_NoMemory();
             return NULL;
         }
-        fl->stream_roots = roots;
+        fl->stream_trees = trees;
         fl->stream_capacity = capacity;
     }
     if (u64map_put(&fl->stream_slot, (uint64_t)stream_key, (uint64_t)fl->n_streams) < 0) {
@@ -111,8 +116,10 @@ uint32_t *fl_stream_root(FreeListObject *fl, int64_t stream_key, int create) {
         return NULL;
     }
     fl->stream_keys[fl->n_streams] = stream_key;
-    fl->stream_roots[fl->n_streams] = 0;
-    return &fl->stream_roots[fl->n_streams++];
+    memset(&fl->stream_trees[fl->n_streams], 0, sizeof(BTree));
+    fl->last_stream_key = stream_key;
+    fl->last_stream_slot = fl->n_streams;
+    return &fl->stream_trees[fl->n_streams++];
 }
 
 static void forget_block(FreeListObject *fl, uint64_t size, uint64_t addr) {
@@ -122,30 +129,27 @@ static void forget_block(FreeListObject *fl, uint64_t size, uint64_t addr) {
 }
 
 int fl_take(FreeListObject *fl, int64_t stream_key, uint64_t size, uint64_t addr) {
-    uint32_t *root = fl_stream_root(fl, stream_key, 0);
-    if (!root) return 2;
-    uint32_t x = treap_erase(fl->nodes.nodes, root, size, addr);
-    if (!x) return 1;
-    node_release(&fl->nodes, x);
+    BTree *tree = fl_stream_tree(fl, stream_key, 0);
+    if (!tree) return 2;
+    if (!bt_erase(tree, block_key(size, addr))) return 1;
     forget_block(fl, size, addr);
     return 0;
 }
 
-static int index_block(FreeListObject *fl, uint32_t *root, uint64_t addr, uint64_t size) {
-    uint32_t x = node_new(&fl->nodes, size, addr);
-    if (!x || u64map_put(&fl->size_at, addr, size) < 0 || u64map_put(&fl->start_ending_at, addr + size, addr) < 0
+static int index_block(FreeListObject *fl, BTree *tree, uint64_t addr, uint64_t size) {
+    if (bt_insert(tree, block_key(size, addr)) < 0 || u64map_put(&fl->size_at, addr, size) < 0
+            || u64map_put(&fl->start_ending_at, addr + size, addr) < 0
             || (fl->track_age && u64map_put(&fl->inserted_at, addr, (uint64_t)fl->clock) < 0)) {
         PyErr_NoMemory();
         return -1;
     }
-    treap_insert(fl->nodes.nodes, root, x);
     return 0;
 }
 
 int fl_add(FreeListObject *fl, uint64_t addr, uint64_t size, int64_t stream_key) {
-    uint32_t *root = fl_stream_root(fl, stream_key, 1);
-    if (!root) return -1;
-    return index_block(fl, root, addr, size);
+    BTree *tree = fl_stream_tree(fl, stream_key, 1);
+    if (!tree) return -1;
+    return index_block(fl, tree, addr, size);
 }
 
 static int corrupt(const char *what, uint64_t addr) {
@@ -155,15 +159,13 @@ static int corrupt(const char *what, uint64_t addr) {
 }
 
 int fl_free(FreeListObject *fl, uint64_t addr, uint64_t size, int64_t stream_key) {
-    uint32_t *root = fl_stream_root(fl, stream_key, 1);
-    if (!root) return -1;
+    BTree *tree = fl_stream_tree(fl, stream_key, 1);
+    if (!tree) return -1;
     int merges = 0;
     uint64_t other = 0, other_size = 0;
     if (!u64map_contains(&fl->segment_size_at, addr) && u64map_del(&fl->start_ending_at, addr, &other)) {
         u64map_del(&fl->size_at, other, &other_size);   /* a segment's start is a hard boundary */
-        uint32_t x = treap_erase(fl->nodes.nodes, root, other_size, other);
-        if (!x) return corrupt("previous", other);
-        node_release(&fl->nodes, x);
+        if (!bt_erase(tree, block_key(other_size, other))) return corrupt("previous", other);
         addr = other;
         size += other_size;
         merges = 1;
@@ -171,15 +173,13 @@ int fl_free(FreeListObject *fl, uint64_t addr, uint64_t size, int64_t stream_key
     uint64_t end = addr + size;
     if (!u64map_contains(&fl->segment_size_at, end) && u64map_del(&fl->size_at, end, &other_size)) {
         u64map_del(&fl->start_ending_at, end + other_size, NULL);
-        uint32_t x = treap_erase(fl->nodes.nodes, root, other_size, end);
-        if (!x) return corrupt("next", end);
-        node_release(&fl->nodes, x);
+        if (!bt_erase(tree, block_key(other_size, end))) return corrupt("next", end);
         if (fl->track_age) u64map_del(&fl->inserted_at, end, NULL);
         size += other_size;
         merges++;
     }
     /* The merged block is new to the set: its age restarts (index_block stamps the clock). */
-    if (index_block(fl, root, addr, size) < 0) return -1;
+    if (index_block(fl, tree, addr, size) < 0) return -1;
     return merges;
 }
 
@@ -192,24 +192,23 @@ typedef struct {
     uint64_t total;
 } WalkCtx;
 
-static int collect(const TreapNode *node, void *arg) {
+static int collect(BlockKey key, void *arg) {
     WalkCtx *ctx = (WalkCtx *)arg;
     PyObject *item;
-    uint64_t segment_size;
+    uint64_t segment_size, size = key_size(key), addr = key_addr(key);
     switch (ctx->mode) {
     case 0:
-        item = kernel_pack_key(node->size, node->addr);
+        item = kernel_pack_key(size, addr);
         break;
     case 2:
-        if (!u64map_get(&ctx->fl->segment_size_at, node->addr, &segment_size) || segment_size != node->size)
+        if (!u64map_get(&ctx->fl->segment_size_at, addr, &segment_size) || segment_size != size)
             return 0;
         /* fall through */
     case 1:
-        item = Py_BuildValue("(KKL)", (unsigned long long)node->addr, (unsigned long long)node->size,
-                             (long long)ctx->stream_key);
+        item = Py_BuildValue("(KKL)", (unsigned long long)addr, (unsigned long long)size, (long long)ctx->stream_key);
         break;
     default:
-        ctx->total += node->size;
+        ctx->total += size;
         return 0;
     }
     if (!item) return 1;
@@ -219,12 +218,10 @@ static int collect(const TreapNode *node, void *arg) {
 }
 
 static int walk_stream(FreeListObject *fl, int64_t stream_key, WalkCtx *ctx) {
-    uint32_t *root = fl_stream_root(fl, stream_key, 0);
-    if (!root) return 0;
+    BTree *tree = fl_stream_tree(fl, stream_key, 0);
+    if (!tree) return 0;
     ctx->stream_key = stream_key;
-    int rc = treap_walk(fl->nodes.nodes, *root, collect, ctx);
-    if (rc < 0) PyErr_NoMemory();
-    return rc ? -1 : 0;
+    return bt_walk(tree, collect, ctx) ? -1 : 0;
 }
 
 static int cmp_int64(const void *a, const void *b) {
@@ -242,10 +239,7 @@ static PyObject *FreeList_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     u64map_init(&fl->segment_stream_at);
     u64map_init(&fl->inserted_at);
     u64map_init(&fl->stream_slot);
-    if (node_pool_init(&fl->nodes) < 0) {
-        Py_DECREF(fl);
-        return PyErr_NoMemory();
-    }
+    fl->last_stream_slot = -1;
     return (PyObject *)fl;
 }
 
@@ -264,9 +258,9 @@ static void FreeList_dealloc(FreeListObject *fl) {
     u64map_free(&fl->segment_stream_at);
     u64map_free(&fl->inserted_at);
     u64map_free(&fl->stream_slot);
+    for (Py_ssize_t k = 0; k < fl->n_streams; k++) bt_free(&fl->stream_trees[k]);
     PyMem_Free(fl->stream_keys);
-    PyMem_Free(fl->stream_roots);
-    node_pool_free(&fl->nodes);
+    PyMem_Free(fl->stream_trees);
     Py_TYPE(fl)->tp_free((PyObject *)fl);
 }
 
@@ -405,18 +399,18 @@ static PyObject *FreeList_best_fit(FreeListObject *fl, PyObject *const *args, Py
     int64_t stream_key;
     uint64_t size;
     if (parse_stream_and_size(args, nargs, "best_fit", &stream_key, &size) < 0) return NULL;
-    uint32_t x = fl_best_fit(fl, stream_key, size);
-    if (!x) return PyLong_FromLong(-1);
-    return kernel_pack_key(fl->nodes.nodes[x].size, fl->nodes.nodes[x].addr);
+    BlockKey key;
+    if (!fl_best_fit(fl, stream_key, size, &key)) return PyLong_FromLong(-1);
+    return kernel_pack_key(key_size(key), key_addr(key));
 }
 
 static PyObject *FreeList_pop_best_fit(FreeListObject *fl, PyObject *const *args, Py_ssize_t nargs) {
     int64_t stream_key;
     uint64_t size;
     if (parse_stream_and_size(args, nargs, "pop_best_fit", &stream_key, &size) < 0) return NULL;
-    uint32_t x = fl_best_fit(fl, stream_key, size);
-    if (!x) return PyLong_FromLong(-1);
-    uint64_t block_size = fl->nodes.nodes[x].size, addr = fl->nodes.nodes[x].addr;
+    BlockKey key;
+    if (!fl_best_fit(fl, stream_key, size, &key)) return PyLong_FromLong(-1);
+    uint64_t block_size = key_size(key), addr = key_addr(key);
     fl_take(fl, stream_key, block_size, addr);
     return kernel_pack_key(block_size, addr);
 }
@@ -441,10 +435,10 @@ static PyObject *FreeList_next_key(FreeListObject *fl, PyObject *const *args, Py
         return NULL;
     }
     if (as_stream_key(args[0], &stream_key) < 0 || kernel_unpack_key(args[1], &size, &addr) < 0) return NULL;
-    uint32_t *root = fl_stream_root(fl, stream_key, 0);
-    uint32_t x = root ? treap_lower_bound(fl->nodes.nodes, *root, size, addr + 1) : 0;
-    if (!x) return PyLong_FromLong(-1);
-    return kernel_pack_key(fl->nodes.nodes[x].size, fl->nodes.nodes[x].addr);
+    BTree *tree = fl_stream_tree(fl, stream_key, 0);
+    BlockKey key;
+    if (!tree || !bt_lower_bound(tree, block_key(size, addr) + 1, &key)) return PyLong_FromLong(-1);
+    return kernel_pack_key(key_size(key), key_addr(key));
 }
 
 static PyObject *FreeList_take(FreeListObject *fl, PyObject *const *args, Py_ssize_t nargs) {
@@ -478,8 +472,8 @@ static PyObject *FreeList_free(FreeListObject *fl, PyObject *const *args, Py_ssi
 static PyObject *FreeList_largest(FreeListObject *fl, PyObject *Py_UNUSED(ignored)) {
     uint64_t best = 0;
     for (Py_ssize_t k = 0; k < fl->n_streams; k++) {
-        uint32_t x = treap_last(fl->nodes.nodes, fl->stream_roots[k]);
-        if (x && fl->nodes.nodes[x].size > best) best = fl->nodes.nodes[x].size;
+        BlockKey key;
+        if (bt_last(&fl->stream_trees[k], &key) && key_size(key) > best) best = key_size(key);
     }
     return PyLong_FromUnsignedLongLong(best);
 }

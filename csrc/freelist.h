@@ -12,7 +12,7 @@
 #include <Python.h>
 #include <stdint.h>
 
-#include "treap.h"
+#include "btree.h"
 #include "u64map.h"
 
 /* Addresses and sizes must stay below 2**63, so that an end address never wraps. */
@@ -27,10 +27,11 @@ typedef struct {
     U64Map inserted_at;        /* free block start -> clock when it entered (track_age only) */
     U64Map stream_slot;        /* stream key -> index in stream_keys / stream_roots */
     int64_t *stream_keys;      /* every stream key that ever held a free block, in first-use order */
-    uint32_t *stream_roots;    /* the treap of each stream key */
+    BTree *stream_trees;       /* the free blocks of each stream key, best-fit order */
     Py_ssize_t n_streams;
     Py_ssize_t stream_capacity;
-    NodePool nodes;
+    int64_t last_stream_key;   /* the stream key looked up last, and its slot (most calls repeat it) */
+    Py_ssize_t last_stream_slot;
     int track_age;
     int64_t clock;             /* PyTorch's get_free_block call count (garbage collection ages) */
     uint64_t segment_bytes;
@@ -40,14 +41,13 @@ extern PyTypeObject FreeList_Type;
 
 #define FreeList_Check(op) PyObject_TypeCheck(op, &FreeList_Type)
 
-/* Root of the tree of stream_key (0 when it has none); with create, make the stream's entry. */
-uint32_t *fl_stream_root(FreeListObject *fl, int64_t stream_key, int create);
+/* The tree of stream_key (NULL when it has none); with create, make the stream's entry. */
+BTree *fl_stream_tree(FreeListObject *fl, int64_t stream_key, int create);
 
-/* The best fit: the node of the smallest free block of stream_key with size >= size, or 0. */
-static inline uint32_t fl_best_fit(FreeListObject *fl, int64_t stream_key, uint64_t size) {
-    uint32_t *root = fl_stream_root(fl, stream_key, 0);
-    if (!root || !*root) return 0;
-    return treap_lower_bound(fl->nodes.nodes, *root, size, 0);
+/* The best fit: the smallest free block of stream_key with size >= size; 1 and *key, else 0. */
+static inline int fl_best_fit(FreeListObject *fl, int64_t stream_key, uint64_t size, BlockKey *key) {
+    BTree *tree = fl_stream_tree(fl, stream_key, 0);
+    return tree ? bt_lower_bound(tree, block_key(size, 0), key) : 0;
 }
 
 /* Remove the free block (size, addr) of stream_key: 0 done, 1 no such block, -1 error set. */

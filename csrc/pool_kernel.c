@@ -121,15 +121,17 @@ static int prepare(const KernelObject *k, uint64_t size_bytes, int64_t stream, R
     return 0;
 }
 
-/* The best fit a hit would take (0: a miss); changes nothing. */
-static uint32_t find(const KernelObject *k, const Request *r) {
-    uint32_t x = fl_best_fit(r->pool, r->stream_key, r->size);
-    if (!x || k->flavor != FLAVOR_PYTORCH) return x;
-    uint64_t block = r->pool->nodes.nodes[x].size;
+/* The best fit a hit would take: 1 and its (size, address), or 0 for a miss; changes nothing. */
+static int find(const KernelObject *k, const Request *r, uint64_t *block, uint64_t *addr) {
+    BlockKey key;
+    if (!fl_best_fit(r->pool, r->stream_key, r->size, &key)) return 0;
+    *block = key_size(key);
+    *addr = key_addr(key);
+    if (k->flavor != FLAVOR_PYTORCH) return 1;
     /* get_free_block's oversize rules: the best fit is the only candidate tried. */
-    if (r->size < k->max_split) return block >= k->max_split ? 0 : x;
+    if (r->size < k->max_split) return *block < k->max_split;
     uint64_t limit = r->size > UINT64_MAX - k->non_split_rounding ? UINT64_MAX : r->size + k->non_split_rounding;
-    return block >= limit ? 0 : x;
+    return *block < limit;
 }
 
 /* How a block (size, addr) serves r, decided by the policy's should_split and changing nothing:
@@ -323,10 +325,7 @@ static PyObject *Kernel_malloc(KernelObject *k, PyObject *const *args, Py_ssize_
     int64_t owner = r.stream_key;
     uint64_t block = 0, addr = 0;
     int hit = 0;
-    uint32_t x = find(k, &r);
-    if (x) {
-        block = r.pool->nodes.nodes[x].size;
-        addr = r.pool->nodes.nodes[x].addr;
+    if (find(k, &r, &block, &addr)) {
         fl_take(r.pool, r.stream_key, block, addr);
         hit = 1;
     } else {
@@ -657,9 +656,8 @@ static PyObject *Kernel_replay_run(KernelObject *k, PyObject *obj) {
             if (size_bytes <= 0) break;
             Request r;
             if (prepare(k, (uint64_t)size_bytes, stream, &r) < 0) break;
-            uint32_t x = find(k, &r);
-            if (!x) break;   /* a miss: growth and retries are the per-event route's */
-            uint64_t block = r.pool->nodes.nodes[x].size, addr = r.pool->nodes.nodes[x].addr;
+            uint64_t block, addr;
+            if (!find(k, &r, &block, &addr)) break;   /* a miss: growth and retries are the per-event route's */
             Placement p = plan(k, &r, addr, block);
             int64_t new_requested, new_allocated;
             if (__builtin_add_overflow(requested, size_bytes, &new_requested) || p.size > (uint64_t)INT64_MAX

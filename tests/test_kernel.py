@@ -417,6 +417,46 @@ def test_compiled_free_list_matches_the_reference_method_for_method(ops, track_a
     pools[0].check()
 
 
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 2**32 - 1), pieces=st.sampled_from([600, 3000]))
+def test_compiled_free_list_matches_the_reference_on_thousands_of_blocks(seed, pieces):
+    """Deep per-stream sets (node splits, emptied nodes, a collapsing root): random frees, best fits and takes."""
+    import random
+
+    from allocsim.policies.freelist import FreeList
+
+    rng = random.Random(seed)
+    pools = [kernel.CompiledFreeList(), FreeList()]
+    base, unit = 1 << 40, 512
+    for pool in pools:
+        pool.add_segment(base, pieces * 4 * unit, 7)
+    sizes = [rng.choice([1, 1, 2, 3]) * unit for _ in range(pieces)]
+    starts = [base + 4 * unit * k for k in range(pieces)]   # pieces 4 units apart: never neighbours
+    order = list(range(pieces))
+    rng.shuffle(order)
+    for step, k in enumerate(order):
+        assert pools[0].free(starts[k], sizes[k], 7) == pools[1].free(starts[k], sizes[k], 7) == 0
+        if step % 7 == 3:   # take some back: best fits of random sizes, lowest address among equals
+            want = rng.choice([1, 2, 3, 4]) * unit
+            got = [pool.pop_best_fit(7, want) for pool in pools]
+            assert got[0] == got[1]
+        if step % 97 == 0:
+            assert pools[0].keys(7) == list(pools[1].keys(7))
+    assert pools[0].keys(7) == list(pools[1].keys(7)) and pools[0].largest() == pools[1].largest()
+    keys = list(pools[1].keys(7))   # empty the set one key at a time, in random order
+    rng.shuffle(keys)
+    for n, key in enumerate(keys):
+        for pool in pools:
+            pool.take(7, key)
+        if n % 101 == 0:
+            assert pools[0].keys(7) == list(pools[1].keys(7))
+            assert pools[0].best_fit(7, 2 * unit) == pools[1].best_fit(7, 2 * unit)
+            probe = keys[(n * 7919) % len(keys)]
+            assert pools[0].next_key(7, probe) == pools[1].next_key(7, probe)
+    assert pools[0].keys(7) == [] and pools[0].best_fit(7, 1) == -1 and pools[0].largest() == 0
+    pools[0].check()
+
+
 def test_compiled_free_list_refuses_values_outside_its_range():
     """Addresses and sizes are uint63 in C: anything else is a clear ValueError, never a silent wrap."""
     pool = kernel.CompiledFreeList()
@@ -473,7 +513,7 @@ def _cli(args, env_extra=None, code=None):
 def test_version_and_run_output_name_the_route(tmp_path):
     """--version and run (text and JSON) say which route ran; ALLOCSIM_KERNEL=reference switches both."""
     trace = str(REPO / "traces" / "bert_fp32.json.gz")
-    out = _cli(["--version"])
+    out = _cli(["--version"], {kernel.ENV_VAR: "auto"})
     assert out.returncode == 0 and "policy kernel: compiled" in out.stdout
     ref = _cli(["--version"], {kernel.ENV_VAR: "reference"})
     assert "policy kernel: reference (ALLOCSIM_KERNEL=reference)" in ref.stdout
