@@ -6,8 +6,8 @@ succeeds, and allocsim runs its pure-Python reference policies (``allocsim --ver
 
 from setuptools import Extension, setup
 
-KERNEL_SOURCES = ["csrc/module.c", "csrc/freelist.c", "csrc/pool_kernel.c"]
-KERNEL_HEADERS = ["csrc/btree.h", "csrc/columns.h", "csrc/freelist.h", "csrc/u64map.h"]
+KERNEL_SOURCES = ["csrc/module.c", "csrc/freelist.c", "csrc/live.c", "csrc/pool_kernel.c"]
+KERNEL_HEADERS = ["csrc/btree.h", "csrc/columns.h", "csrc/freelist.h", "csrc/live.h", "csrc/u64map.h"]
 
 setup(
     ext_modules=[

@@ -1,9 +1,10 @@
 /* The compiled hot path of the pool policies: malloc, free_completed and replay_run.
  *
  * One Kernel object serves one policy (allocsim.policies.kernel.attach builds it). It works on the
- * policy's own state: the compiled FreeLists, the live dict and pending set, the counters in the
- * policy's __dict__, so the Python methods (misses, releases, reports, checks) see exactly what
- * the reference route would have made. What it does itself, per request:
+ * policy's own state: the compiled FreeLists, the compiled live table (the policy's ``live`` and
+ * ``pending``), the counters in the policy's __dict__, so the Python methods (misses, releases,
+ * reports, checks) see exactly what the reference route would have made. What it does itself, per
+ * request, without a Python object:
  *
  *   pytorch flavour: round_size (with roundup_power2_divisions), small/large pool, best fit in the
  *     request's stream with get_free_block's two oversize rules, the garbage-collection clock,
@@ -17,6 +18,7 @@
  */
 #include "columns.h"
 #include "freelist.h"
+#include "live.h"
 
 #define K_MIN_BLOCK_SIZE ((uint64_t)512)
 #define K_SMALL_SIZE ((uint64_t)1 << 20)
@@ -30,8 +32,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *policy;
     PyObject *attrs;                 /* policy.__dict__: the counters */
-    PyObject *live;                  /* dict alloc_id -> (addr, requested, allocated, stream) */
-    PyObject *pending;               /* set of alloc ids whose free is requested, not completed */
+    LiveTableObject *live;           /* the policy's live allocations and pending frees */
     FreeListObject *small, *large;   /* the same object when the policy has one pool */
     PyObject *pool_of;               /* pool flavour with two pools: addr -> FreeList of a live block */
     PyObject *foreign;               /* pool flavour: addr -> owner stream key of a borrowed block */
@@ -232,19 +233,6 @@ static int small_int(PyObject *obj, int64_t *out) {
     return 1;
 }
 
-/* A live entry (addr, requested, allocated, stream) in C values; 0 if it does not fit them. */
-static int read_entry(PyObject *entry, uint64_t *addr, int64_t *requested, uint64_t *allocated, int64_t *stream) {
-    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 4) return 0;
-    int64_t a, b;
-    if (!small_int(PyTuple_GET_ITEM(entry, 0), &a) || a < 0) return 0;
-    if (!small_int(PyTuple_GET_ITEM(entry, 1), requested)) return 0;
-    if (!small_int(PyTuple_GET_ITEM(entry, 2), &b) || b < 0) return 0;
-    if (!small_int(PyTuple_GET_ITEM(entry, 3), stream)) return 0;
-    *addr = (uint64_t)a;
-    *allocated = (uint64_t)b;
-    return 1;
-}
-
 /* Where a completed free goes: the pool and stream key (pool flavour: _pool_of and _foreign). */
 static int free_target(KernelObject *k, uint64_t addr, uint64_t allocated, int64_t stream, FreeListObject **pool,
                        int64_t *stream_key) {
@@ -310,14 +298,11 @@ static PyObject *Kernel_malloc(KernelObject *k, PyObject *const *args, Py_ssize_
         return NULL;
     }
     PyObject *aid = args[0], *size_obj = args[1];
-    int64_t size_bytes, stream;
-    if (!small_int(size_obj, &size_bytes) || size_bytes <= 0 || !small_int(stream_obj, &stream))
+    int64_t size_bytes, stream, id;
+    /* A zero or negative size, a duplicate id (InvalidFree), an id that is no int: the reference's route. */
+    if (!small_int(size_obj, &size_bytes) || size_bytes <= 0 || !small_int(stream_obj, &stream)
+            || !small_int(aid, &id) || live_get(k->live, id))
         return call_generic_malloc(k, aid, size_obj, stream_obj);
-    int known = PyDict_Contains(k->live, aid);
-    if (known != 0) {   /* a duplicate id (InvalidFree) or an unhashable one: the reference raises */
-        PyErr_Clear();
-        return call_generic_malloc(k, aid, size_obj, stream_obj);
-    }
     Request r;
     if (prepare(k, (uint64_t)size_bytes, stream, &r) < 0) return call_generic_malloc(k, aid, size_obj, stream_obj);
     if (PyDict_SetItem(k->attrs, S_last_stream, stream_obj) < 0) return NULL;
@@ -409,39 +394,35 @@ placed:;
             return NULL;
         }
     }
-    PyObject *block_obj = PyLong_FromUnsignedLongLong(block);
-    PyObject *entry = block_obj ? PyTuple_Pack(4, addr_obj, size_obj, block_obj, stream_obj) : NULL;
-    if (!entry || PyDict_SetItem(k->live, aid, entry) < 0 || counter_add(k, S_requested_bytes, size_obj, 0) < 0
-            || counter_add(k, S_allocated_bytes, block_obj, 0) < 0 || counter_add_value(k, S_n_mallocs, 1) < 0
-            || counter_add_value(k, S_n_pool_hits, hit) < 0 || counter_add_value(k, S_n_splits, split) < 0) {
-        Py_XDECREF(entry);
-        Py_XDECREF(block_obj);
+    LiveEntry *e = live_insert(k->live, id);
+    if (e) {
+        e->addr = addr;
+        e->requested = size_bytes;
+        e->allocated = block;
+        e->stream = stream;
+    }
+    if (!e || counter_add(k, S_requested_bytes, size_obj, 0) < 0 || counter_add_value(k, S_allocated_bytes, (long long)block) < 0
+            || counter_add_value(k, S_n_mallocs, 1) < 0 || counter_add_value(k, S_n_pool_hits, hit) < 0
+            || counter_add_value(k, S_n_splits, split) < 0) {
         Py_DECREF(addr_obj);
         return NULL;
     }
-    Py_DECREF(entry);
-    Py_DECREF(block_obj);
     return addr_obj;
 }
 
 /* ------------------------------------------------------------------------------ free_completed */
 static PyObject *Kernel_free_completed(KernelObject *k, PyObject *aid) {
-    int requested_first = PySet_Contains(k->pending, aid);
-    PyObject *entry = requested_first == 1 ? PyDict_GetItemWithError(k->live, aid) : NULL;
-    uint64_t addr, allocated;
-    int64_t requested, stream;
-    if (!entry || !read_entry(entry, &addr, &requested, &allocated, &stream)) {
-        /* Not requested first, unknown, or values out of the kernel's range: the reference route. */
-        PyErr_Clear();
+    int64_t id;
+    LiveEntry *e = small_int(aid, &id) ? live_get(k->live, id) : NULL;
+    if (!e || !e->pending)   /* not requested first, or not allocated: the reference's route */
         return PyObject_CallFunctionObjArgs(k->generic_free_completed, k->policy, aid, NULL);
-    }
-    Py_INCREF(entry);
-    int failed = PySet_Discard(k->pending, aid) < 0 || PyDict_DelItem(k->live, aid) < 0
-                 || counter_add(k, S_pending_free_bytes, PyTuple_GET_ITEM(entry, 2), 1) < 0
-                 || counter_add(k, S_requested_bytes, PyTuple_GET_ITEM(entry, 1), 1) < 0
-                 || counter_add(k, S_allocated_bytes, PyTuple_GET_ITEM(entry, 2), 1) < 0;
-    Py_DECREF(entry);
-    if (failed) return NULL;
+    uint64_t addr = e->addr, allocated = e->allocated;
+    int64_t requested = e->requested, stream = e->stream;
+    live_delete(k->live, e);
+    if (counter_add_value(k, S_pending_free_bytes, -(long long)allocated) < 0
+            || counter_add_value(k, S_requested_bytes, -requested) < 0
+            || counter_add_value(k, S_allocated_bytes, -(long long)allocated) < 0)
+        return NULL;
     if (!allocated) Py_RETURN_NONE;
     FreeListObject *pool;
     int64_t stream_key;
@@ -616,8 +597,8 @@ static PyObject *Kernel_replay_run(KernelObject *k, PyObject *obj) {
         if (rc < 0) return NULL;
         Py_RETURN_NONE;
     }
-    int64_t n_hits = 0, n_splits = 0, n_merges = 0;
-    PyObject *last_stream = NULL;
+    int64_t n_hits = 0, n_splits = 0, n_merges = 0, last_stream = 0;
+    int any_hit = 0;
     int failed = 0;
     Py_ssize_t pos = run.pos, row = run.row;
     int64_t delay = run.delay, now = run.now;
@@ -663,30 +644,27 @@ static PyObject *Kernel_replay_run(KernelObject *k, PyObject *obj) {
             if (__builtin_add_overflow(requested, size_bytes, &new_requested) || p.size > (uint64_t)INT64_MAX
                     || __builtin_add_overflow(allocated, (int64_t)p.size, &new_allocated))
                 break;
-            /* The live entry goes in first (setdefault: one lookup, and a duplicate id changes nothing). */
-            PyObject *aid = column_object(&run.alloc_id, pos, aid_value);
-            PyObject *addr_obj = aid ? PyLong_FromUnsignedLongLong(p.addr) : NULL;
-            PyObject *size_obj = addr_obj ? column_object(&run.size_bytes, pos, size_bytes) : NULL;
-            PyObject *block_obj = size_obj ? PyLong_FromUnsignedLongLong(p.size) : NULL;
-            PyObject *stream_obj = block_obj ? column_object(&run.stream, pos, stream) : NULL;
-            PyObject *entry = stream_obj ? PyTuple_Pack(4, addr_obj, size_obj, block_obj, stream_obj) : NULL;
-            PyObject *present = entry ? PyDict_SetDefault(k->live, aid, entry) : NULL;
-            int duplicate = present != NULL && present != entry;
-            if (!present
-                    || (!duplicate && k->flavor == FLAVOR_POOL && k->two_pools
-                        && PyDict_SetItem(k->pool_of, addr_obj, (PyObject *)r.pool) < 0)) {
-                failed = 1;
-            } else if (!duplicate) {
-                Py_INCREF(stream_obj);
-                Py_XSETREF(last_stream, stream_obj);
+            if (live_get(k->live, aid_value)) break;   /* a duplicate id: the reference raises InvalidFree */
+            if (k->flavor == FLAVOR_POOL && k->two_pools) {
+                PyObject *addr_obj = PyLong_FromUnsignedLongLong(p.addr);
+                int rc = addr_obj ? PyDict_SetItem(k->pool_of, addr_obj, (PyObject *)r.pool) : -1;
+                Py_XDECREF(addr_obj);
+                if (rc < 0) {
+                    failed = 1;
+                    break;
+                }
             }
-            Py_XDECREF(entry);
-            Py_XDECREF(addr_obj);
-            Py_XDECREF(size_obj);
-            Py_XDECREF(block_obj);
-            Py_XDECREF(stream_obj);
-            Py_XDECREF(aid);
-            if (failed || duplicate) break;   /* a duplicate id: the reference raises InvalidFree */
+            LiveEntry *e = live_insert(k->live, aid_value);
+            if (!e) {
+                failed = 1;
+                break;
+            }
+            e->addr = p.addr;
+            e->requested = size_bytes;
+            e->allocated = p.size;
+            e->stream = stream;
+            last_stream = stream;
+            any_hit = 1;
             if (k->gc) r.pool->clock++;
             fl_take(r.pool, r.stream_key, block, addr);
             if (place(&r, &p, r.stream_key) < 0) {
@@ -701,64 +679,35 @@ static PyObject *Kernel_replay_run(KernelObject *k, PyObject *obj) {
             run.active.data[row] = allocated;
         } else if (kind == EV_FREE_REQUESTED) {
             if (!k->serve_requests) break;
-            PyObject *aid = column_object(&run.alloc_id, pos, aid_value);
-            if (!aid) {
-                failed = 1;
-                break;
-            }
-            PyObject *entry = PyDict_GetItemWithError(k->live, aid);
-            uint64_t addr, block;
-            int64_t req, stream, new_pending;
-            if (!entry || !read_entry(entry, &addr, &req, &block, &stream)
-                    || __builtin_add_overflow(pending_bytes, (int64_t)block, &new_pending)) {
-                /* not allocated (or its allocation failed), or out of range */
-                Py_DECREF(aid);
-                if (PyErr_Occurred()) failed = 1;
-                break;
-            }
-            Py_ssize_t before = PySet_GET_SIZE(k->pending);
-            if (PySet_Add(k->pending, aid) < 0) {
-                Py_DECREF(aid);
-                failed = 1;
-                break;
-            }
-            Py_DECREF(aid);
-            if (PySet_GET_SIZE(k->pending) == before) break;   /* already pending: nothing changed */
+            LiveEntry *e = live_get(k->live, aid_value);
+            int64_t new_pending;
+            if (!e || e->pending || e->allocated > (uint64_t)INT64_MAX
+                    || __builtin_add_overflow(pending_bytes, (int64_t)e->allocated, &new_pending))
+                break;   /* not allocated (or its allocation failed), already pending, or out of range */
+            e->pending = 1;
+            k->live->n_pending++;
             pending_bytes = new_pending;
             run.pending.data[row] = pending_bytes;
         } else if (kind == EV_FREE_COMPLETED) {
             if (k->after_free) break;   /* the policy releases memory after a free: the engine must see it */
-            PyObject *aid = column_object(&run.alloc_id, pos, aid_value);
-            if (!aid) {
-                failed = 1;
-                break;
-            }
-            PyObject *entry = PyDict_GetItemWithError(k->live, aid);
-            uint64_t addr, block;
-            int64_t req, stream;
-            if (!entry || !read_entry(entry, &addr, &req, &block, &stream)) {
-                Py_DECREF(aid);
-                if (PyErr_Occurred()) failed = 1;
-                break;
-            }
-            int was_pending = PySet_Discard(k->pending, aid);
-            if (was_pending <= 0) {   /* not requested first: the per-event route requests it */
-                Py_DECREF(aid);
-                if (was_pending < 0) failed = 1;
-                break;
-            }
+            LiveEntry *e = live_get(k->live, aid_value);
+            if (!e || !e->pending || e->allocated > (uint64_t)INT64_MAX) break;   /* not requested first */
+            uint64_t addr = e->addr, block = e->allocated;
+            int64_t req = e->requested, stream = e->stream, new_pending, new_requested, new_allocated;
+            if (__builtin_sub_overflow(pending_bytes, (int64_t)block, &new_pending)
+                    || __builtin_sub_overflow(requested, req, &new_requested)
+                    || __builtin_sub_overflow(allocated, (int64_t)block, &new_allocated))
+                break;   /* counters past int64: the per-event route has Python ints */
             FreeListObject *pool = NULL;
             int64_t stream_key = 0;
-            if (PyDict_DelItem(k->live, aid) < 0
-                    || (block && free_target(k, addr, block, stream, &pool, &stream_key) < 0)) {
-                Py_DECREF(aid);
+            live_delete(k->live, e);
+            if (block && free_target(k, addr, block, stream, &pool, &stream_key) < 0) {
                 failed = 1;
                 break;
             }
-            Py_DECREF(aid);
-            pending_bytes -= (int64_t)block;
-            requested -= req;
-            allocated -= (int64_t)block;
+            pending_bytes = new_pending;
+            requested = new_requested;
+            allocated = new_allocated;
             if (block) {
                 int merges = fl_free(pool, addr, block, stream_key);
                 if (merges < 0) {
@@ -793,11 +742,10 @@ static PyObject *Kernel_replay_run(KernelObject *k, PyObject *obj) {
                        || counter_add_value(k, S_n_pool_hits, n_hits) < 0
                        || counter_add_value(k, S_n_splits, n_splits) < 0
                        || counter_add_value(k, S_n_merges, n_merges) < 0
-                       || (last_stream && PyDict_SetItem(k->attrs, S_last_stream, last_stream) < 0)
+                       || (any_hit && counter_write(k, S_last_stream, last_stream) < 0)
                        || set_attr_int64(obj, S_pos, pos) < 0 || set_attr_int64(obj, S_row, row) < 0
                        || (run.timed && (set_attr_int64(obj, S_delay_ns, delay) < 0
                                          || set_attr_int64(obj, S_now_ns, now) < 0));
-    Py_XDECREF(last_stream);
     run_close(&run);
     if (type) {
         PyErr_Restore(type, value, tb);
@@ -832,25 +780,25 @@ static PyObject *optional_callable(PyObject *obj) {
 }
 
 static PyObject *Kernel_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"policy", "flavor", "live", "pending", "small", "large", "pool_of", "foreign",
+    static char *kwlist[] = {"policy", "flavor", "live", "small", "large", "pool_of", "foreign",
                              "generic_malloc", "generic_free_completed", "out_of_memory", "miss",
                              "find_elsewhere", "after_free", "alignment", "small_max", "stream_bound",
                              "carve_from_high_end", "min_split_remainder", "max_split", "max_non_split_rounding",
                              "divisions", "gc", "serve_requests", NULL};
-    PyObject *policy = NULL, *live = NULL, *pending = NULL, *small = NULL, *large = NULL, *pool_of = Py_None,
+    PyObject *policy = NULL, *live = NULL, *small = NULL, *large = NULL, *pool_of = Py_None,
         *foreign = Py_None, *generic_malloc = NULL, *generic_free = NULL, *out_of_memory = NULL, *miss = NULL,
         *find_elsewhere = Py_None, *after_free = Py_None, *alignment = NULL, *small_max = Py_None,
         *min_split = NULL, *max_split = NULL, *non_split_rounding = NULL, *divisions = Py_None;
     const char *flavor = NULL;
     int stream_bound = 0, carve_high = 0, gc = 0, serve_requests = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$sO!O!O!O!OOOOOOOOOOppOOOOpp:Kernel", kwlist, &policy, &flavor,
-                                     &PyDict_Type, &live, &PySet_Type, &pending, &FreeList_Type, &small,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$sO!O!O!OOOOOOOOOOppOOOOpp:Kernel", kwlist, &policy, &flavor,
+                                     &LiveTable_Type, &live, &FreeList_Type, &small,
                                      &FreeList_Type, &large, &pool_of, &foreign, &generic_malloc, &generic_free,
                                      &out_of_memory, &miss, &find_elsewhere, &after_free, &alignment, &small_max,
                                      &stream_bound, &carve_high, &min_split, &max_split, &non_split_rounding,
                                      &divisions, &gc, &serve_requests))
         return NULL;
-    if (!flavor || !live || !pending || !small || !large || !generic_malloc || !generic_free || !out_of_memory
+    if (!flavor || !live || !small || !large || !generic_malloc || !generic_free || !out_of_memory
             || !miss || !alignment || !min_split || !max_split || !non_split_rounding) {
         PyErr_SetString(PyExc_TypeError, "Kernel() is missing a required keyword argument");
         return NULL;
@@ -870,9 +818,7 @@ static PyObject *Kernel_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     Py_INCREF(policy);
     k->policy = policy;
     Py_INCREF(live);
-    k->live = live;
-    Py_INCREF(pending);
-    k->pending = pending;
+    k->live = (LiveTableObject *)live;
     Py_INCREF(small);
     k->small = (FreeListObject *)small;
     Py_INCREF(large);
@@ -946,7 +892,6 @@ static int Kernel_traverse(KernelObject *k, visitproc visit, void *arg) {
     Py_VISIT(k->policy);
     Py_VISIT(k->attrs);
     Py_VISIT(k->live);
-    Py_VISIT(k->pending);
     Py_VISIT(k->small);
     Py_VISIT(k->large);
     Py_VISIT(k->pool_of);
@@ -964,7 +909,6 @@ static int Kernel_clear(KernelObject *k) {
     Py_CLEAR(k->policy);
     Py_CLEAR(k->attrs);
     Py_CLEAR(k->live);
-    Py_CLEAR(k->pending);
     Py_CLEAR(k->small);
     Py_CLEAR(k->large);
     Py_CLEAR(k->pool_of);

@@ -30,7 +30,7 @@ def policy_state(policy) -> dict[str, Any]:
     index = {id(pool): k for k, pool in enumerate(pools)}
     dev = policy.device
     state = {
-        "live": dict(policy.live), "pending": set(policy.pending),
+        "live": (dict(policy.live), len(policy.live)), "pending": (set(policy.pending), len(policy.pending)),
         "counters": {name: getattr(policy, name) for name in COUNTERS if hasattr(policy, name)},
         "pools": [pool_state(pool) for pool in pools],
         "pool_of": {addr: index[id(pool)] for addr, pool in getattr(policy, "_pool_of", {}).items()},

@@ -5,9 +5,10 @@ The pool policies (``bestfit``, ``stream-bound``, ``cupy``, ``paddle``, ``cuda-a
 *reference* (``Policy.malloc`` -> ``_do_malloc``, ``Policy.free_completed`` -> ``_do_free``, the
 ``FreeList`` in ``freelist.py``). The optional C extension ``allocsim.policies._kernel`` (built by
 ``pip install .`` when a C compiler is there; see ``csrc/``) holds a compiled ``FreeList`` with the
-same contents and methods and a ``Kernel`` that serves a policy's ``malloc``, ``free_completed``
-and ``replay_run`` with the reference's exact decisions; misses, releases, garbage collection and
-page mapping stay in the Python methods, which the kernel calls.
+same contents and methods, a ``LiveTable`` that is the policy's ``live`` dict and ``pending`` set,
+and a ``Kernel`` that serves a policy's ``malloc``, ``free_completed`` and ``replay_run`` with the
+reference's exact decisions; misses, releases, garbage collection and page mapping stay in the
+Python methods, which the kernel calls.
 
 Which one new policies use is decided by the ``ALLOCSIM_KERNEL`` environment variable:
 
@@ -31,7 +32,7 @@ from ..errors import AllocsimError
 ENV_VAR = "ALLOCSIM_KERNEL"
 MODES = ("auto", "compiled", "reference")
 #: The extension's ABI_VERSION this module was written for.
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 try:
     from . import _kernel as compiled
@@ -151,6 +152,14 @@ if compiled is not None:
             check_free_list(self)
 else:
     CompiledFreeList = None
+
+
+def new_live_state(*, compiled_route: bool) -> tuple[Any, Any]:
+    """A policy's ``(live, pending)`` of the route: the compiled live table, or a dict and a set."""
+    if compiled_route:
+        live = compiled.LiveTable()
+        return live, live.pending_set()
+    return {}, set()
 
 
 def new_free_list(*, compiled_route: bool, track_age: bool = False) -> Any:

@@ -67,6 +67,7 @@ class PoolPolicy(Policy):
         self.oom_release = oom_release
         self._compiled_route = kernel.active()
         self._kernel = None
+        self.live, self.pending = kernel.new_live_state(compiled_route=self._compiled_route)
         self.large = self._new_free_list()
         self.small = self._new_free_list() if small_pool_max_bytes is not None else self.large
         self.pools = (self.large,) if self.small is self.large else (self.small, self.large)
@@ -119,7 +120,7 @@ class PoolPolicy(Policy):
                        and cls.free_requested is Policy.free_requested)
         return {
             "serve_malloc": plain_calls, "serve_free": plain_calls, "serve_runs": True,
-            "live": self.live, "pending": self.pending, "small": self.small, "large": self.large,
+            "live": self.live, "small": self.small, "large": self.large,
             "generic_malloc": Policy.malloc, "generic_free_completed": Policy.free_completed,
             "out_of_memory": OutOfMemory, "gc": False, "serve_requests": not self._hooks_free_requested,
         }
