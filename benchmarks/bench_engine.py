@@ -11,7 +11,9 @@ The default stream is ``build_stream.py``'s: about 1M requests from four shared 
 one after another, sizes jittered by a few 512-byte units. A *request* is an allocation or a free
 (an RMM log row; our free request and its completion count once); events/s counts our events.
 Each (policy, mode, route) runs in a forked child so its peak resident memory is its own; "B/event"
-is that peak minus the parent's resident memory at the fork, divided by the events. "sim s" is the
+is the child's peak resident memory during the run (Linux ``VmHWM``, reset when the run starts)
+minus its resident memory then (the loaded stream and everything else the parent held), divided
+by the events: what a run needs beyond the trace itself. "sim s" is the
 engine's own figure (``RunResult.perf``: start state + replay loop, what ``allocsim run --json``
 reports); "total s" adds building the time series and the summary.
 
@@ -30,7 +32,6 @@ import json
 import math
 import multiprocessing
 import os
-import resource
 import sys
 import time
 from pathlib import Path
@@ -124,6 +125,25 @@ def _rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _status_bytes(key: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def _reset_peak() -> int:
+    """Start measuring peak resident memory from now (Linux clear_refs 5); return the resident bytes now."""
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+    return _rss_bytes()
+
+
+def _peak_since_reset() -> int:
+    return _status_bytes("VmHWM:")
+
+
 def requests_of(trace: Trace) -> int:
     """Allocations plus frees (a free request and its completion are one request, as in an RMM log)."""
     kind = trace.column("kind")
@@ -132,6 +152,7 @@ def requests_of(trace: Trace) -> int:
 
 def _one_run(name: str, mode: str, route: str, trace: Trace, repeat: int = 1) -> dict:
     best = None
+    baseline = _reset_peak()
     for _ in range(repeat):
         policy = _build(name, trace, route)
         started = time.perf_counter()
@@ -147,7 +168,7 @@ def _one_run(name: str, mode: str, route: str, trace: Trace, repeat: int = 1) ->
             "completed": s["completed"], "sim_seconds": round(sim, 3), "total_seconds": round(total, 3),
             "requests_per_second": round(requests / sim), "events_per_second": round(s["events_replayed"] / sim),
             "requests_per_second_total": round(requests / total), "peak_reserved_bytes": s["peak_reserved_bytes"],
-            "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+            "max_rss_bytes": _peak_since_reset(), "run_bytes": _peak_since_reset() - baseline}
 
 
 def _peer_run(trace: Trace, repeat: int = 1) -> dict:
@@ -161,6 +182,7 @@ def _peer_run(trace: Trace, repeat: int = 1) -> dict:
     ops = list(zip((kind[keep] == EventKind.ALLOC).tolist(), trace.column("alloc_id")[keep].tolist(),
                    trace.column("size_bytes")[keep].tolist(), trace.column("stream")[keep].tolist()))
     best = None
+    baseline = _reset_peak()
     for _ in range(repeat):
         sim = peer.TorchCachingAllocatorSimulator(
             1e12, peer.TorchCachingAllocatorConfig(kSmallSize=1 << 20))   # PyTorch's kSmallSize (1 MiB)
@@ -180,7 +202,7 @@ def _peer_run(trace: Trace, repeat: int = 1) -> dict:
             "completed": True, "sim_seconds": round(seconds, 3), "total_seconds": round(seconds, 3),
             "requests_per_second": round(len(ops) / seconds), "events_per_second": round(len(ops) / seconds),
             "requests_per_second_total": round(len(ops) / seconds), "peak_reserved_bytes": int(peak),
-            "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+            "max_rss_bytes": _peak_since_reset(), "run_bytes": _peak_since_reset() - baseline}
 
 
 def _child(conn, work, args):
@@ -192,8 +214,7 @@ def _child(conn, work, args):
 
 
 def measure(work, *args) -> dict:
-    """Run ``work(*args)`` in a forked child; add ``bytes_per_event`` from its peak RSS."""
-    baseline = _rss_bytes()
+    """Run ``work(*args)`` in a forked child; add ``bytes_per_event`` from its peak RSS beyond its start."""
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(child, work, args))
@@ -201,8 +222,8 @@ def measure(work, *args) -> dict:
     child.close()
     row = parent.recv()
     proc.join()
-    if "max_rss_bytes" in row:
-        row["bytes_per_event"] = round(max(0, row["max_rss_bytes"] - baseline) / max(1, row["events"]), 1)
+    if "run_bytes" in row:
+        row["bytes_per_event"] = round(max(0, row["run_bytes"]) / max(1, row["events"]), 1)
     return row
 
 
