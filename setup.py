@@ -1,7 +1,8 @@
 """Build allocsim's optional compiled policy kernel (everything else is in pyproject.toml).
 
-The extension is optional: without a C compiler (or if it fails to build) ``pip install .`` still
-succeeds, and allocsim runs its pure-Python reference policies (``allocsim --version`` says which).
+The extension is optional: without a C compiler (GCC or Clang: the kernel uses ``__int128`` and
+the overflow builtins), or if it fails to build, ``pip install .`` still succeeds and allocsim runs
+its pure-Python reference policies (``allocsim --version`` says which).
 """
 
 from setuptools import Extension, setup
@@ -16,7 +17,7 @@ setup(
             sources=KERNEL_SOURCES,
             depends=KERNEL_HEADERS,
             include_dirs=["csrc"],
-            extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter",
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
                                 "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
             optional=True,
         )
