@@ -7,8 +7,10 @@
  * request, without a Python object:
  *
  *   pytorch flavour: round_size (with roundup_power2_divisions), small/large pool, best fit in the
- *     request's stream with get_free_block's two oversize rules, the garbage-collection clock,
- *     should_split; a miss calls the policy's _alloc_with_retries (growth, release, retry, OOM);
+ *     request's stream (with expandable segments: preferring the fitting block with the least room
+ *     to grow into unmapped pages) and get_free_block's two oversize rules, the garbage-collection
+ *     clock, should_split; a miss calls the policy's _alloc_with_retries (growth or page mapping,
+ *     release, retry, OOM);
  *   pool flavour: rounding to alignment, small/large pool, stream key, best fit, low- or high-end
  *     split; a miss calls _find_elsewhere (when a subclass has one), then _grow;
  *   both: per-stream free sets, merging on free, the policy's bookkeeping (live, pending, counters).
@@ -38,8 +40,9 @@ typedef struct {
     PyObject *foreign;               /* pool flavour: addr -> owner stream key of a borrowed block */
     PyObject *generic_malloc, *generic_free_completed, *out_of_memory;
     PyObject *miss, *find_elsewhere, *after_free;   /* the policy's Python slow paths (may be NULL) */
+    PyObject *unmapped_small, *unmapped_large;      /* expandable segments: start -> size of unmapped pages */
     int flavor;
-    int two_pools, stream_bound, carve_high, gc;
+    int two_pools, stream_bound, carve_high, gc, expandable;
     int serve_requests;              /* replay_run may do free requests (no _on_free_requested hook) */
     uint64_t alignment, small_max, min_split, max_split, non_split_rounding;
     int has_divisions;
@@ -122,14 +125,63 @@ static int prepare(const KernelObject *k, uint64_t size_bytes, int64_t stream, R
     return 0;
 }
 
-/* The best fit a hit would take: 1 and its (size, address), or 0 for a miss; changes nothing. */
+/* int64 value of a Python int, 0 if obj is no int or does not fit. */
+static int small_int(PyObject *obj, int64_t *out) {
+    if (!PyLong_Check(obj)) return 0;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (overflow) return 0;
+    *out = v;
+    return 1;
+}
+
+/* Expandable segments: how far the free block key could grow, through the unmapped pages right
+ * after it (ExpandableSegments.expandable_size); -1 with an error set. */
+static int expandable_room(const KernelObject *k, const Request *r, BlockKey key, uint64_t *room) {
+    uint64_t size = key_size(key), end = key_addr(key) + size;
+    *room = size;
+    if (u64map_contains(&r->pool->segment_size_at, end)) return 0;   /* the segment ends there */
+    PyObject *unmapped = r->pool == k->small ? k->unmapped_small : k->unmapped_large;
+    PyObject *end_obj = PyLong_FromUnsignedLongLong(end);
+    if (!end_obj) return -1;
+    PyObject *more = PyDict_GetItemWithError(unmapped, end_obj);
+    Py_DECREF(end_obj);
+    if (!more) return PyErr_Occurred() ? -1 : 0;
+    int64_t extra;
+    if (!small_int(more, &extra) || extra < 0) {
+        PyErr_SetString(PyExc_ValueError, "an unmapped range's size is not a byte count");
+        return -1;
+    }
+    *room += (uint64_t)extra;
+    return 0;
+}
+
+/* The best fit a hit would take: 1 and its (size, address), 0 for a miss, -1 on error; changes nothing. */
 static int find(const KernelObject *k, const Request *r, uint64_t *block, uint64_t *addr) {
     BlockKey key;
     if (!fl_best_fit(r->pool, r->stream_key, r->size, &key)) return 0;
+    if (k->expandable) {
+        /* get_free_block with expandable segments: among the blocks from the best fit on, the first
+         * whose room is not smaller than the previous choice's ends the search. */
+        BTree *tree = fl_stream_tree(r->pool, r->stream_key, 0);
+        uint64_t best_room, room;
+        BlockKey candidate = key, next;
+        if (expandable_room(k, r, key, &best_room) < 0) return -1;
+        while (bt_lower_bound(tree, candidate + 1, &next)) {
+            if (expandable_room(k, r, next, &room) < 0) return -1;
+            if (room >= best_room) break;
+            key = candidate = next;
+            best_room = room;
+        }
+    }
     *block = key_size(key);
     *addr = key_addr(key);
     if (k->flavor != FLAVOR_PYTORCH) return 1;
-    /* get_free_block's oversize rules: the best fit is the only candidate tried. */
+    /* get_free_block's oversize rules: the chosen block is the only candidate tried. */
     if (r->size < k->max_split) return *block < k->max_split;
     uint64_t limit = r->size > UINT64_MAX - k->non_split_rounding ? UINT64_MAX : r->size + k->non_split_rounding;
     return *block < limit;
@@ -147,7 +199,9 @@ static Placement plan(const KernelObject *k, const Request *r, uint64_t addr, ui
     if (block <= r->size) return p;
     uint64_t remaining = block - r->size;
     if (k->flavor == FLAVOR_PYTORCH) {
-        if (r->small ? remaining < K_MIN_BLOCK_SIZE : !(r->size < k->max_split && remaining > K_SMALL_SIZE)) return p;
+        if (r->small || k->expandable ? remaining < K_MIN_BLOCK_SIZE
+                                      : !(r->size < k->max_split && remaining > K_SMALL_SIZE))
+            return p;
         p.remainder_addr = addr + r->size;   /* the low part is handed out */
     } else {
         if (remaining < k->min_split) return p;
@@ -217,20 +271,6 @@ static int counter_write(KernelObject *k, PyObject *name, int64_t value) {
 static PyObject *call_generic_malloc(KernelObject *k, PyObject *aid, PyObject *size, PyObject *stream) {
     PyObject *args[4] = {k->policy, aid, size, stream};
     return PyObject_Vectorcall(k->generic_malloc, args, 4, NULL);
-}
-
-/* int64 value of a Python int, 0 if obj is no int or does not fit. */
-static int small_int(PyObject *obj, int64_t *out) {
-    if (!PyLong_Check(obj)) return 0;
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-    if (v == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
-    if (overflow) return 0;
-    *out = v;
-    return 1;
 }
 
 /* Where a completed free goes: the pool and stream key (pool flavour: _pool_of and _foreign). */
@@ -309,8 +349,9 @@ static PyObject *Kernel_malloc(KernelObject *k, PyObject *const *args, Py_ssize_
     if (k->gc && r.pool != NULL) r.pool->clock++;
     int64_t owner = r.stream_key;
     uint64_t block = 0, addr = 0;
-    int hit = 0;
-    if (find(k, &r, &block, &addr)) {
+    int hit = 0, found = find(k, &r, &block, &addr);
+    if (found < 0) return NULL;
+    if (found) {
         fl_take(r.pool, r.stream_key, block, addr);
         hit = 1;
     } else {
@@ -638,7 +679,12 @@ static PyObject *Kernel_replay_run(KernelObject *k, PyObject *obj) {
             Request r;
             if (prepare(k, (uint64_t)size_bytes, stream, &r) < 0) break;
             uint64_t block, addr;
-            if (!find(k, &r, &block, &addr)) break;   /* a miss: growth and retries are the per-event route's */
+            int found = find(k, &r, &block, &addr);
+            if (found < 0) {
+                failed = 1;
+                break;
+            }
+            if (!found) break;   /* a miss: growth and retries are the per-event route's */
             Placement p = plan(k, &r, addr, block);
             int64_t new_requested, new_allocated;
             if (__builtin_add_overflow(requested, size_bytes, &new_requested) || p.size > (uint64_t)INT64_MAX
@@ -784,19 +830,20 @@ static PyObject *Kernel_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
                              "generic_malloc", "generic_free_completed", "out_of_memory", "miss",
                              "find_elsewhere", "after_free", "alignment", "small_max", "stream_bound",
                              "carve_from_high_end", "min_split_remainder", "max_split", "max_non_split_rounding",
-                             "divisions", "gc", "serve_requests", NULL};
+                             "divisions", "gc", "serve_requests", "unmapped_small", "unmapped_large", NULL};
     PyObject *policy = NULL, *live = NULL, *small = NULL, *large = NULL, *pool_of = Py_None,
         *foreign = Py_None, *generic_malloc = NULL, *generic_free = NULL, *out_of_memory = NULL, *miss = NULL,
         *find_elsewhere = Py_None, *after_free = Py_None, *alignment = NULL, *small_max = Py_None,
-        *min_split = NULL, *max_split = NULL, *non_split_rounding = NULL, *divisions = Py_None;
+        *min_split = NULL, *max_split = NULL, *non_split_rounding = NULL, *divisions = Py_None,
+        *unmapped_small = Py_None, *unmapped_large = Py_None;
     const char *flavor = NULL;
     int stream_bound = 0, carve_high = 0, gc = 0, serve_requests = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$sO!O!O!OOOOOOOOOOppOOOOpp:Kernel", kwlist, &policy, &flavor,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$sO!O!O!OOOOOOOOOOppOOOOppOO:Kernel", kwlist, &policy, &flavor,
                                      &LiveTable_Type, &live, &FreeList_Type, &small,
                                      &FreeList_Type, &large, &pool_of, &foreign, &generic_malloc, &generic_free,
                                      &out_of_memory, &miss, &find_elsewhere, &after_free, &alignment, &small_max,
                                      &stream_bound, &carve_high, &min_split, &max_split, &non_split_rounding,
-                                     &divisions, &gc, &serve_requests))
+                                     &divisions, &gc, &serve_requests, &unmapped_small, &unmapped_large))
         return NULL;
     if (!flavor || !live || !small || !large || !generic_malloc || !generic_free || !out_of_memory
             || !miss || !alignment || !min_split || !max_split || !non_split_rounding) {
@@ -844,6 +891,17 @@ static PyObject *Kernel_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     k->miss = miss;
     k->find_elsewhere = optional_callable(find_elsewhere);
     k->after_free = optional_callable(after_free);
+    if (unmapped_small != Py_None || unmapped_large != Py_None) {
+        if (!PyDict_Check(unmapped_small) || !PyDict_Check(unmapped_large)) {
+            PyErr_SetString(PyExc_TypeError, "unmapped_small and unmapped_large must both be dicts");
+            goto error;
+        }
+        Py_INCREF(unmapped_small);
+        k->unmapped_small = unmapped_small;
+        Py_INCREF(unmapped_large);
+        k->unmapped_large = unmapped_large;
+        k->expandable = 1;
+    }
     k->stream_bound = stream_bound;
     k->carve_high = carve_high;
     k->gc = gc;
@@ -902,6 +960,8 @@ static int Kernel_traverse(KernelObject *k, visitproc visit, void *arg) {
     Py_VISIT(k->miss);
     Py_VISIT(k->find_elsewhere);
     Py_VISIT(k->after_free);
+    Py_VISIT(k->unmapped_small);
+    Py_VISIT(k->unmapped_large);
     return 0;
 }
 
@@ -919,6 +979,8 @@ static int Kernel_clear(KernelObject *k) {
     Py_CLEAR(k->miss);
     Py_CLEAR(k->find_elsewhere);
     Py_CLEAR(k->after_free);
+    Py_CLEAR(k->unmapped_small);
+    Py_CLEAR(k->unmapped_large);
     return 0;
 }
 

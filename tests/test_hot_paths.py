@@ -221,6 +221,7 @@ def test_simpy_run_ahead_equals_yielding_every_event(monkeypatch, bert_head, pol
 # ------------------------------------------------------------------------------- replay_run (batches)
 BATCH_CASES = [("pytorch", {}), ("pytorch", {"max_split_size": "24MiB"}), ("pytorch", {"roundup_power2_divisions": "4"}),
                ("pytorch", {"garbage_collection_threshold": "0.5", "memory_fraction": "0.9"}),
+               ("pytorch", {"expandable_segments": "true"}),
                ("bestfit", {"growth": "pytorch"}), ("paddle", {}), ("cupy", {})]
 
 

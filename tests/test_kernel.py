@@ -499,9 +499,12 @@ def test_every_pool_policy_attaches_the_kernel():
         for name in ("bestfit", "stream-bound", "cupy", "paddle", "pytorch", "cuda-async", "paddle-naive"):
             policy = build_policy(name, device=SimulatedDevice())
             served[name] = tuple(n for n in ("malloc", "free_completed", "replay_run") if n in policy.__dict__)
+        policy = build_policy("pytorch", device=SimulatedDevice(), params={"expandable_segments": True})
+        served["pytorch-expandable"] = tuple(n for n in ("malloc", "free_completed", "replay_run")
+                                             if n in policy.__dict__)
     full = ("malloc", "free_completed", "replay_run")
     assert served == {"bestfit": full, "stream-bound": full, "cupy": full, "paddle": full, "pytorch": full,
-                      "cuda-async": ("malloc",), "paddle-naive": ()}
+                      "pytorch-expandable": full, "cuda-async": ("malloc",), "paddle-naive": ()}
 
 
 def _cli(args, env_extra=None, code=None):

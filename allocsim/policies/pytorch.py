@@ -18,7 +18,7 @@ size_bytes, stream)`` tuples (``segment_alloc`` / ``segment_free`` / ``segment_m
 
 ``_do_malloc`` / ``_do_free`` below are the reference. With the compiled kernel (``kernel.py``) a
 request is rounded, searched, split and booked in C, and a miss calls ``_alloc_with_retries``
-here; with expandable segments only completed frees are compiled (the page logic is Python).
+here (growth, page mapping with expandable segments, releases, retries).
 """
 
 from __future__ import annotations
@@ -90,12 +90,15 @@ class PyTorchPolicy(PoolPolicy):
         self._attach_kernel()
 
     def _kernel_config(self) -> dict[str, Any] | None:
-        """The kernel serves requests (not with expandable segments: pages) and completed frees."""
+        """The kernel serves requests and completed frees; page mapping (a miss) stays here."""
         cls = type(self)
         config = self._kernel_common()
+        if self._expandable is not None:   # get_free_block reads how far each block could grow
+            config.update(unmapped_small=self._expandable[id(self.small)].unmapped.size_at,
+                          unmapped_large=self._expandable[id(self.large)].unmapped.size_at)
         config.update(
-            serve_malloc=config["serve_malloc"] and self._expandable is None
-            and cls._do_malloc is PyTorchPolicy._do_malloc and cls._get_free_block is PyTorchPolicy._get_free_block,
+            serve_malloc=config["serve_malloc"] and cls._do_malloc is PyTorchPolicy._do_malloc
+            and cls._get_free_block is PyTorchPolicy._get_free_block,
             serve_free=config["serve_free"] and cls._do_free is PyTorchPolicy._do_free,
             flavor="pytorch", miss=self._alloc_with_retries, alignment=K_MIN_BLOCK_SIZE, small_max=K_SMALL_SIZE,
             stream_bound=True, carve_from_high_end=False, min_split_remainder=K_MIN_BLOCK_SIZE,
