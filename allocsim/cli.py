@@ -20,6 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit status: 0 = success (run: it fits, or no capacity to check), 2 = usage or input error "
                "(one line on stderr), 3 = run: the simulation ran out of memory, 1 = sweep: rows left to finish / "
                "winners, advise: nothing fits")
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print the version and whether the compiled policy kernel is in use, then exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in COMMANDS:
@@ -31,6 +33,25 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module.register(subparsers)
     return parser
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print ``version_line()`` on one line (argparse's own action re-wraps it) and exit."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    """``allocsim X.Y.Z (policy kernel: compiled|reference (why))``."""
+    from . import __version__
+    from .policies.kernel import describe
+
+    return f"allocsim {__version__} ({describe()})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,9 +42,10 @@ Speed (results are the same as with one SimPy event and one policy call per trac
   single-stream trace runs without any SimPy event. The counters ``call_cost`` compares are
   snapshotted once per call (the snapshot after one call is the one before the next), and not at
   all for ``Policy.free_requested``, which can make no device call.
-- A policy with a batch fast path (``Policy.replay_run``, the ``pytorch`` preset) replays runs of
-  events that need no device call itself, in both modes; the engine takes each event it stops at
-  through the per-event methods (``stepper``) and hands the rest back.
+- A policy with a batch fast path (``Policy.replay_run``: the pool policies on the compiled kernel)
+  replays runs of events that need no device call itself, in both modes, reading the trace's
+  columns in place; the engine takes each event it stops at through the per-event methods
+  (``stepper``) and hands the rest back.
 
 Event order: in fast mode, and in SimPy mode on a single-stream trace, the policy sees the events
 in trace order. On a multi-stream trace, delays on one stream can reorder its events relative to
@@ -59,7 +60,6 @@ with several devices must name one.
 from __future__ import annotations
 
 import time
-from itertools import islice
 from typing import Any, Callable, Iterator, Union
 
 import numpy as np
@@ -71,6 +71,7 @@ from .errors import AllocsimError, OutOfMemory
 from .metrics.series import Samples
 from .metrics.summary import RunInfo, RunOutput, build_result
 from .policies.base import Policy, ReplayRun
+from .policies.kernel import route_of
 from .result import RunResult
 from .trace.schema import EventKind, Trace
 
@@ -366,29 +367,30 @@ class _Replay:
         self.samples.rows = row
 
     def run_batched(self) -> None:
-        """``run_loop`` for a policy with ``replay_run``: it runs what it can, ``step`` the events it leaves."""
+        """``run_loop`` for a policy with ``replay_run``: it runs what it can, ``step`` the events it leaves.
+
+        The policy reads the whole trace's columns in place (integer memoryviews: no per-event
+        objects, no chunk copies); the engine reads only the events it steps itself.
+        """
         replay_run, samples = self.policy.replay_run, self.samples
         step = self.stepper()
         run = ReplayRun(*self.views[:3])
-        columns = [self.trace.column(c) for c in ("kind", "alloc_id", "size_bytes", "stream")]
-        n = len(columns[0])
-        run.row = 1
-        for start in range(0, n, CHUNK_EVENTS):
-            run.kind, run.alloc_id, run.size_bytes, run.stream = (c[start:start + CHUNK_EVENTS].tolist()
-                                                                  for c in columns)
-            run.pos = 0
-            chunk_events = len(run.kind)
-            while True:
-                replay_run(run)
-                pos = run.pos
-                if pos >= chunk_events:
-                    break
-                samples.rows = run.row
-                step(start + pos, run.kind[pos], run.alloc_id[pos], run.size_bytes[pos], run.stream[pos])
-                if self.stopped:
-                    return
-                run.pos = pos + 1
-                run.row = samples.rows
+        kinds, ids, sizes, streams = (memoryview(np.ascontiguousarray(self.trace.column(c)))
+                                      for c in ("kind", "alloc_id", "size_bytes", "stream"))
+        run.kind, run.alloc_id, run.size_bytes, run.stream = kinds, ids, sizes, streams
+        n = len(kinds)
+        run.pos, run.row = 0, 1
+        while True:
+            replay_run(run)
+            pos = run.pos
+            if pos >= n:
+                break
+            samples.rows = run.row
+            step(pos, kinds[pos], ids[pos], sizes[pos], streams[pos])
+            if self.stopped:
+                return
+            run.pos = pos + 1
+            run.row = samples.rows
         samples.rows = run.row
 
 
@@ -409,7 +411,7 @@ def run_fast(trace: Trace, policy: PolicyLike, *, capacity_bytes: int | None = N
         else:
             replay.run_generic()
     wall_s = time.perf_counter() - started
-    return build_result(replay.output(), RunInfo(mode="fast", wall_s=wall_s))
+    return _with_route(build_result(replay.output(), RunInfo(mode="fast", wall_s=wall_s)), policy)
 
 
 class _Environment(simpy.Environment):
@@ -460,11 +462,13 @@ class _Clock:
         self.special = frozenset(deps) | frozenset(self.done)   # events with a cross-stream dependency
         self.counters = self.snapshot()
         cols = [trace.column(c) for c in ("t_ns", "kind", "alloc_id", "size_bytes", "stream")]
+        # A compiled replay_run reads integer buffers directly; the Python loop indexes lists faster.
+        buffers = self.replay.observer is None and self.replay.policy.replay_run is not None
         for stream in np.unique(streams).tolist():
             index = np.flatnonzero(streams == stream)
-            self.env.process(self.stream_process(_chunks(index, cols), deps))
+            self.env.process(self.stream_process(_chunks(index, cols, buffers), deps))
 
-    def stream_process(self, chunks: Iterator[list[list[int]]], deps: dict[int, int]):
+    def stream_process(self, chunks: Iterator[list[Any]], deps: dict[int, int]):
         """Walk one stream's events: wait for the work before each, issue the call, pay its latency.
 
         ``now`` mirrors ``env.now``: it is re-read after every yield and set wherever this process
@@ -497,12 +501,12 @@ class _Clock:
         seen = self.pause_total
         now = env.now
         for chunk in chunks:
+            index_c, t_c, kind_c, id_c, size_c, stream_c = chunk
             run.index, run.t_ns, run.kind, run.alloc_id, run.size_bytes, run.stream = chunk
-            chunk_events = len(chunk[0])
-            events = zip(*chunk)
-            pos = -1   # position in the chunk of the event being handled
-            for i, t, kind, aid, size, stream in events:
-                pos += 1
+            chunk_events = len(index_c)
+            pos = 0   # position in the chunk of the event being handled
+            while pos < chunk_events:
+                i, t = index_c[pos], t_c[pos]
                 if (replay_run is not None and self.pause_total == seen and self.sync_end <= now
                         and i not in special and not replay.stopped
                         and (t + delay <= now or t + delay < env.peek())):
@@ -520,7 +524,9 @@ class _Clock:
                         if run.pos == chunk_events:
                             break
                         pos = run.pos   # skip what the policy ran; handle the event it stopped at
-                        i, t, kind, aid, size, stream = next(islice(events, ran - 1, None))
+                        i, t = index_c[pos], t_c[pos]
+                kind, aid, size, stream = kind_c[pos], id_c[pos], size_c[pos], stream_c[pos]
+                pos += 1
                 target = t + delay
                 while True:  # work until the issue time; sync windows freeze it
                     if target > now:
@@ -584,11 +590,17 @@ class _Clock:
         return int((samples.sim_t_ns[:rows] + samples.latency_ns[:rows]).max())
 
 
-def _chunks(index: np.ndarray, cols: list[np.ndarray]) -> Iterator[list[list[int]]]:
-    """Yield [index, t_ns, kind, alloc_id, size_bytes, stream] of ``index`` as lists, a chunk at a time."""
+def _chunks(index: np.ndarray, cols: list[np.ndarray], buffers: bool = False) -> Iterator[list[Any]]:
+    """Yield [index, t_ns, kind, alloc_id, size_bytes, stream] of ``index``, a chunk at a time.
+
+    As lists, or with ``buffers`` as integer memoryviews (for a compiled ``replay_run``).
+    """
     for start in range(0, len(index), CHUNK_EVENTS):
         part = index[start:start + CHUNK_EVENTS]
-        yield [part.tolist()] + [c[part].tolist() for c in cols]
+        if buffers:
+            yield [memoryview(part)] + [memoryview(c[part]) for c in cols]
+        else:
+            yield [part.tolist()] + [c[part].tolist() for c in cols]
 
 
 def _cross_stream_dependencies(trace: Trace) -> dict[int, int]:
@@ -627,10 +639,16 @@ def run_simpy(trace: Trace, policy: PolicyLike, cost_model: CostModel | None = N
         clock.start()
         clock.env.run()
     wall_s = time.perf_counter() - started
-    return build_result(replay.output(), RunInfo(
+    return _with_route(build_result(replay.output(), RunInfo(
         mode="simpy", wall_s=wall_s, cost_model=cost_model, sync_count=clock.sync_count,
         sync_ns=clock.sync_ns, stall_ns=clock.stall_ns, dependency_wait_ns=clock.dependency_wait_ns,
-        makespan_ns=clock.end_ns() - replay.t0_ns))
+        makespan_ns=clock.end_ns() - replay.t0_ns)), policy)
+
+
+def _with_route(result: RunResult, policy: Policy) -> RunResult:
+    """Name in ``result.perf`` the route the policy's hot path took (``compiled`` or ``reference``)."""
+    result.perf["policy_kernel"] = route_of(policy)
+    return result
 
 
 def simulate(trace: Trace, policy: PolicyLike, *, fast: bool = False, cost_model: CostModel | None = None,

@@ -211,7 +211,8 @@ def format_summary(s: dict[str, Any], perf: dict[str, Any] | None = None) -> str
     if perf and perf.get("sim_seconds") is not None:
         eps = perf.get("events_per_second")
         lines.append(f"simulated in {perf['sim_seconds']:.3f} s"
-                     + (f" ({eps:,.0f} events/s)" if eps else ""))
+                     + (f" ({eps:,.0f} events/s)" if eps else "")
+                     + (f", policy kernel: {perf['policy_kernel']}" if perf.get("policy_kernel") else ""))
     verdict = s.get("verdict")
     if verdict:
         lines.append(verdict["line"])

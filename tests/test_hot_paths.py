@@ -1,16 +1,18 @@
-"""Fast paths against the plain routes they shortcut: the fused pool calls, ``FreeList.free``, SimPy's run-ahead.
+"""Fast paths against the plain routes they shortcut: the compiled kernel, ``FreeList.free``, SimPy's run-ahead.
 
-``PoolPolicy`` and ``PyTorchPolicy`` serve pool hits and completed frees inline for speed; the
-template route (``Policy.malloc`` -> ``_do_malloc``, ``Policy.free_completed`` -> ``_do_free``)
-stays the reference. Two copies of each policy replay the same random program, one through the
-public methods, one through the base-class methods, and must agree in every piece of state after
-every call, including which calls raised. The SimPy engine moves its clock itself when no other
-event is due first; forcing a timeout per event instead must change nothing.
+The pool policies run their hot path in the compiled kernel when it is built (``kernel.py``); the
+Python reference (``Policy.malloc`` -> ``_do_malloc``, ``Policy.free_completed`` -> ``_do_free``)
+is the other route. Two copies of each policy, one per route, replay the same long random program
+and must agree in every piece of state after every call, including which calls raised (the
+hypothesis-driven version of this is ``test_kernel.py``). The SimPy engine moves its clock itself
+when no other event is due first, and ``replay_run`` takes runs of events at once; forcing a
+timeout and a policy call per event instead must change nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from bisect import bisect_left, insort
 from pathlib import Path
@@ -23,13 +25,19 @@ from allocsim.cost import CostModel
 from allocsim.device import SimulatedDevice
 from allocsim.engine import _Environment, run_fast, run_simpy
 from allocsim.errors import AllocsimError
-from allocsim.policies import build_policy
-from allocsim.policies.base import Policy, ReplayRun
+from allocsim.policies import build_policy, kernel
+from allocsim.policies.base import ReplayRun
 from allocsim.policies.freelist import ADDR_BITS, FreeList
-from allocsim.policies.pytorch import PyTorchPolicy
 from allocsim.trace import read_trace
 from allocsim.trace.schema import EventKind
 from allocsim.units import MiB
+
+from .policy_state import policy_state
+
+needs_kernel = pytest.mark.skipif(kernel.compiled is None and os.environ.get("CI") != "true",
+                                  reason=f"compiled kernel not built here: {kernel.LOAD_ERROR}")
+FREE_LISTS = [pytest.param(FreeList, id="reference"),
+              pytest.param(getattr(kernel, "CompiledFreeList", None), id="compiled", marks=needs_kernel)]
 
 CASES = [
     ("pytorch", {}),
@@ -49,25 +57,9 @@ CASES = [
 ]
 
 
-def _state(policy) -> dict:
-    """Everything a policy and its device hold, as plain comparable values."""
-    pools = getattr(policy, "pools", ())
-    index = {id(pool): k for k, pool in enumerate(pools)}
-    dev = policy.device
-    return {
-        "live": dict(policy.live), "pending": set(policy.pending),
-        "counters": {name: getattr(policy, name) for name in (
-            "requested_bytes", "allocated_bytes", "pending_free_bytes", "n_mallocs", "n_ooms", "n_pool_hits",
-            "n_splits", "n_merges", "n_gc_batches", "last_stream", "n_released_segments", "released_bytes",
-            "total_allocated_memory", "num_alloc_retries") if hasattr(policy, name)},
-        "pools": [(dict(pool.size_at), dict(pool.start_ending_at), {k: list(v) for k, v in pool.by_stream.items()},
-                   dict(pool.segment_size_at), dict(pool.segment_stream_at), pool.segment_bytes, pool.clock,
-                   pool.inserted_at) for pool in pools],
-        "pool_of": {addr: index[id(pool)] for addr, pool in getattr(policy, "_pool_of", {}).items()},
-        "foreign": dict(getattr(policy, "_foreign", {})),
-        "device": (dev.reserved_bytes, dev.n_mallocs, dev.malloc_bytes, dev.n_frees, dev.freed_bytes, dev.n_maps,
-                   dev.n_unmaps, dev.n_failed_mallocs, dev.n_failed_maps, dict(dev._sizes), dict(dev._mapped)),
-    }
+def _built(name: str, params: dict, route: str, capacity: int | None = 160 * MiB):
+    with kernel.route(route):
+        return build_policy(name, device=SimulatedDevice(capacity), params=params)
 
 
 def _call(fn, *args):
@@ -78,12 +70,13 @@ def _call(fn, *args):
         return "raised", type(exc)
 
 
+@needs_kernel
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c[0] + "".join(f",{k}={v}" for k, v in c[1].items()))
 @pytest.mark.parametrize("seed", [1, 2])
-def test_fused_route_matches_the_template_route(case, seed):
-    """Public methods (fused where the class has a hot path) and base-class methods make identical state."""
+def test_compiled_route_matches_the_reference_route(case, seed):
+    """A long random program through both routes: identical results, errors and state after every call."""
     name, params = case
-    fused, generic = (build_policy(name, device=SimulatedDevice(160 * MiB), params=params) for _ in range(2))
+    compiled, reference = _built(name, params, "compiled"), _built(name, params, "reference")
     rng = random.Random(seed)
     live: list[int] = []
     pending: list[int] = []
@@ -93,28 +86,28 @@ def test_fused_route_matches_the_template_route(case, seed):
             size = rng.choice([0, rng.randrange(1, 4096), rng.randrange(4096, 2 * MiB),
                                rng.randrange(2 * MiB, 24 * MiB)])
             stream = rng.randrange(3)
-            got = _call(fused.malloc, aid, size, stream), _call(Policy.malloc, generic, aid, size, stream)
+            got = _call(compiled.malloc, aid, size, stream), _call(reference.malloc, aid, size, stream)
             if got[0][0] == "ok":
                 live.append(aid)
         elif op < 0.75 and live:
             victim = live.pop(rng.randrange(len(live)))
-            got = _call(fused.free_requested, victim), _call(Policy.free_requested, generic, victim)
+            got = _call(compiled.free_requested, victim), _call(reference.free_requested, victim)
             pending.append(victim)
         elif op < 0.97 and (pending or live):
             source = pending if pending and rng.random() < 0.8 else live
             if not source:
                 source = pending or live
             victim = source.pop(rng.randrange(len(source)))   # completes without a request when from live
-            got = _call(fused.free_completed, victim), _call(Policy.free_completed, generic, victim)
+            got = _call(compiled.free_completed, victim), _call(reference.free_completed, victim)
         else:
-            got = _call(fused.empty_cache), _call(generic.empty_cache)
-        assert got[0] == got[1], f"step {aid}: fused {got[0]} != generic {got[1]}"
-        assert _state(fused) == _state(generic), f"{name} diverged at step {aid}"
-    # The misuse paths go through the generic route too.
+            got = _call(compiled.empty_cache), _call(reference.empty_cache)
+        assert got[0] == got[1], f"step {aid}: compiled {got[0]} != reference {got[1]}"
+        assert policy_state(compiled) == policy_state(reference), f"{name} diverged at step {aid}"
+    # The misuse paths raise the same errors on both routes.
     if live:
-        assert _call(fused.malloc, live[0], 512, 0) == _call(Policy.malloc, generic, live[0], 512, 0)
-    assert _call(fused.free_completed, 10**9) == _call(Policy.free_completed, generic, 10**9)
-    fused.check_invariants()
+        assert _call(compiled.malloc, live[0], 512, 0) == _call(reference.malloc, live[0], 512, 0)
+    assert _call(compiled.free_completed, 10**9) == _call(reference.free_completed, 10**9)
+    compiled.check_invariants()
 
 
 def _free_reference(pool: FreeList, addr: int, size: int, stream_key: int) -> int:
@@ -135,11 +128,12 @@ def _free_reference(pool: FreeList, addr: int, size: int, stream_key: int) -> in
     return merges
 
 
+@pytest.mark.parametrize("free_list", FREE_LISTS)
 @pytest.mark.parametrize("track_age", [False, True])
-def test_freelist_free_matches_take_and_add(track_age):
+def test_freelist_free_matches_take_and_add(free_list, track_age):
     """Random frees into segments of two streams: the fused merge equals take/take/add, ages included."""
     rng = random.Random(7)
-    pools = [FreeList(track_age=track_age) for _ in range(2)]
+    pools = [free_list(track_age=track_age) for _ in range(2)]
     held: dict[int, tuple[int, int]] = {}   # addr -> (size, stream) of blocks not free
     for seg in range(6):
         base, stream = (1 << 40) + seg * (1 << 24), seg % 2
@@ -155,23 +149,25 @@ def test_freelist_free_matches_take_and_add(track_age):
             pool.clock = step
         assert pools[0].free(addr, size, stream) == _free_reference(pools[1], addr, size, stream)
         a, b = pools
-        assert (a.size_at, a.start_ending_at, a.by_stream, a.inserted_at) == \
-               (b.size_at, b.start_ending_at, b.by_stream, b.inserted_at)
+        assert (dict(a.size_at), dict(a.start_ending_at), dict(a.by_stream), a.inserted_at) == \
+               (dict(b.size_at), dict(b.start_ending_at), dict(b.by_stream), b.inserted_at)
     pools[0].check()
     assert pools[0].free_bytes == 6 * (1 << 24) and pools[0].free_bytes_by_stream == {0: 3 << 24, 1: 3 << 24}
     assert all(pools[0].is_whole_free(base) for base in pools[0].segment_size_at)
 
 
-def test_sorted_key_lists_stay_sorted_and_best_fit_takes_the_smallest_then_lowest():
-    """The per-stream lists are plain sorted lists: best fit = first key >= size << ADDR_BITS."""
-    pool = FreeList()
+@pytest.mark.parametrize("free_list", FREE_LISTS)
+def test_sorted_keys_and_best_fit_takes_the_smallest_then_lowest(free_list):
+    """Per stream, keys are sorted (size, address): best fit = first key >= size << ADDR_BITS."""
+    pool = free_list()
     pool.add_segment(1 << 40, 64 * MiB, 0)
     keys = []
     for addr, size in [(0, 3 * MiB), (8 * MiB, 1 * MiB), (16 * MiB, 3 * MiB), (24 * MiB, 2 * MiB)]:
         pool.add((1 << 40) + addr, size, 0)
         insort(keys, size << ADDR_BITS | (1 << 40) + addr)
-    assert pool.keys(0) == keys == sorted(keys)
+    assert list(pool.keys(0)) == keys == sorted(keys)
     assert pool.best_fit(0, 2 * MiB + 1) == 3 * MiB << ADDR_BITS | 1 << 40      # 3 MiB, lowest address
+    assert pool.next_key(0, pool.best_fit(0, 2 * MiB + 1)) == 3 * MiB << ADDR_BITS | (1 << 40) + 16 * MiB
     assert pool.pop_best_fit(0, 5 * MiB) == -1
     assert pool.pop_best_fit(0, 1) == keys[bisect_left(keys, 1 << ADDR_BITS)]   # the 1 MiB block
     with pytest.raises(ValueError):
@@ -197,7 +193,7 @@ def bert_head():
     return dataclasses.replace(trace, events=trace.events.iloc[:4000].reset_index(drop=True))
 
 
-@pytest.mark.parametrize("policy", ["direct", "pytorch", "cuda-async"])
+@pytest.mark.parametrize("policy", ["direct", "pytorch", "cuda-async", "paddle"])
 @pytest.mark.parametrize("cost", ["default", "zero", "slow-sync"])
 @pytest.mark.parametrize("streams", [1, 3])
 def test_simpy_run_ahead_equals_yielding_every_event(monkeypatch, bert_head, policy, cost, streams):
@@ -206,13 +202,15 @@ def test_simpy_run_ahead_equals_yielding_every_event(monkeypatch, bert_head, pol
     model = {"default": CostModel(), "zero": CostModel(**{n: 0 for n in CostModel.constant_names()}),
              "slow-sync": CostModel(device_sync_ns=2_000_000, pool_hit_ns=5_000)}[cost]
 
-    def run():
-        return run_simpy(trace, policy, model, capacity_bytes=3 << 30, continue_on_oom=True)
+    def run(batches: bool):
+        built = build_policy(policy, device=SimulatedDevice(3 << 30))
+        if not batches:
+            built.replay_run = None   # one policy call per event
+        return run_simpy(trace, built, model, continue_on_oom=True)
 
-    fast_lane = run()
+    fast_lane = run(True)
     monkeypatch.setattr(_Environment, "advance_to", lambda self, t_ns: False)   # always yield a timeout
-    monkeypatch.setattr(PyTorchPolicy, "replay_run", None)                      # and one call per event
-    reference = run()
+    reference = run(False)
     assert fast_lane.summary == reference.summary
     pd.testing.assert_frame_equal(fast_lane.timeseries, reference.timeseries)
     pd.testing.assert_frame_equal(fast_lane.ooms, reference.ooms)
@@ -221,49 +219,66 @@ def test_simpy_run_ahead_equals_yielding_every_event(monkeypatch, bert_head, pol
 
 
 # ------------------------------------------------------------------------------- replay_run (batches)
-@pytest.mark.parametrize("params", [{}, {"max_split_size": "24MiB"}, {"roundup_power2_divisions": "4"}],
-                         ids=["default", "max_split", "roundup"])
+BATCH_CASES = [("pytorch", {}), ("pytorch", {"max_split_size": "24MiB"}), ("pytorch", {"roundup_power2_divisions": "4"}),
+               ("pytorch", {"garbage_collection_threshold": "0.5", "memory_fraction": "0.9"}),
+               ("pytorch", {"expandable_segments": "true"}),
+               ("bestfit", {"growth": "pytorch"}), ("paddle", {}), ("cupy", {})]
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", BATCH_CASES, ids=lambda c: c[0] + "".join(f",{k}={v}" for k, v in c[1].items()))
 @pytest.mark.parametrize("streams", [1, 3])
 @pytest.mark.parametrize("capacity", [None, "tight"])
-def test_replay_run_equals_per_event_calls(monkeypatch, bert_head, params, streams, capacity):
-    """PyTorchPolicy.replay_run (fast and SimPy mode) gives the results of one policy call per event.
+def test_replay_run_equals_per_event_calls(bert_head, case, streams, capacity):
+    """The kernel's replay_run (fast and SimPy mode) gives the results of one policy call per event.
 
     Tight capacity makes misses, releases and OOMs (continue_on_oom) interleave with the runs; three
     streams make dependencies and other streams' events end runs early.
     """
+    name, params = case
     trace = bert_head if streams == 1 else _multi_stream(bert_head, streams, 20_000)
-    capacity_bytes = None if capacity is None else 1200 * MiB
+    capacity_bytes = 2 << 30 if capacity is None else 1200 * MiB
     ran = []
-    batched = PyTorchPolicy.replay_run
 
-    def counting(self, run):
-        start = run.pos
-        batched(self, run)
-        ran.append(run.pos - start)
+    def built(batches: bool):
+        policy = _built(name, params, "compiled", capacity_bytes)
+        batched = policy.replay_run
+        assert batched is not None
 
-    monkeypatch.setattr(PyTorchPolicy, "replay_run", counting)
-    results = [run_fast(trace, "pytorch", params=params, capacity_bytes=capacity_bytes, continue_on_oom=True),
-               run_simpy(trace, "pytorch", params=params, capacity_bytes=capacity_bytes, continue_on_oom=True)]
+        def counting(run):
+            start = run.pos
+            batched(run)
+            ran.append(run.pos - start)
+
+        policy.replay_run = counting if batches else None
+        return policy
+
+    results = [run_fast(trace, built(True), continue_on_oom=True), run_simpy(trace, built(True), continue_on_oom=True)]
     assert sum(ran) > len(trace.events) // 2, sum(ran)   # a good part of both runs went through replay_run
-    monkeypatch.setattr(PyTorchPolicy, "replay_run", None)
-    reference = [run_fast(trace, "pytorch", params=params, capacity_bytes=capacity_bytes, continue_on_oom=True),
-                 run_simpy(trace, "pytorch", params=params, capacity_bytes=capacity_bytes, continue_on_oom=True)]
+    reference = [run_fast(trace, built(False), continue_on_oom=True),
+                 run_simpy(trace, built(False), continue_on_oom=True)]
     for got, want in zip(results, reference):
         assert got.summary == want.summary
         pd.testing.assert_frame_equal(got.timeseries, want.timeseries)
         pd.testing.assert_frame_equal(got.ooms, want.ooms)
-    if capacity is not None:
+    if capacity is not None and name == "pytorch":
         assert reference[0].summary["oom_count"] > 0
 
 
+@needs_kernel
 @pytest.mark.parametrize("streams", [1, 3])
-def test_replay_run_leaves_the_policy_as_per_event_calls_do(bert_head, streams):
-    """After a trace through replay_run (per-event calls where it stops) the state equals the per-event route's."""
+@pytest.mark.parametrize("columns_as", ["lists", "buffers"])
+def test_replay_run_leaves_the_policy_as_per_event_calls_do(bert_head, streams, columns_as):
+    """After a trace through replay_run (per-event calls where it stops) the state equals the reference route's."""
     trace = bert_head if streams == 1 else _multi_stream(bert_head, streams, 1)
-    batched, plain = (build_policy("pytorch", device=SimulatedDevice()) for _ in range(2))
+    batched, plain = _built("pytorch", {}, "compiled", None), _built("pytorch", {}, "reference", None)
     run = ReplayRun(*(memoryview(np.zeros(len(trace.events) + 1, dtype=np.int64)) for _ in range(3)))
-    columns = [trace.column(c).tolist() for c in ("kind", "alloc_id", "size_bytes", "stream")]
-    run.kind, run.alloc_id, run.size_bytes, run.stream = columns
+    names = ("kind", "alloc_id", "size_bytes", "stream")
+    columns = [trace.column(c).tolist() for c in names]
+    if columns_as == "lists":
+        run.kind, run.alloc_id, run.size_bytes, run.stream = columns
+    else:
+        run.kind, run.alloc_id, run.size_bytes, run.stream = (memoryview(trace.column(c)) for c in names)
 
     def call(policy, pos):
         kind, aid, size, stream = (column[pos] for column in columns)
@@ -287,6 +302,6 @@ def test_replay_run_leaves_the_policy_as_per_event_calls_do(bert_head, streams):
             run.row += 1
             pos += 1
             stops += 1
-        assert _state(batched) == _state(plain), f"diverged before event {pos}"
+        assert policy_state(batched) == policy_state(plain), f"diverged before event {pos}"
     assert stops < len(columns[0]) // 10   # the runs were long
     batched.check_invariants()

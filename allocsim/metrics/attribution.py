@@ -178,7 +178,7 @@ def _segments_of(bottom: PoolPolicy) -> list[tuple[int, int, int, str, FreeList]
         name = names.get(id(fl), "pool")
         exp = expandable.get(id(fl))
         for addr, size in fl.segment_size_at.items():
-            stream = fl.segment_stream_at[addr]
+            stream = fl.segment_stream(addr)
             if exp is None:
                 out.append((addr, size, stream, name, fl))
                 continue

@@ -23,7 +23,7 @@ class ReplayRun:
     """A stretch of trace events a policy may replay in one call (``Policy.replay_run``), and where to write.
 
     The engine fills it, calls ``policy.replay_run(run)``, and the policy executes events
-    ``pos, pos + 1, ...`` of the column lists itself for as long as each is one it can do without
+    ``pos, pos + 1, ...`` of the columns itself for as long as each is one it can do without
     the device and without anything the engine must see (see ``Policy.replay_run``), advancing
     ``pos`` and ``row`` and writing each event's sample row. It stops at (and leaves) the first
     other event; the engine runs that one through the per-event methods and calls again.
@@ -43,15 +43,17 @@ class ReplayRun:
 
     def __init__(self, requested: Any, active: Any, pending: Any) -> None:
         self.requested, self.active, self.pending = requested, active, pending   # writable int64 views
-        self.kind: list[int] = []          # the chunk's columns, as lists
-        self.alloc_id: list[int] = []
-        self.size_bytes: list[int] = []
-        self.stream: list[int] = []
+        # The columns: sequences of ints indexed by position (lists, or integer memoryviews that a
+        # compiled replay_run reads in place).
+        self.kind: Any = []
+        self.alloc_id: Any = []
+        self.size_bytes: Any = []
+        self.stream: Any = []
         self.pos = 0                       # next event of the chunk to run
         self.row = 0                       # its sample row
         self.timed = False
-        self.index: list[int] = []         # timed only: trace event index and time of each chunk event
-        self.t_ns: list[int] = []
+        self.index: Any = []               # timed only: trace event index and time of each chunk event
+        self.t_ns: Any = []
         self.special: frozenset[int] | set[int] = frozenset()
         self.due_ns: float = float("inf")
         self.delay_ns = 0
@@ -72,7 +74,8 @@ class Policy:
     #: Optional batch fast path, ``replay_run(run: ReplayRun) -> None``: execute the run's events from
     #: ``run.pos`` on while each is one that makes no device call and changes no counter the cost
     #: model reads, with exactly the state changes the per-event methods would make (a pool hit, a
-    #: free request, a completed free). None: the engine calls the per-event methods.
+    #: free request, a completed free). None: the engine calls the per-event methods. The pool
+    #: policies get one from the compiled kernel (``kernel.attach``); their reference route has none.
     replay_run: Callable[[ReplayRun], None] | None = None
 
     def __init__(self, upstream: Any):

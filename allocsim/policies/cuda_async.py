@@ -39,16 +39,18 @@ class CudaAsyncPolicy(PoolPolicy):
         self.growth_granularity_bytes = growth_granularity_bytes
         self._idle: set[int] = set()   # starts of segments that were wholly free after a free
         self.n_trims = 0
+        self._attach_kernel()
 
     def _do_free(self, alloc_id: int, addr: int, allocated_bytes: int, stream: int) -> None:
         if allocated_bytes == 0:
             return
         pool = self.large
         start = addr
-        if addr not in pool.segment_size_at:
-            start = pool.start_ending_at.get(addr, addr)
+        if pool.segment_size(addr) is None:
+            prev = pool.block_ending_at(addr)
+            start = addr if prev is None else prev
         self.n_merges += pool.free(addr, allocated_bytes, 0)
-        if pool.size_at[start] == pool.segment_size_at.get(start):
+        if pool.block_size(start) == pool.segment_size(start):
             self._idle.add(start)
         if pool.segment_bytes > self.release_threshold_bytes:
             self.trim_to(self.release_threshold_bytes)
@@ -56,14 +58,14 @@ class CudaAsyncPolicy(PoolPolicy):
     def trim_to(self, keep_bytes: int) -> int:
         """``cudaMemPoolTrimTo``: release wholly free segments, largest first, until at most ``keep_bytes`` are held."""
         pool = self.large
-        idle = [a for a in self._idle if a in pool.segment_size_at and pool.is_whole_free(a)]
-        idle.sort(key=lambda a: (-pool.segment_size_at[a], a))
+        idle = [a for a in self._idle if pool.segment_size(a) is not None and pool.is_whole_free(a)]
+        idle.sort(key=lambda a: (-pool.segment_size(a), a))
         released = 0
         for addr in idle:
             if pool.segment_bytes <= keep_bytes:
                 break
             released += self._release_segment(pool, addr)
-        self._idle = {a for a in idle if a in pool.segment_size_at}
+        self._idle = {a for a in idle if pool.segment_size(a) is not None}
         if released:
             self.n_trims += 1
         return released

@@ -32,6 +32,7 @@ class CuPyPolicy(PoolPolicy):
         super().__init__(upstream, alignment_bytes=ALLOCATION_UNIT_SIZE, growth="exact",
                          min_split_remainder_bytes=ALLOCATION_UNIT_SIZE, stream_bound=True, oom_release="all")
         self.limit_bytes = limit_bytes
+        self._attach_kernel()
 
     def _device_malloc(self, segment_bytes: int) -> int:
         # set_limit: CuPy counts its own cudaMalloc'd bytes (total_bytes), not the driver's rounding.

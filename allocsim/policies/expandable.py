@@ -15,8 +15,6 @@ merge across pages); unmapped ranges live in ``UnmappedRanges`` beside it.
 
 from __future__ import annotations
 
-from bisect import bisect_right
-
 from sortedcontainers import SortedList
 
 from ..device import DeviceOutOfMemory
@@ -39,15 +37,15 @@ class UnmappedRanges:
         self.stream_at: dict[int, int] = {}
         self.by_stream: dict[int, SortedList] = {}
 
-    def add(self, addr: int, size_bytes: int, stream: int, segment_starts: dict[int, int]) -> None:
-        """Add an unmapped range, merging with unmapped neighbours of the same segment."""
-        if addr not in segment_starts:
+    def add(self, addr: int, size_bytes: int, stream: int, pool: FreeList) -> None:
+        """Add an unmapped range, merging with unmapped neighbours of the same segment of ``pool``."""
+        if pool.segment_size(addr) is None:
             prev = self.start_ending_at.get(addr)
             if prev is not None:
                 size_bytes += self.take(prev)
                 addr = prev
         end = addr + size_bytes
-        if end not in segment_starts and end in self.size_at:
+        if pool.segment_size(end) is None and end in self.size_at:
             size_bytes += self.take(end)
         self.size_at[addr] = size_bytes
         self.total_bytes += size_bytes
@@ -81,7 +79,7 @@ class ExpandableSegments:
         """Size a free block could grow to: itself plus the unmapped range right after it."""
         size = key >> ADDR_BITS
         end = (key & ADDR_MASK) + size
-        if end in self.pool.segment_size_at:
+        if self.pool.segment_size(end) is not None:
             return size
         return size + self.unmapped.size_at.get(end, 0)
 
@@ -93,13 +91,13 @@ class ExpandableSegments:
             return -1
         best = key
         best_room = self.expandable_size(key)
-        blocks = pool.by_stream[stream]
-        for idx in range(bisect_right(blocks, key), len(blocks)):   # the blocks after the best fit
-            candidate = blocks[idx]
+        candidate = pool.next_key(stream, key)
+        while candidate >= 0:   # the blocks after the best fit, in order
             room = self.expandable_size(candidate)
             if room >= best_room:
                 break
             best, best_room = candidate, room
+            candidate = pool.next_key(stream, candidate)
         return best
 
     # ------------------------------------------------------------------ growing
@@ -108,7 +106,7 @@ class ExpandableSegments:
         pool = self.pool
         addr, mapped = self._find(stream, size_bytes)
         if mapped:
-            size = pool.size_at[addr]
+            size = pool.block_size(addr)
         else:
             addr, size = self._map(addr, min(self.unmapped.size_at[addr], size_bytes), stream)
             if addr < 0:
@@ -127,14 +125,14 @@ class ExpandableSegments:
         pool = self.pool
         for start in list(self.unmapped.by_stream.get(stream, ())):
             candidate, mapped = start, False
-            prev = pool.start_ending_at.get(start)
-            if prev is not None and start not in pool.segment_size_at:
+            prev = pool.block_ending_at(start)
+            if prev is not None and pool.segment_size(start) is None:
                 candidate, mapped = prev, True
             if self._room(candidate) >= size_bytes:
                 return candidate, mapped
         base = self.policy.device.reserve_address_space(self.address_space_bytes)
         pool.add_segment(base, self.address_space_bytes, stream)
-        self.unmapped.add(base, self.address_space_bytes, stream, pool.segment_size_at)
+        self.unmapped.add(base, self.address_space_bytes, stream, pool)
         return base, False
 
     def _room(self, addr: int) -> int:
@@ -143,10 +141,10 @@ class ExpandableSegments:
         room = 0
         first = True
         while True:
-            if not first and addr in pool.segment_size_at:
+            if not first and pool.segment_size(addr) is not None:
                 return room
             first = False
-            size = pool.size_at.get(addr) or unmapped.size_at.get(addr)
+            size = pool.block_size(addr) or unmapped.size_at.get(addr)
             if not size:
                 return room
             room += size
@@ -163,13 +161,14 @@ class ExpandableSegments:
             return -1, 0
         self.unmapped.take(addr)
         if mapped_bytes < available:
-            self.unmapped.add(addr + mapped_bytes, available - mapped_bytes, stream, pool.segment_size_at)
+            self.unmapped.add(addr + mapped_bytes, available - mapped_bytes, stream, pool)
         policy.on_device_memory("segment_map", addr, mapped_bytes, stream)
         start = addr
-        if addr not in pool.segment_size_at:
-            start = pool.start_ending_at.get(addr, addr)
+        if pool.segment_size(addr) is None:
+            prev = pool.block_ending_at(addr)
+            start = addr if prev is None else prev
         pool.free(addr, mapped_bytes, stream)
-        return start, pool.size_at[start]
+        return start, pool.block_size(start)
 
     # ------------------------------------------------------------------ releasing
     def release(self) -> int:
@@ -190,14 +189,12 @@ class ExpandableSegments:
                 pool.add(end, addr + size - end, stream)
             self.policy.device.unmap(begin, end - begin)
             self.policy.on_device_memory("segment_unmap", begin, end - begin, stream)
-            unmapped.add(begin, end - begin, stream, pool.segment_size_at)
+            unmapped.add(begin, end - begin, stream, pool)
             released += end - begin
-            if unmapped.size_at.get(base) == pool.segment_size_at[base]:
+            if unmapped.size_at.get(base) == pool.segment_size(base):
                 # Newer PyTorch frees a fully unmapped segment's address space (release_expandable_segment).
                 unmapped.take(base)
-                pool.segment_stream_at.pop(base)
-                # A range adopted by load_state may differ from address_space_bytes.
-                pool.segment_bytes -= pool.segment_size_at.pop(base)
+                pool.forget_segment(base)   # its size may differ from address_space_bytes (load_state)
                 self.policy.device.release_address_space(base)
         return released
 

@@ -13,9 +13,12 @@ keeps their address and size). Free blocks are indexed three ways, all plain int
 Why a plain list and ``bisect`` rather than a balanced structure: a pool holds hundreds to a few
 thousand free blocks, and for those ``bisect`` plus the memmove of ``list.insert``/``list.pop``
 (both in C) cost less than any Python-level tree or ``SortedList`` method call. The price is
-O(n) memmove per change, which only matters for pools of ~10^5 free blocks. Hot paths (the
-``pytorch`` and pool presets' fused ``malloc``/``free_completed``) work on these lists directly
-with ``bisect``; everything else goes through the methods below.
+O(n) memmove per change, which only matters for pools of ~10^5 free blocks.
+
+This class is the readable reference. The compiled kernel (``kernel.py``, ``csrc/``) has a
+``FreeList`` with the same contents and methods (a B+ tree per stream and open-addressing address
+maps: O(log n) whatever the pool holds); policies use only the methods below, never the dicts
+directly, so either implementation serves them.
 
 Blocks never merge across segments: an address that starts a segment is a hard boundary, because
 two cudaMallocs that happen to be adjacent are still separate allocations.
@@ -23,7 +26,7 @@ two cudaMallocs that happen to be adjacent are still separate allocations.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from typing import Iterator
 
 #: Addresses live in the low 64 bits of a packed key; sizes above them.
@@ -71,6 +74,40 @@ class FreeList:
         """Stream key -> bytes in its free blocks (every key that ever held a free block)."""
         return {skey: sum(key >> ADDR_BITS for key in blocks) for skey, blocks in self.by_stream.items()}
 
+    @property
+    def track_age(self) -> bool:
+        """Whether free blocks carry ages (``inserted_at``)."""
+        return self.inserted_at is not None
+
+    def stream_keys(self) -> list[int]:
+        """Every stream key that ever held a free block, in first-use order."""
+        return list(self.by_stream)
+
+    def stream_bytes(self, stream_key: int) -> int:
+        """Bytes in the free blocks of ``stream_key``."""
+        return sum(key >> ADDR_BITS for key in self.by_stream.get(stream_key, ()))
+
+    # ------------------------------------------------------------------ one-address lookups (None: absent)
+    def block_size(self, addr: int) -> int | None:
+        """Size of the free block starting at ``addr``."""
+        return self.size_at.get(addr)
+
+    def block_ending_at(self, end: int) -> int | None:
+        """Start of the free block ending at ``end``."""
+        return self.start_ending_at.get(end)
+
+    def segment_size(self, addr: int) -> int | None:
+        """Size of the segment starting at ``addr``."""
+        return self.segment_size_at.get(addr)
+
+    def segment_stream(self, addr: int) -> int | None:
+        """Stream key of the segment starting at ``addr``."""
+        return self.segment_stream_at.get(addr)
+
+    def inserted_clock(self, addr: int) -> int | None:
+        """The clock when the free block at ``addr`` entered the set (ages tracked only)."""
+        return None if self.inserted_at is None else self.inserted_at.get(addr)
+
     # ------------------------------------------------------------------ segments
     def add_segment(self, addr: int, size_bytes: int, stream_key: int) -> None:
         """Register a new segment; it holds no free block until the caller adds one."""
@@ -87,6 +124,13 @@ class FreeList:
         size_bytes = self.segment_size_at.pop(addr)
         stream_key = self.segment_stream_at.pop(addr)
         self.take(stream_key, pack(size_bytes, addr))
+        self.segment_bytes -= size_bytes
+        return size_bytes
+
+    def forget_segment(self, addr: int) -> int:
+        """Drop the record of the segment at ``addr``, which holds no free block; return its size."""
+        size_bytes = self.segment_size_at.pop(addr)
+        del self.segment_stream_at[addr]
         self.segment_bytes -= size_bytes
         return size_bytes
 
@@ -126,6 +170,12 @@ class FreeList:
     def keys(self, stream_key: int) -> list[int] | tuple:
         """Return the sorted keys of one stream's free blocks (read-only use)."""
         return self.by_stream.get(stream_key, ())
+
+    def next_key(self, stream_key: int, key: int) -> int:
+        """Return the smallest key of ``stream_key``'s free blocks above ``key``, or -1."""
+        blocks = self.by_stream.get(stream_key, ())
+        idx = bisect_right(blocks, key)
+        return blocks[idx] if idx < len(blocks) else -1
 
     def take(self, stream_key: int, key: int) -> None:
         """Remove the free block with sort key ``key`` (it is about to be handed out or released)."""
@@ -218,21 +268,28 @@ class FreeList:
 
     def check(self) -> None:
         """Raise ``AssertionError`` if the indexes disagree or two free neighbours were left unmerged."""
-        total = 0
-        count = 0
-        for addr, size, skey in self.blocks():
-            assert self.size_at.get(addr) == size, f"free block {addr:#x} missing from size_at"
-            assert self.start_ending_at.get(addr + size) == addr, f"free block {addr:#x} missing from start_ending_at"
-            seg = self.segment_of(addr)
-            assert addr + size <= seg + self.segment_size_at[seg], f"free block {addr:#x} overruns its segment"
-            assert self.segment_stream_at[seg] == skey, f"free block {addr:#x} filed under the wrong stream"
-            end = addr + size
-            if end not in self.segment_size_at and end in self.size_at:
-                raise AssertionError(f"free blocks at {addr:#x} and {end:#x} were not merged")
-            total += size
-            count += 1
-        assert count == len(self.size_at) == len(self.start_ending_at), "free-block indexes differ in size"
-        for skey, blocks in self.by_stream.items():
-            assert all(a < b for a, b in zip(blocks, blocks[1:])), f"free blocks of stream {skey} are not sorted"
-        assert total == self.free_bytes, f"free_bytes {self.free_bytes} != {total}"
-        assert self.segment_bytes == sum(self.segment_size_at.values()), "segment_bytes drifted"
+        check_free_list(self)
+
+
+def check_free_list(pool) -> None:
+    """Check a ``FreeList`` (either implementation) through its public views: for tests, O(blocks x segments)."""
+    total = 0
+    count = 0
+    size_at, start_ending_at, segment_size_at = pool.size_at, pool.start_ending_at, pool.segment_size_at
+    segment_stream_at = pool.segment_stream_at
+    for addr, size, skey in pool.blocks():
+        assert size_at.get(addr) == size, f"free block {addr:#x} missing from size_at"
+        assert start_ending_at.get(addr + size) == addr, f"free block {addr:#x} missing from start_ending_at"
+        seg = pool.segment_of(addr)
+        assert addr + size <= seg + segment_size_at[seg], f"free block {addr:#x} overruns its segment"
+        assert segment_stream_at[seg] == skey, f"free block {addr:#x} filed under the wrong stream"
+        end = addr + size
+        if end not in segment_size_at and end in size_at:
+            raise AssertionError(f"free blocks at {addr:#x} and {end:#x} were not merged")
+        total += size
+        count += 1
+    assert count == len(size_at) == len(start_ending_at), "free-block indexes differ in size"
+    for skey, blocks in pool.by_stream.items():
+        assert all(a < b for a, b in zip(blocks, blocks[1:])), f"free blocks of stream {skey} are not sorted"
+    assert total == pool.free_bytes, f"free_bytes {pool.free_bytes} != {total}"
+    assert pool.segment_bytes == sum(segment_size_at.values()), "segment_bytes drifted"

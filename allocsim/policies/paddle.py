@@ -42,6 +42,7 @@ class PaddlePolicy(PoolPolicy):
         self.free_idle_chunk = free_idle_chunk
         self.free_when_no_cache_hit = free_when_no_cache_hit
         self._has_after_free = free_idle_chunk
+        self._attach_kernel()
 
     def _grow(self, pool: FreeList, stream_key: int, size: int, size_bytes: int) -> int:
         if self.free_when_no_cache_hit:

@@ -58,6 +58,7 @@ class PaddleNaivePolicy(PoolPolicy):
         self.segment_size = self._refill_size
         self.max_chunk_bytes: int | None = None
         self._huge: dict[int, int] = {}   # addr -> bytes of direct (HUGE_CHUNK) allocations
+        self._attach_kernel()
 
     # ------------------------------------------------------------------ sizing
     def _round(self, size_bytes: int) -> int:

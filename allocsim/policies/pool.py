@@ -5,16 +5,21 @@ among the free blocks of the request's stream key → on a miss, grow by a new s
 comes from the growth rule (on device OOM: release wholly free segments, retry) → split the block
 when the remainder is at least ``min_split_remainder_bytes``. A completed free merges the block with
 its free neighbours inside its segment. Nothing moves a live block.
+
+The methods below are the readable reference. With the compiled kernel (``kernel.py``) the pools
+are compiled ``FreeList``s and ``malloc``/``free_completed``/``replay_run`` run in C with the same
+decisions; a miss still comes back here (``_find_elsewhere``, ``_grow``), and so do releases.
+A subclass whose own ``__init__`` sets anything the kernel reads calls ``_attach_kernel()`` last.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
 from typing import Any
 
 from ..device import DeviceOutOfMemory
 from ..errors import OutOfMemory
 from ..units import MiB
+from . import kernel
 from .base import Policy
 from .freelist import ADDR_BITS, ADDR_MASK, FreeList
 from .growth import K_SMALL_SIZE, make_growth
@@ -60,8 +65,11 @@ class PoolPolicy(Policy):
         self.stream_bound = stream_bound
         self.carve_from_high_end = carve_from_high_end
         self.oom_release = oom_release
-        self.large = FreeList()
-        self.small = FreeList() if small_pool_max_bytes is not None else self.large
+        self._compiled_route = kernel.active()
+        self._kernel = None
+        self.live, self.pending = kernel.new_live_state(compiled_route=self._compiled_route)
+        self.large = self._new_free_list()
+        self.small = self._new_free_list() if small_pool_max_bytes is not None else self.large
         self.pools = (self.large,) if self.small is self.large else (self.small, self.large)
         # addr -> pool of a live block, kept only when there are two pools to choose between.
         self._pool_of: dict[int, FreeList] = {}
@@ -71,12 +79,51 @@ class PoolPolicy(Policy):
         self.last_stream = 0
         self.n_released_segments = 0
         self.released_bytes = 0
-        # The fused malloc/free_completed below inline this class's _round/_do_malloc/_do_free; a
-        # subclass that overrides one of them keeps the generic route for that call.
+        if type(self).__init__ is PoolPolicy.__init__:
+            self._attach_kernel()
+
+    # ------------------------------------------------------------------ the compiled kernel
+    def _new_free_list(self, *, track_age: bool = False) -> FreeList:
+        """A free list of this policy's route (compiled or the Python reference)."""
+        return kernel.new_free_list(compiled_route=self._compiled_route, track_age=track_age)
+
+    def _attach_kernel(self) -> None:
+        """Let the compiled kernel serve this policy's hot path if it can (call once, at the end of ``__init__``)."""
+        kernel.attach(self)
+
+    def _kernel_config(self) -> dict[str, Any] | None:
+        """What the kernel may serve for this policy and the rules it needs (see ``kernel.attach``).
+
+        It serves ``malloc`` while ``_do_malloc`` and ``_round`` are this class's, ``free_completed``
+        while ``_do_free`` is, and calls the Python hooks a subclass defines: ``_find_elsewhere``
+        and ``_grow`` on a miss, ``_after_free`` after a free when ``_has_after_free``.
+        """
         cls = type(self)
-        self._fused_malloc = (cls._do_malloc is PoolPolicy._do_malloc and cls._round is PoolPolicy._round
-                              and all(pool.inserted_at is None for pool in self.pools))
-        self._fused_free = cls._do_free is PoolPolicy._do_free
+        config = self._kernel_common()
+        config.update(
+            serve_malloc=config["serve_malloc"] and cls._do_malloc is PoolPolicy._do_malloc
+            and cls._round is PoolPolicy._round,
+            serve_free=config["serve_free"] and cls._do_free is PoolPolicy._do_free,
+            flavor="pool", pool_of=self._pool_of, foreign=self._foreign, miss=self._grow,
+            find_elsewhere=self._find_elsewhere if cls._find_elsewhere is not PoolPolicy._find_elsewhere else None,
+            after_free=self._after_free if self._has_after_free else None,
+            alignment=self.alignment_bytes,
+            small_max=self.small_pool_max_bytes if self.small is not self.large else None,
+            stream_bound=self.stream_bound, carve_from_high_end=self.carve_from_high_end,
+            min_split_remainder=self.min_split_remainder_bytes, max_split=0, max_non_split_rounding=0)
+        return config
+
+    def _kernel_common(self) -> dict[str, Any]:
+        """The kernel settings every pool flavour shares (the policy's state and the reference methods)."""
+        cls = type(self)
+        plain_calls = (cls.malloc is Policy.malloc and cls.free_completed is Policy.free_completed
+                       and cls.free_requested is Policy.free_requested)
+        return {
+            "serve_malloc": plain_calls, "serve_free": plain_calls, "serve_runs": True,
+            "live": self.live, "small": self.small, "large": self.large,
+            "generic_malloc": Policy.malloc, "generic_free_completed": Policy.free_completed,
+            "out_of_memory": OutOfMemory, "gc": False, "serve_requests": not self._hooks_free_requested,
+        }
 
     # ------------------------------------------------------------------ request path
     def _round(self, size_bytes: int) -> int:
@@ -118,77 +165,6 @@ class PoolPolicy(Policy):
         if len(self.pools) > 1:
             self._pool_of[addr] = pool
         return addr, block_size
-
-    # ------------------------------------------------------------------ fused hot path
-    # A replay spends most of its time in malloc and free_completed. The generic route (Policy.malloc
-    # -> _do_malloc -> FreeList.pop_best_fit -> FreeList.add) is four Python calls per request;
-    # malloc below makes the same state changes for a pool hit in one, on the FreeList's dicts and
-    # sorted key lists directly, and free_completed saves the _do_free call. Anything else (a miss,
-    # a zero-byte request, a misuse, a subclass with its own _do_malloc/_do_free) takes the generic
-    # route, so _do_malloc/_do_free stay the reference (tests/test_hot_paths.py compares the two).
-    def malloc(self, alloc_id: int, size_bytes: int, stream: int = 0) -> int:
-        """``Policy.malloc``; a request the cache serves is handled inline, all others generically."""
-        live = self.live
-        if size_bytes <= 0 or alloc_id in live or not self._fused_malloc:
-            return Policy.malloc(self, alloc_id, size_bytes, stream)
-        align = self.alignment_bytes
-        size = -(-size_bytes // align) * align
-        pool = self.small if size <= (self.small_pool_max_bytes or 0) else self.large
-        skey = stream if self.stream_bound else 0
-        blocks = pool.by_stream.get(skey)
-        idx = bisect_left(blocks, size << ADDR_BITS) if blocks else 0
-        if not blocks or idx == len(blocks):
-            return Policy.malloc(self, alloc_id, size_bytes, stream)   # a miss: other streams, then grow
-        key = blocks.pop(idx)
-        block_size = key >> ADDR_BITS
-        addr = key & ADDR_MASK
-        remaining = block_size - size
-        size_at, start_ending_at = pool.size_at, pool.start_ending_at
-        del size_at[addr]
-        del start_ending_at[addr + block_size]
-        if remaining >= self.min_split_remainder_bytes:
-            rest = addr
-            if self.carve_from_high_end:
-                addr += remaining   # the remainder stays at the low end
-            else:
-                rest += size
-            size_at[rest] = remaining
-            start_ending_at[rest + remaining] = rest
-            insort(blocks, remaining << ADDR_BITS | rest, 0, idx)   # smaller than the key taken at idx
-            self.n_splits += 1
-            block_size = size
-        if len(self.pools) > 1:
-            self._pool_of[addr] = pool
-        self.n_pool_hits += 1
-        self.last_stream = stream
-        live[alloc_id] = (addr, size_bytes, block_size, stream)
-        self.requested_bytes += size_bytes
-        self.allocated_bytes += block_size
-        self.n_mallocs += 1
-        return addr
-
-    def free_completed(self, alloc_id: int) -> None:
-        """``Policy.free_completed`` then ``_do_free`` (merge with free neighbours), inline."""
-        pending = self.pending
-        if alloc_id not in pending or not self._fused_free:
-            return Policy.free_completed(self, alloc_id)   # not requested first, or a subclass's _do_free
-        pending.remove(alloc_id)
-        addr, requested, allocated, stream = self.live.pop(alloc_id)
-        self.pending_free_bytes -= allocated
-        self.requested_bytes -= requested
-        self.allocated_bytes -= allocated
-        if not allocated:
-            return
-        pool = self._pool_of.pop(addr) if len(self.pools) > 1 else self.large
-        if self._foreign and addr in self._foreign:
-            skey = self._foreign.pop(addr)
-        else:
-            skey = stream if self.stream_bound else 0
-        merges = pool.free(addr, allocated, skey)
-        if merges:
-            self.n_merges += merges
-        if self._has_after_free:
-            self._after_free(pool, skey)
 
     def _find_elsewhere(self, pool: FreeList, stream_key: int, size_bytes: int) -> tuple[int, int] | None:
         """Hook: serve a miss from another stream's free blocks; return ``(key, owner)`` or None."""
@@ -281,7 +257,7 @@ class PoolPolicy(Policy):
         if not self.stream_bound:
             return 0
         stream = self.last_stream if stream is None else stream
-        return sum(pool.free_bytes - pool.free_bytes_by_stream.get(stream, 0) for pool in self.pools)
+        return sum(pool.free_bytes - pool.stream_bytes(stream) for pool in self.pools)
 
     def params(self) -> dict[str, Any]:
         return {
@@ -321,13 +297,14 @@ class PoolPolicy(Policy):
 def check_tiling(pools: tuple[FreeList, ...], pieces: list[tuple[FreeList, int, int]]) -> None:
     """Assert that ``pieces`` (pool, addr, size) tile every segment of ``pools`` with no gap or overlap."""
     tiles: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    segments = {id(pool): pool.segment_size_at for pool in pools}
     for pool in pools:
-        for start in pool.segment_size_at:
+        for start in segments[id(pool)]:
             tiles[id(pool), start] = []
     for pool, addr, size in pieces:
         tiles[id(pool), pool.segment_of(addr)].append((addr, size))
     for pool in pools:
-        for start, size in pool.segment_size_at.items():
+        for start, size in segments[id(pool)].items():
             cursor = start
             for addr, length in sorted(tiles[id(pool), start]):
                 assert addr == cursor, f"segment {start:#x}: gap or overlap at {cursor:#x}"

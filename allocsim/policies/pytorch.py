@@ -15,16 +15,19 @@ off, as in PyTorch.
 With ``record_decisions=True`` every device call is kept in ``decisions`` as ``(action, addr,
 size_bytes, stream)`` tuples (``segment_alloc`` / ``segment_free`` / ``segment_map`` /
 ``segment_unmap`` / ``oom``), the same vocabulary as a snapshot's trace, for fidelity checks.
+
+``_do_malloc`` / ``_do_free`` below are the reference. With the compiled kernel (``kernel.py``) a
+request is rounded, searched, split and booked in C, and a miss calls ``_alloc_with_retries``
+here (growth, page mapping with expandable segments, releases, retries).
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
 from typing import Any, Mapping
 
 from ..device import DeviceOutOfMemory
 from ..errors import OutOfMemory
-from .base import Policy, ReplayRun
+from .base import Policy
 from .expandable import ExpandableSegments
 from .freelist import ADDR_BITS, ADDR_MASK, FreeList
 from .growth import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE, pytorch_allocation_size
@@ -77,22 +80,31 @@ class PyTorchPolicy(PoolPolicy):
         self.decisions: list[tuple[str, int, int, int]] = []
         self.total_allocated_memory = 0    # PyTorch's name for reserved (cudaMalloc'd + mapped) bytes
         self.num_alloc_retries = 0
-        self.small = FreeList(track_age=self.gc_enabled)
-        self.large = FreeList(track_age=self.gc_enabled)
+        self.small = self._new_free_list(track_age=self.gc_enabled)
+        self.large = self._new_free_list(track_age=self.gc_enabled)
         self.pools = (self.small, self.large)
         self._expandable = ({id(self.small): ExpandableSegments(self, self.small, K_SMALL_BUFFER),
                              id(self.large): ExpandableSegments(self, self.large, K_LARGE_BUFFER)}
                             if expandable_segments else None)
         self._plain_best_fit = self._expandable is None and max_split_size_bytes is None
-        # The fused malloc below serves pool hits when a hit needs nothing but the best fit and the
-        # block indexes: not with expandable segments (pages, growth room) nor with garbage
-        # collection (the get_free_block clock and block ages).
-        self._fused = self._expandable is None and not self.gc_enabled
-        # replay_run inlines this class's malloc/free methods: a subclass keeps the per-event calls,
-        # and so does a configuration the fused path does not cover (None tells the engine).
-        self._replays_runs = self._fused and type(self) is PyTorchPolicy
-        if not self._replays_runs:
-            self.replay_run = None
+        self._attach_kernel()
+
+    def _kernel_config(self) -> dict[str, Any] | None:
+        """The kernel serves requests and completed frees; page mapping (a miss) stays here."""
+        cls = type(self)
+        config = self._kernel_common()
+        if self._expandable is not None:   # get_free_block reads how far each block could grow
+            config.update(unmapped_small=self._expandable[id(self.small)].unmapped.size_at,
+                          unmapped_large=self._expandable[id(self.large)].unmapped.size_at)
+        config.update(
+            serve_malloc=config["serve_malloc"] and cls._do_malloc is PyTorchPolicy._do_malloc
+            and cls._get_free_block is PyTorchPolicy._get_free_block,
+            serve_free=config["serve_free"] and cls._do_free is PyTorchPolicy._do_free,
+            flavor="pytorch", miss=self._alloc_with_retries, alignment=K_MIN_BLOCK_SIZE, small_max=K_SMALL_SIZE,
+            stream_bound=True, carve_from_high_end=False, min_split_remainder=K_MIN_BLOCK_SIZE,
+            max_split=self._max_split, max_non_split_rounding=self.max_non_split_rounding_bytes,
+            divisions=self.roundup_power2_divisions, gc=self.gc_enabled)
+        return config
 
     @classmethod
     def from_allocator_settings(cls, settings: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -188,7 +200,7 @@ class PyTorchPolicy(PoolPolicy):
             cursor = base
             for addr, size in ranges:
                 if addr > cursor:
-                    segs.unmapped.add(cursor, addr - cursor, stream, pool.segment_size_at)
+                    segs.unmapped.add(cursor, addr - cursor, stream, pool)
                 self.device.adopt_mapped(addr, size)
                 self.total_allocated_memory += size
                 # Blocks tile each mapped range; free ones cannot merge across the unmapped gaps
@@ -196,7 +208,7 @@ class PyTorchPolicy(PoolPolicy):
                 self._load_blocks(pool, addr, size, stream, by_segment.pop(addr, None))
                 cursor = addr + size
             if cursor < base + va_size:
-                segs.unmapped.add(cursor, base + va_size - cursor, stream, pool.segment_size_at)
+                segs.unmapped.add(cursor, base + va_size - cursor, stream, pool)
 
     # ------------------------------------------------------------------ malloc
     def rounded_size(self, size_bytes: int) -> int:
@@ -257,240 +269,6 @@ class PyTorchPolicy(PoolPolicy):
             self.n_splits += 1
             block_size = size
         return addr, block_size
-
-    # ------------------------------------------------------------------ fused hot path
-    # A replay spends most of its time in malloc and free_completed. The generic route (Policy.malloc
-    # -> _do_malloc -> FreeList.pop_best_fit -> FreeList.add) is four Python calls per request;
-    # malloc below makes the same state changes for a pool hit in one, working on the FreeList's
-    # dicts and sorted key lists directly, and free_completed saves the _do_free call. Anything else
-    # (a miss, a zero-byte request, a misuse) goes to Policy.malloc / Policy.free_completed (the
-    # base class's, not PoolPolicy's fused ones), so _do_malloc/_do_free stay the reference;
-    # tests/test_hot_paths.py checks that both routes leave identical state after every call.
-    def malloc(self, alloc_id: int, size_bytes: int, stream: int = 0) -> int:
-        """``Policy.malloc``; a request the cache serves is handled inline, all others generically."""
-        live = self.live
-        if size_bytes <= 0 or alloc_id in live or not self._fused:
-            return Policy.malloc(self, alloc_id, size_bytes, stream)
-        divisions = self.roundup_power2_divisions
-        if divisions is None:
-            size = -(-size_bytes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE   # round_size (size_bytes >= 1)
-        else:
-            size = round_size(size_bytes, divisions)
-        small = size <= K_SMALL_SIZE
-        pool = self.small if small else self.large
-        blocks = pool.by_stream.get(stream)
-        idx = bisect_left(blocks, size << ADDR_BITS) if blocks else 0
-        if not blocks or idx == len(blocks):
-            return Policy.malloc(self, alloc_id, size_bytes, stream)   # a miss: grow, with retries
-        key = blocks[idx]
-        block_size = key >> ADDR_BITS
-        max_split = self._max_split
-        # get_free_block's two oversize rules (_get_free_block): a refused best fit is a miss.
-        if size < max_split:
-            refused = block_size >= max_split
-        else:
-            refused = block_size >= size + self.max_non_split_rounding_bytes
-        if refused:
-            return Policy.malloc(self, alloc_id, size_bytes, stream)
-        del blocks[idx]
-        addr = key & ADDR_MASK
-        remaining = block_size - size
-        del pool.size_at[addr]
-        if small:
-            split = remaining >= K_MIN_BLOCK_SIZE
-        else:
-            split = size < max_split and remaining > K_SMALL_SIZE
-        if split:   # should_split: the low part is handed out, the remainder keeps the block's end
-            rest = addr + size
-            pool.size_at[rest] = remaining
-            pool.start_ending_at[rest + remaining] = rest
-            insort(blocks, remaining << ADDR_BITS | rest, 0, idx)   # smaller than the key taken at idx
-            self.n_splits += 1
-            block_size = size
-        else:
-            del pool.start_ending_at[addr + block_size]
-        self.n_pool_hits += 1
-        self.last_stream = stream
-        live[alloc_id] = (addr, size_bytes, block_size, stream)
-        self.requested_bytes += size_bytes
-        self.allocated_bytes += block_size
-        self.n_mallocs += 1
-        return addr
-
-    def free_completed(self, alloc_id: int) -> None:
-        """``Policy.free_completed`` then ``_do_free`` (merge with free neighbours), inline."""
-        pending = self.pending
-        if alloc_id not in pending:
-            return Policy.free_completed(self, alloc_id)   # not requested first, or not allocated
-        pending.remove(alloc_id)
-        addr, requested, allocated, stream = self.live.pop(alloc_id)
-        self.pending_free_bytes -= allocated
-        self.requested_bytes -= requested
-        self.allocated_bytes -= allocated
-        if not allocated:
-            return
-        # Small-pool blocks are at most 1 MiB and large-pool blocks above it, so the size names the pool.
-        merges = (self.small if allocated <= K_SMALL_SIZE else self.large).free(addr, allocated, stream)
-        if merges:
-            self.n_merges += merges
-
-    def replay_run(self, run: ReplayRun) -> None:
-        """Replay pool hits, free requests and completed frees from ``run.pos`` on (``Policy.replay_run``).
-
-        The fused malloc / free_requested / free_completed (and ``FreeList.free``) once more, over
-        a whole run of events with the counters in local variables: per event this saves the call
-        from the engine, the engine's reads of the counters and the attribute traffic of the
-        counters themselves (about a sixth of a fast replay's time; in SimPy mode also the
-        per-event clock logic, about a third). It stops, changing nothing, at the first event that
-        is not a hit or a plain free (a miss, an empty_cache, a misuse, a failed allocation's free)
-        and, timed, at one that another SimPy event must precede. tests/test_hot_paths.py checks
-        it against the per-event route, state for state and result for result.
-        """
-        if not self._replays_runs:
-            return
-        live, pending = self.live, self.pending
-        small_pool, large_pool = self.small, self.large
-        divisions = self.roundup_power2_divisions
-        max_split, non_split_rounding = self._max_split, self.max_non_split_rounding_bytes
-        requested, allocated, pending_bytes = self.requested_bytes, self.allocated_bytes, self.pending_free_bytes
-        n_hits = n_splits = n_merges = 0
-        last_stream = self.last_stream
-        kinds, ids, sizes, streams = run.kind, run.alloc_id, run.size_bytes, run.stream
-        req, act, pend = run.requested, run.active, run.pending
-        timed = run.timed
-        index, t_col, special, due, quiet = run.index, run.t_ns, run.special, run.due_ns, run.quiet_ns
-        event_index, sim_t_ns, latency_ns = run.event_index, run.sim_t_ns, run.latency_ns
-        delay, now = run.delay_ns, run.now_ns
-        start, row, n = run.pos, run.row, len(kinds)
-        pos = start   # after the loop: where the run stopped (n when it ran to the end)
-        try:
-            for pos in range(start, n):
-                kind = kinds[pos]
-                aid = ids[pos]
-                if timed:
-                    i = index[pos]
-                    t = t_col[pos]
-                    target = t + delay
-                    if i in special or (target > now and target >= due):
-                        break   # a dependency to wait for, or another event due first: the engine's turn
-                if kind == 1:   # ALLOC: the fused malloc's hit path
-                    size_bytes = sizes[pos]
-                    if size_bytes <= 0 or aid in live:
-                        break
-                    if divisions is None:
-                        size = (size_bytes + K_MIN_BLOCK_SIZE - 1) & -K_MIN_BLOCK_SIZE   # round_size
-                    else:
-                        size = round_size(size_bytes, divisions)
-                    small = size <= K_SMALL_SIZE
-                    pool = small_pool if small else large_pool
-                    stream = streams[pos]
-                    blocks = pool.by_stream.get(stream)
-                    if not blocks:
-                        break
-                    idx = bisect_left(blocks, size << ADDR_BITS)
-                    if idx == len(blocks):
-                        break
-                    key = blocks[idx]
-                    block_size = key >> ADDR_BITS
-                    if size < max_split:
-                        refused = block_size >= max_split
-                    else:
-                        refused = block_size >= size + non_split_rounding
-                    if refused:
-                        break
-                    del blocks[idx]
-                    addr = key & ADDR_MASK
-                    remaining = block_size - size
-                    del pool.size_at[addr]
-                    if small:
-                        split = remaining >= K_MIN_BLOCK_SIZE
-                    else:
-                        split = size < max_split and remaining > K_SMALL_SIZE
-                    if split:
-                        rest = addr + size
-                        pool.size_at[rest] = remaining
-                        pool.start_ending_at[rest + remaining] = rest
-                        insort(blocks, remaining << ADDR_BITS | rest, 0, idx)
-                        n_splits += 1
-                        block_size = size
-                    else:
-                        del pool.start_ending_at[addr + block_size]
-                    n_hits += 1
-                    last_stream = stream
-                    live[aid] = (addr, size_bytes, block_size, stream)
-                    requested += size_bytes
-                    allocated += block_size
-                    req[row] = requested
-                    act[row] = allocated
-                elif kind == 2:   # FREE_REQUESTED: Policy.free_requested (PyTorch has no hook)
-                    if aid in pending:
-                        break
-                    try:
-                        entry = live[aid]
-                    except KeyError:   # not allocated (or its allocation failed)
-                        break
-                    pending.add(aid)
-                    pending_bytes += entry[2]
-                    pend[row] = pending_bytes
-                elif kind == 3:   # FREE_COMPLETED after its request: the fused free_completed
-                    if aid not in pending:
-                        break
-                    pending.remove(aid)
-                    addr, size_bytes, block_size, stream = live.pop(aid)
-                    pending_bytes -= block_size
-                    requested -= size_bytes
-                    allocated -= block_size
-                    if block_size:   # FreeList.free: merge with the free neighbours inside the segment
-                        pool = small_pool if block_size <= K_SMALL_SIZE else large_pool
-                        blocks = pool.by_stream.get(stream)
-                        if blocks is None:   # the first free block of this stream and pool
-                            n_merges += pool.free(addr, block_size, stream)
-                        else:
-                            size_at, start_ending_at = pool.size_at, pool.start_ending_at
-                            segment_size_at = pool.segment_size_at
-                            if addr not in segment_size_at:
-                                prev = start_ending_at.pop(addr, None)
-                                if prev is not None:
-                                    prev_size = size_at.pop(prev)
-                                    del blocks[bisect_left(blocks, prev_size << ADDR_BITS | prev)]
-                                    addr = prev
-                                    block_size += prev_size
-                                    n_merges += 1
-                            end = addr + block_size
-                            if end not in segment_size_at:
-                                next_size = size_at.pop(end, None)
-                                if next_size is not None:
-                                    del start_ending_at[end + next_size]
-                                    del blocks[bisect_left(blocks, next_size << ADDR_BITS | end)]
-                                    block_size += next_size
-                                    n_merges += 1
-                            size_at[addr] = block_size
-                            start_ending_at[addr + block_size] = addr
-                            insort(blocks, block_size << ADDR_BITS | addr)
-                    req[row] = requested
-                    act[row] = allocated
-                    pend[row] = pending_bytes
-                else:
-                    break
-                if timed:   # issued when its work is done; a call with no device work costs quiet_ns
-                    if target > now:
-                        now = target
-                    latency = quiet[kind]
-                    event_index[row] = i
-                    sim_t_ns[row] = now
-                    latency_ns[row] = latency
-                    delay = now + latency - t
-                row += 1
-            else:
-                pos = n
-        finally:
-            self.requested_bytes, self.allocated_bytes, self.pending_free_bytes = requested, allocated, pending_bytes
-            self.n_mallocs += n_hits
-            self.n_pool_hits += n_hits
-            self.n_splits += n_splits
-            self.n_merges += n_merges
-            self.last_stream = last_stream
-            run.pos, run.row, run.delay_ns, run.now_ns = pos, row, delay, now
 
     def _get_free_block(self, pool: FreeList, stream: int, size: int) -> int:
         if self._expandable is not None:
@@ -553,7 +331,7 @@ class PyTorchPolicy(PoolPolicy):
 
     # ------------------------------------------------------------------ releasing cache
     def _release_segment(self, pool: FreeList, addr: int) -> int:
-        stream = pool.segment_stream_at[addr]
+        stream = pool.segment_stream(addr)
         size = super()._release_segment(pool, addr)
         self.on_device_memory("segment_free", addr, size, stream)
         return size
@@ -613,8 +391,8 @@ class PyTorchPolicy(PoolPolicy):
         target = self.total_allocated_memory - gc_threshold
         pool = self.large
         clock = pool.clock
-        ages = pool.inserted_at
-        candidates = [(addr, size, clock - ages.get(addr, 0)) for addr, size, _ in pool.whole_free_segments()]
+        candidates = [(addr, size, clock - (pool.inserted_clock(addr) or 0))
+                      for addr, size, _ in pool.whole_free_segments()]
         if not candidates:
             return
         total_age = sum(age for _, _, age in candidates)

@@ -32,6 +32,7 @@ class StreamBoundPolicy(PoolPolicy):
                          oom_release=oom_release)
         self.cross_stream_reuse = cross_stream_reuse
         self.n_cross_stream_hits = 0
+        self._attach_kernel()
 
     def _find_elsewhere(self, pool: FreeList, stream_key: int, size_bytes: int) -> tuple[int, int] | None:
         if not self.cross_stream_reuse:
@@ -39,7 +40,7 @@ class StreamBoundPolicy(PoolPolicy):
         best = -1
         owner = stream_key
         # Best fit over the other streams, ties to the lowest stream id then address.
-        for other in sorted(pool.by_stream):
+        for other in sorted(pool.stream_keys()):
             if other == stream_key:
                 continue
             key = pool.best_fit(other, size_bytes)
