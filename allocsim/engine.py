@@ -189,6 +189,14 @@ class _Replay:
         live_in_blocks = set(trace.initial_blocks["alloc_id"].tolist()) - {-1}
         if live_in_blocks != set(trace.initial_allocs["alloc_id"].tolist()):
             return False  # the reconstruction left some start allocations outside the segments
+        capacity = policy.device.capacity_bytes
+        start_reserved = int(trace.initial_segments["size_bytes"].sum())
+        if capacity is not None and start_reserved > capacity:
+            # That layout cannot exist on this device: place the live allocations anew under its limit.
+            self.start_state_note = (f"recorded start state not used: it reserves {start_reserved:,} bytes, more "
+                                     f"than the capacity ({capacity:,}); the allocations alive at the start were "
+                                     "placed anew")
+            return False
         try:
             load_state(trace.initial_segments, trace.initial_blocks)
         except ValueError as exc:

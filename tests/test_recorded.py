@@ -227,3 +227,15 @@ def test_allocsim_run_with_nothing_else_gives_the_real_run(path, device, capsys)
     if real["capacity_bytes"] is not None:
         assert out["verdict"]["capacity_bytes"] == real["capacity_bytes"]
         assert out["verdict"]["capacity_source"] == "inferred"
+
+
+@pytest.mark.shared
+def test_a_recorded_start_state_bigger_than_the_device_is_placed_anew():
+    path = SNAPSHOTS / "MAGMA27__memory_snapshot.pickle"
+    if path not in _traces:
+        _traces[path] = read_trace(path)
+    trace = _traces[path]
+    start = int(trace.initial_segments["size_bytes"].sum())
+    s = run_fast(trace, "pytorch", capacity_bytes=start - 128 * MiB).summary
+    assert s["start_state"] == "allocated" and "placed anew" in s["start_state_note"]
+    assert s["peak_reserved_bytes"] <= start - 128 * MiB or s["oom_count"] > 0

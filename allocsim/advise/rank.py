@@ -66,7 +66,6 @@ def fits(row: dict[str, Any], capacity_bytes: int | None = None) -> bool:
     if capacity is None:
         return True
     peak = row.get("peak_reserved_bytes")
-    # A recorded start state larger than the device must not pass as fitting.
     return row.get("verdict.fits") is True and peak is not None and int(peak) <= int(capacity)
 
 
