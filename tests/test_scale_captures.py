@@ -44,12 +44,12 @@ def test_real_captures_get_operator_attribution():
     from allocsim.scale import load_input
 
     item = load_input(str(SCALES / "bert_b2_s128.json.gz"), Fraction(2))
-    ops = item.key_source.ops
-    assert ops is not None and len(ops.paths) == len(item.alloc_id)
-    outside = [int(item.size_bytes[k]) for k, p in enumerate(ops.paths) if not p]
+    sites = item.key_source.sites
+    assert item.key_source.origin == "operators" and len(sites) == len(item.alloc_id)
+    outside = [int(item.size_bytes[k]) for k, site in enumerate(sites) if not site]
     # Only Python numbers wrapped into 0-dim double tensors by the argument parser (8 bytes, before
     # the op starts) are outside every op; they are keyed by their order among such allocations.
-    assert 0 < len(outside) < 0.3 * len(ops.paths) and set(outside) == {8}
+    assert 0 < len(outside) < 0.3 * len(sites) and set(outside) == {8}
     assert item.steps.source == "markers" and len(item.steps.body) == 2
 
 

@@ -26,10 +26,11 @@ import numpy as np
 
 from ..errors import AllocsimError
 from ..trace.schema import EventKind, Trace, TraceMeta, check_schema, empty_frame, INITIAL_ALLOC_DTYPES
-from .align import Alignment, align
+from .align import Alignment, align, choose_keyer, for_keyer
 from .inputs import ScaleInput
 from .laws import LAW_KINDS, SizeLaw, fit_law
 from .report import InputSummary, ScaleReport
+from .sites import frame_origin
 from .steps import live_bytes
 
 UNALIGNED_RULE = "kept at the reference input's size (assumed constant)"
@@ -172,6 +173,7 @@ def scale_inputs(inputs: Sequence[ScaleInput], target: Fraction, scale_name: str
     """The trace at ``target`` built from ``inputs`` (see module doc), with its report."""
     target = Fraction(target)
     _check(inputs, target)
+    inputs = for_keyer(inputs, choose_keyer(inputs))
     ref_index = pick_reference(inputs, target)
     reference = inputs[ref_index]
     others = [item for i, item in enumerate(inputs) if i != ref_index]
@@ -204,6 +206,7 @@ def scale_inputs(inputs: Sequence[ScaleInput], target: Fraction, scale_name: str
         version_hints={"scale": {"scale_name": scale_name, "target": str(target),
                                  "inputs": [f"{item.path}@{item.value}" for item in inputs],
                                  "reference": f"{reference.path}@{reference.value}", "keyer": alignment.keyer,
+                                 "frames": frame_origin(reference.trace),
                                  "aligned_share": round(report.aligned_share, 6),
                                  "aligned_bytes_share": round(report.aligned_bytes_share, 6)}},
         allocator_settings=reference.trace.meta.allocator_settings,
@@ -212,7 +215,8 @@ def scale_inputs(inputs: Sequence[ScaleInput], target: Fraction, scale_name: str
                f"unaligned allocations {UNALIGNED_RULE}", f"times: {TIME_RULE} (ratio {ratio:.6g})",
                "the reference run's recorded start layout and decisions are not carried over"],
     )
-    trace = Trace(events=events, meta=meta, labels=list(reference.trace.labels), initial_allocs=initial)
+    trace = Trace(events=events, meta=meta, labels=list(reference.trace.labels), initial_allocs=initial,
+                  frames=reference.trace.frames, stacks=reference.trace.stacks)
     check_schema(trace)
     report.output_events = len(events)
     report.output_peak_live_bytes = int(live_bytes(trace).max()) if len(events) else int(initial["size_bytes"].sum())
