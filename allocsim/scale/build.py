@@ -1,4 +1,4 @@
-"""Build the trace at an unrun scale from traces at other scales: start with ``scale_inputs``.
+"""Build the trace at an unrun scale from traces at other scales: ``scale_inputs``, or ``Scaler`` for many targets.
 
 The output is the *reference* input (the one whose value is nearest the target; the larger on a
 tie) with every size replaced by its fitted law evaluated at the target:
@@ -61,15 +61,13 @@ def pick_reference(inputs: Sequence[ScaleInput], target: Fraction) -> int:
     return min(range(len(inputs)), key=lambda i: (abs(inputs[i].value - target), -inputs[i].value))
 
 
-def _check(inputs: Sequence[ScaleInput], target: Fraction) -> None:
+def _check(inputs: Sequence[ScaleInput]) -> None:
     if len(inputs) < 2:
         raise AllocsimError("scale needs at least two traces at different values (TRACE@VALUE TRACE@VALUE)")
     values = [item.value for item in inputs]
     if len(set(values)) != len(values):
         dup = sorted(v for v, c in Counter(values).items() if c > 1)
         raise AllocsimError(f"two inputs have the same scale value {dup[0]}")
-    if target <= 0:
-        raise AllocsimError(f"target value must be > 0, got {target}")
 
 
 def _fit_sizes(points_per_alloc: list[list[tuple[Fraction, int]]], scale_name: str, target: Fraction) -> _Fits:
@@ -169,19 +167,62 @@ def _new_sizes(events_alloc_id: np.ndarray, kind: np.ndarray, old_sizes: np.ndar
     return out
 
 
+@dataclasses.dataclass
+class _Prepared:
+    """What a target needs from one reference input and does not depend on the target."""
+
+    ref_index: int
+    others: list[ScaleInput]
+    alignment: Alignment
+    points: list[list[tuple[Fraction, int]]]
+    init_points: list[list[tuple[Fraction, int]]]
+    init_aligned: int
+
+
+class Scaler:
+    """The trace at any target from one set of inputs: ``Scaler(inputs, "seq").at(Fraction(8))``.
+
+    Alignment depends on the reference input only, not on the target, so it is done once per
+    reference and reused: building at many targets (``find_max``) costs a law evaluation each.
+    """
+
+    def __init__(self, inputs: Sequence[ScaleInput], scale_name: str = "batch"):
+        _check(inputs)
+        self.inputs = for_keyer(inputs, choose_keyer(inputs))
+        self.scale_name = scale_name
+        self._prepared: dict[int, _Prepared] = {}
+
+    def _prepare(self, ref_index: int) -> _Prepared:
+        found = self._prepared.get(ref_index)
+        if found is None:
+            reference = self.inputs[ref_index]
+            others = [item for i, item in enumerate(self.inputs) if i != ref_index]
+            alignment = align(reference, others)
+            init_points, init_aligned = _initial_points(reference, others)
+            found = self._prepared[ref_index] = _Prepared(ref_index, others, alignment,
+                                                          _points(reference, others, alignment),
+                                                          init_points, init_aligned)
+        return found
+
+    def at(self, target: Fraction | int) -> ScaleResult:
+        """The trace at ``target`` (see module doc), with its report."""
+        target = Fraction(target)
+        if target <= 0:
+            raise AllocsimError(f"target value must be > 0, got {target}")
+        prepared = self._prepare(pick_reference(self.inputs, target))
+        return _build(self.inputs, prepared, target, self.scale_name)
+
+
 def scale_inputs(inputs: Sequence[ScaleInput], target: Fraction, scale_name: str = "batch") -> ScaleResult:
     """The trace at ``target`` built from ``inputs`` (see module doc), with its report."""
-    target = Fraction(target)
-    _check(inputs, target)
-    inputs = for_keyer(inputs, choose_keyer(inputs))
-    ref_index = pick_reference(inputs, target)
-    reference = inputs[ref_index]
-    others = [item for i, item in enumerate(inputs) if i != ref_index]
-    alignment = align(reference, others)
-    fits = _fit_sizes(_points(reference, others, alignment), scale_name, target)
+    return Scaler(inputs, scale_name).at(target)
 
-    init_points, init_aligned = _initial_points(reference, others)
-    init_fits = _fit_sizes(init_points, scale_name, target) if init_points else None
+
+def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, scale_name: str) -> ScaleResult:
+    ref_index, others, alignment = prepared.ref_index, prepared.others, prepared.alignment
+    reference = inputs[ref_index]
+    fits = _fit_sizes(prepared.points, scale_name, target)
+    init_fits = _fit_sizes(prepared.init_points, scale_name, target) if prepared.init_points else None
     init_ids = reference.trace.initial_allocs["alloc_id"].to_numpy()
 
     events = reference.trace.events.copy()
@@ -198,7 +239,8 @@ def scale_inputs(inputs: Sequence[ScaleInput], target: Fraction, scale_name: str
         initial["addr"] = -1               # the layout at the target scale is unknown
         initial["block_size_bytes"] = -1
 
-    report = _report(inputs, ref_index, others, alignment, fits, init_fits, init_aligned, ratio, target, scale_name)
+    report = _report(inputs, ref_index, others, alignment, fits, init_fits, prepared.init_aligned, ratio, target,
+                     scale_name)
     meta = TraceMeta(
         format="allocsim-scale",
         source=f"{reference.path}@{target} ({scale_name})",
