@@ -154,6 +154,11 @@ def test_two_inputs_state_their_assumptions(series, tmp_path):
     assert as_seq.report.assumed == {"b": 2 * LAYERS, "c": 2 * (1 + LAYERS) + 2 * LAYERS + 2 * (LAYERS + 1)}
     text = as_seq.report.format_text()
     assert "assumed zero" in text and "two points cannot determine" in text
+    assert "record a third input" in text.split("check:", 1)[1].split("limits:", 1)[0]
+    # 8 is twice the largest input, what the leave-one-out check covers; 16 is further than that.
+    assert "seq 8 is 2x the largest input (4)" in text and "covers 2x" not in text
+    far = scale_inputs(inputs, Fraction(16), "seq").report
+    assert far.extrapolation == 4 and "record an input nearer the target" in " ".join(far.checks)
     truth = read_trace(write_kineto(tmp_path / "p8.json.gz", program_events(8)))
     predicted = dict(zip(range(len(truth.events)), as_seq.trace.events["size_bytes"].tolist()))
     wrong = [i for i, (k, s) in enumerate(kinds_and_sizes(truth)) if predicted[i] != s]

@@ -308,4 +308,38 @@ def _report(inputs, ref_index, others, alignment: Alignment, fits: _Fits, init_f
                          "others kept at the reference size"},
         time_rule=TIME_RULE, time_ratio=ratio, unaligned_rule=UNALIGNED_RULE,
         output_events=0, output_peak_live_bytes=0, notes=notes,
+        extrapolation=float(target / max(item.value for item in inputs)),
+        checks=_checks(inputs, reference, target, scale_name, laws, assumed, int(none.sum()),
+                       int(ref_sizes[none].sum()), int(ref_sizes.sum()), fits.clamped),
     )
+
+
+def _checks(inputs, reference: ScaleInput, target: Fraction, scale_name: str, laws: Counter, assumed: Counter,
+            unaligned: int, unaligned_bytes: int, total_bytes: int, clamped: int) -> list[str]:
+    """What to check in this prediction: where it goes beyond what the inputs show."""
+    values = sorted(item.value for item in inputs)
+    out = []
+    if target > values[-1]:
+        ratio = float(target / values[-1])
+        out.append(f"{scale_name} {target} is {ratio:.3g}x the largest input ({values[-1]})"
+                   + ("; the leave-one-out check (README) covers 2x: record an input nearer the target to confirm"
+                      if ratio > 2 else ""))
+    elif target < values[0]:
+        out.append(f"{scale_name} {target} is below the smallest input ({values[0]}): kernels often take other paths "
+                   "at small sizes (the captures show it at batch 1)")
+    if laws.get("irregular"):
+        out.append(f"{laws['irregular']} allocations follow no law of degree <= 2 through their sizes (a kernel that "
+                   "switches between the inputs): their prediction is the quadratic through the 3 nearest points")
+    if assumed:
+        terms = ", ".join(f"{term} in {count}" for term, count in sorted(assumed.items()))
+        out.append(f"terms assumed zero ({terms}): record a third input to determine every law of degree <= 2")
+    if unaligned:
+        out.append(f"{unaligned} allocations ({100 * unaligned_bytes / max(total_bytes, 1):.1f}% of the bytes) were "
+                   "found in no other input and keep the reference size")
+    if clamped:
+        out.append(f"{clamped} allocations fell below 1 byte by their law and were clamped to their smallest input size")
+    if reference.trace.meta.format == "kineto" or (reference.trace.meta.version_hints or {}).get(
+            "converted_from") == "kineto":
+        out.append("a torch.profiler capture holds no memory allocated before profiling began (weights, optimizer "
+                   "state): add it before comparing with a device's capacity")
+    return out
