@@ -24,6 +24,7 @@ sys.path.insert(0, str(TRACES))
 capture_scales = importlib.import_module("capture_scales")
 capture_gpu_scales = importlib.import_module("capture_gpu_scales")
 scale_loo = importlib.import_module("scale_loo")
+scale_analysis = importlib.import_module("scale_analysis")
 
 
 def test_every_grid_point_is_shipped_with_its_sidecar():
@@ -61,6 +62,20 @@ def test_leave_one_out_meets_the_targets(model):
         assert abs(row["live_error"]) <= scale_loo.LIVE_TARGET, row
         assert abs(row["reserved_error"]) <= scale_loo.RESERVED_TARGET, row
         assert row["aligned_share"] > 0.95
+
+
+def test_readme_find_max_example_is_what_find_max_prints():
+    from allocsim.scale import Scaler, find_max, load_input
+
+    readme = (TRACES.parent / "README.md").read_text()
+    block = readme.split("--find-max --multiple-of 64\n...\n", 1)[1].split("```", 1)[0]
+    quoted = [line for line in block.splitlines() if line.strip()]
+    files = scale_analysis.series_files(SCALES, "gpt2", "seq")
+    scaler = Scaler([load_input(str(p), Fraction(v)) for p, v in files], "seq")
+    found = find_max(scaler, 6 << 30, multiple=64)
+    printed = found.format_text().splitlines()
+    assert len(quoted) == 7 and all(line in printed for line in quoted), (quoted, printed)
+    assert (found.bound.value, found.recorded.value, found.advised.value) == (896, 832, 896)
 
 
 def test_filter_keeps_memory_markers_and_enclosing_ops_only():
