@@ -99,6 +99,16 @@ def test_nothing_fits_and_everything_fits(scaler):
     assert "the search limit" in huge.format_text()
 
 
+def test_values_whose_sizes_no_device_holds_do_not_fit(scaler, specs, tmp_path, capsys):
+    # 48 v^2 bytes pass a petabyte (the readers' bound on a size) near v = 1.5e8: the search stops there.
+    found = find_max(scaler, 1 << 60, max_value=1 << 40, advise=False)
+    assert found.bound.first_failing is not None and found.bound.value < 2e8
+    assert "too far from the inputs" in found.bound.at_failing.line
+    assert main(["scale", *specs, "--name", "seq", "--to", "99999999999", "-o", str(tmp_path / "x.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert "too far from the inputs" in err and err.count("\n") == 1
+
+
 def test_cli_find_max_writes_the_answer_and_exits_by_whether_anything_fits(specs, tmp_path, capsys):
     out = tmp_path / "best.parquet"
     argv = ["scale", *specs, "--name", "seq", "--capacity", "6MiB", "--find-max", "--workers", "1", "-o", str(out)]

@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import AllocsimError
+from ..trace.builder import MAX_SIZE_BYTES
 from ..trace.schema import EventKind, Trace, TraceMeta, check_schema, empty_frame, INITIAL_ALLOC_DTYPES
 from .align import Alignment, align, choose_keyer, for_keyer
 from .inputs import ScaleInput
@@ -35,6 +36,10 @@ from .steps import live_bytes
 
 UNALIGNED_RULE = "kept at the reference input's size (assumed constant)"
 TIME_RULE = "reference times scaled by D(target)/D(reference), D = least-squares line through mean step durations"
+
+
+class TargetTooFar(AllocsimError):
+    """The laws give a size (or a time) at the target that no trace can hold: the target is too far out."""
 
 
 @dataclasses.dataclass
@@ -80,6 +85,10 @@ def _fit_sizes(points_per_alloc: list[list[tuple[Fraction, int]]], scale_name: s
         if hit is None:
             law = fit_law(points, scale_name, target)
             size, rounded, _ = law.predict(target)
+            if size > MAX_SIZE_BYTES:
+                raise TargetTooFar(f"at {scale_name} {target} an allocation's law ({law.describe()}) gives "
+                                   f"{size:,} bytes, more than any device holds ({MAX_SIZE_BYTES:,}): the target is "
+                                   "too far from the inputs")
             clamped = size < 1   # no allocation has fewer than one byte
             if clamped:
                 size = min(s for _, s in points)
@@ -143,10 +152,17 @@ def _time_ratio(inputs: Sequence[ScaleInput], reference: ScaleInput, target: Fra
     return float(predicted / ref_d) if predicted > 0 else 1.0
 
 
+#: Scaled times must stay well inside int64 nanoseconds.
+MAX_SPAN_NS = 1 << 62
+
+
 def _scaled_times(t_ns: np.ndarray, ratio: float) -> np.ndarray:
     if not len(t_ns) or ratio == 1.0:
         return t_ns.copy()
     t0 = int(t_ns[0])
+    if (int(t_ns[-1]) - t0) * ratio + abs(t0) > MAX_SPAN_NS:
+        raise TargetTooFar(f"times stretched {ratio:.3g}x leave the range of a trace: the target is too far from "
+                           "the inputs")
     # Multiplying by a positive constant and flooring keeps the order of events.
     return t0 + np.floor((t_ns - t0).astype(np.float64) * ratio).astype(np.int64)
 

@@ -31,8 +31,9 @@ from ..errors import AllocsimError
 from ..metrics.summary import lower_bound_bytes
 from ..metrics.verdict import GIVEN
 from ..runner import Capacity, simulate_trace
+from ..trace.builder import MAX_SIZE_BYTES
 from ..units import format_bytes
-from .build import Scaler
+from .build import Scaler, TargetTooFar
 
 #: Search at most this many times the largest input value when nothing else bounds it.
 DEFAULT_MAX_FACTOR = 1024
@@ -194,7 +195,10 @@ def find_max(scaler: Scaler, capacity_bytes: int, *, policy: str = "pytorch", mu
         return traces[k]
 
     def live(k: int) -> Probe:
-        peak = lower_bound_bytes(trace_at(k))
+        try:
+            peak = lower_bound_bytes(trace_at(k))
+        except TargetTooFar as exc:   # sizes past any device: certainly too big
+            return Probe(k * multiple, False, MAX_SIZE_BYTES, None, str(exc))
         line = (f"peak live {format_bytes(peak)}" if peak <= capacity_bytes else
                 f"no allocator setting can fit: peak live {format_bytes(peak)} > {format_bytes(capacity_bytes)}")
         return Probe(k * multiple, peak <= capacity_bytes, peak, None, line)

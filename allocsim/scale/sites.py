@@ -76,6 +76,34 @@ def frame_text(frame: Frame) -> str:
     return f"{_ADDRESS_RE.sub('0x?', filename)}:{line}:{name}"
 
 
+def _frames_by_stack(trace: Trace, stack_ids: np.ndarray, max_depth: int) -> dict[int, list[Frame]]:
+    """The innermost ``max_depth`` frames of each of ``stack_ids``, innermost first, read in one pass.
+
+    (``Trace.stack`` reads one stack at a time; many stacks this way cost one pass over the tables.)
+    """
+    st = trace.stacks
+    sid, depth, fid = (st[c].to_numpy() for c in ("stack_id", "depth", "frame_id"))
+    keep = np.isin(sid, stack_ids) & (depth < max_depth)
+    sid, depth, fid = sid[keep], depth[keep], fid[keep]
+    order = np.lexsort((depth, sid))
+    sid, fid = sid[order], fid[order]
+    fr = trace.frames
+    frame_ids = fr["frame_id"].to_numpy().astype(np.int64)
+    row_of = np.full(int(frame_ids.max()) + 1 if len(frame_ids) else 0, -1, dtype=np.int64)
+    row_of[frame_ids] = np.arange(len(frame_ids))
+    valid = (fid >= 0) & (fid < len(row_of))
+    rows = np.full(len(fid), -1, dtype=np.int64)
+    rows[valid] = row_of[fid[valid]]
+    files = fr["filename"].to_numpy(dtype=object)
+    lines = fr["line"].to_numpy()
+    names = fr["name"].to_numpy(dtype=object)
+    out: dict[int, list[Frame]] = {int(s): [] for s in stack_ids}
+    for s, r in zip(sid.tolist(), rows.tolist()):
+        if r >= 0:        # a frame id the frames table lacks names nothing
+            out[s].append((str(files[r]), int(lines[r]), str(names[r])))
+    return out
+
+
 def site_text(frames: list[Frame], origin: str) -> str:
     """The site of a stack (innermost first), as one string, innermost frame first (see module doc)."""
     if origin == "operators":
@@ -97,10 +125,12 @@ def allocation_sites(trace: Trace) -> tuple[str, list[str] | None]:
         return origin, None
     kind = trace.column("kind")
     stack_ids = trace.column("stack_id")[kind == EventKind.ALLOC]
+    distinct = np.unique(stack_ids[stack_ids >= 0])
+    # Step frames are outermost: a few more rows than the depth cap leave room to drop them.
+    max_depth = MAX_OP_DEPTH + 8 if origin == "operators" else MAX_CODE_FRAMES
     site_of: dict[int, str] = {-1: ""}
-    for sid in np.unique(stack_ids).tolist():
-        if sid >= 0:
-            site_of[sid] = site_text(trace.stack(sid), origin)
+    for sid, frames in _frames_by_stack(trace, distinct, max_depth).items():
+        site_of[sid] = site_text(frames, origin)
     if origin == "operators" and not any(site_of.values()):
         return "none", None
     return origin, [site_of[sid] for sid in stack_ids.tolist()]
