@@ -22,7 +22,6 @@ from collections import Counter, defaultdict
 from fractions import Fraction
 from pathlib import Path
 
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
