@@ -36,7 +36,8 @@ MAX_CODE_FRAMES = 256
 OPERATOR_FORMATS = frozenset({"kineto"})
 #: Object addresses and other per-run hex numbers in frame names and files.
 _ADDRESS_RE = re.compile(r"0x[0-9a-fA-F]+")
-#: Separates frames in a site (frames hold no newline that matters: names are masked, not parsed).
+#: Separates frames in a site. A frame name holding one could make two stacks read alike: that only
+#: merges their sites (their allocations are then told apart by order), it never breaks anything.
 SEPARATOR = "\n"
 
 Frame = tuple  # (filename, line, name)
