@@ -17,15 +17,20 @@ import pytest
 
 from allocsim.scale import load_input, prepare_input, scale_inputs
 from allocsim.scale.align import align
-from allocsim.scale.kineto_ops import op_paths
+from allocsim.scale.sites import MAX_OP_DEPTH, allocation_sites, innermost
 from allocsim.scale.steps import find_steps
 from allocsim.trace import EventKind, read_trace
 
 LAYERS = 3
 
 
-def step_ops(v: int, appear_from: int | None = None, appear_top: bool = False) -> list[tuple[str, list]]:
-    """(outer op, [(inner op, size_bytes, lifetime), ...]) of one step at scale v."""
+def step_ops(v: int, appear_from: int | None = None, appear_top: bool = False,
+             appear_op: str = "aten::empty") -> list[tuple[str, list]]:
+    """(outer op, [(inner op, size_bytes, lifetime), ...]) of one step at scale v.
+
+    From ``appear_from`` on, each layer gets a workspace (``appear_op``, 4096 v bytes): inside its
+    ``aten::linear``, or with ``appear_top`` in a new ``aten::linear`` call at the end of the layer.
+    """
     grows = appear_from is not None and v >= appear_from
     ops = [("aten::embedding", [("aten::empty", 512 * v, "saved")])]
     for _ in range(LAYERS):
@@ -37,13 +42,14 @@ def step_ops(v: int, appear_from: int | None = None, appear_top: bool = False) -
                 ("aten::softmax", [("aten::_softmax", 40 * v * v + 8 * v, "temp")]),
                 ("aten::add", [("aten::add", 64, "temp")])]                     # constant
         if grows and appear_top:
-            ops.append(("aten::linear", [("aten::empty", 4096 * v, "temp")]))  # a new top-level op
+            ops.append(("aten::linear", [(appear_op, 4096 * v, "temp")]))      # a new top-level op
     ops.append(("aten::mse_loss", [("aten::sum", 4, "temp")]))
     return ops
 
 
 def program_events(v: int, steps: int = 2, *, ops: bool = True, markers: bool = True,
-                   appear_from: int | None = None, appear_top: bool = False) -> list[dict]:
+                   appear_from: int | None = None, appear_top: bool = False,
+                   appear_op: str = "aten::empty") -> list[dict]:
     """Kineto trace events of ``steps`` training steps at scale v, in time order."""
     events: list[dict] = []
     t = 1000
@@ -56,7 +62,7 @@ def program_events(v: int, steps: int = 2, *, ops: bool = True, markers: bool = 
     for step in range(steps):
         step_start = t
         saved: list[tuple[int, int]] = []
-        for outer, inners in step_ops(v, appear_from, appear_top):
+        for outer, inners in step_ops(v, appear_from, appear_top, appear_op):
             op_start = t
             for inner, size, lifetime in inners:
                 inner_start = t
@@ -148,6 +154,11 @@ def test_two_inputs_state_their_assumptions(series, tmp_path):
     assert as_seq.report.assumed == {"b": 2 * LAYERS, "c": 2 * (1 + LAYERS) + 2 * LAYERS + 2 * (LAYERS + 1)}
     text = as_seq.report.format_text()
     assert "assumed zero" in text and "two points cannot determine" in text
+    assert "record a third input" in text.split("check:", 1)[1].split("limits:", 1)[0]
+    # 8 is twice the largest input, what the leave-one-out check covers; 16 is further than that.
+    assert "seq 8 is 2x the largest input (4)" in text and "covers 2x" not in text
+    far = scale_inputs(inputs, Fraction(16), "seq").report
+    assert far.extrapolation == 4 and "record an input nearer the target" in " ".join(far.checks)
     truth = read_trace(write_kineto(tmp_path / "p8.json.gz", program_events(8)))
     predicted = dict(zip(range(len(truth.events)), as_seq.trace.events["size_bytes"].tolist()))
     wrong = [i for i, (k, s) in enumerate(kinds_and_sizes(truth)) if predicted[i] != s]
@@ -171,18 +182,34 @@ def test_allocations_that_appear_with_scale_are_counted_and_carried(series):
     assert lower.unaligned == extra and lower.bytes_unaligned == extra * 4096 * 3
 
 
-def test_a_new_top_level_op_only_shifts_its_same_named_later_siblings(series):
+def test_a_new_op_call_at_a_new_site_moves_nothing_else(series, tmp_path):
     inputs = series([1, 2, 3, 4], appear_from=3, appear_top=True)
-    report = scale_inputs(inputs, Fraction(8), "batch").report
+    result = scale_inputs(inputs, Fraction(8), "batch")
+    report = result.report
     extra = 2 * LAYERS
-    # Each inserted aten::linear takes the ordinal of the next layer's aten::linear. The shifted
-    # layers still find a same-named op in the smaller inputs (a later layer's, same size here) except
-    # the last one, which aligns only with the inputs that have the insertion too. Ops of other
-    # names do not move.
-    shifted = 2
-    assert report.aligned_some == extra + shifted
-    assert report.aligned_all == report.allocations - extra - shifted
-    assert report.unaligned == 0
+    # The new aten::linear > aten::empty site exists at 3 and 4 only; every other allocation keeps
+    # its site and its ordinal there, so it aligns in every input.
+    assert report.aligned_some == extra
+    assert report.aligned_all == report.allocations - extra and report.unaligned == 0
+    truth = read_trace(write_kineto(tmp_path / "t8.json.gz", program_events(8, appear_from=3, appear_top=True)))
+    assert kinds_and_sizes(result.trace) == kinds_and_sizes(truth)
+
+
+def test_an_extra_allocation_at_a_known_site_shifts_only_that_sites_later_allocations(series):
+    inputs = series([1, 2, 3, 4], appear_from=3, appear_top=True, appear_op="aten::addmm")
+    reference = inputs[-1]
+    result = scale_inputs(inputs, Fraction(8), "batch")
+    report = result.report
+    # Per step the addmm site allocates n0 x0 n1 x1 n2 x2 from batch 3 on and n0 n1 n2 before: by
+    # ordinal, x0 meets n1 and n1 meets n2 in the smaller inputs, and the last three of the site
+    # are found at 3 only. Allocations of every other site align in every input.
+    per_step_shifted = LAYERS
+    assert report.aligned_some == 2 * per_step_shifted and report.unaligned == 0
+    alignment = align(reference, [item for item in inputs if item is not reference])
+    addmm = np.array(["aten::addmm" in site for site in reference.key_source.sites])
+    found_everywhere = alignment.matched_counts() == len(inputs) - 1
+    assert found_everywhere[~addmm].all()
+    assert int((~found_everywhere[addmm]).sum()) == 2 * per_step_shifted
 
 
 def test_ring_buffer_windows_align_by_step_not_by_file(tmp_path):
@@ -249,34 +276,33 @@ def test_steps_come_from_markers_with_a_prologue_for_events_before_the_first(tmp
     assert steps.steps[-1].end == len(trace.events)
 
 
-def test_op_attribution_refuses_a_trace_of_another_file(tmp_path):
-    p2 = write_kineto(tmp_path / "p2.json.gz", program_events(2))
-    p3 = write_kineto(tmp_path / "p3.json.gz", program_events(3))
-    assert op_paths(p2, read_trace(p2)) is not None
-    assert op_paths(p2, read_trace(p3)) is None          # sizes differ: no attribution, not a wrong one
-    paths = op_paths(p2, read_trace(p2))
-    first = paths.paths[0]
-    assert [paths.names[i] for i in first] == ["aten::embedding", "aten::empty"]
+def test_operator_sites_come_from_the_readers_pseudo_frames_without_step_frames(tmp_path):
+    trace = read_trace(write_kineto(tmp_path / "p2.json.gz", program_events(2)))
+    origin, sites = allocation_sites(trace)
+    assert origin == "operators" and len(sites) == int((trace.events["kind"] == EventKind.ALLOC).sum())
+    # Innermost first; the ProfilerStep#N annotation around everything is not part of any site.
+    assert sites[0].split("\n") == ["aten::empty", "aten::embedding"]
+    assert not any("ProfilerStep" in site for site in sites)
+    # Both steps name their allocations alike: the step number is not in the site.
+    first = load_input(str(tmp_path / "p2.json.gz"), Fraction(2))
+    step_sites = [[sites[k] for k in first.step_allocs(i)] for i in range(len(first.steps.steps))]
+    assert len(step_sites) == 2 and step_sites[0] == step_sites[1]
 
 
-def test_op_attribution_caps_the_decompressed_size(tmp_path, monkeypatch):
-    import allocsim.scale.kineto_ops as kineto_ops
-
-    path = write_kineto(tmp_path / "p.json.gz", program_events(2))
-    trace = read_trace(path)
-    monkeypatch.setattr(kineto_ops, "MAX_JSON_BYTES", 1000)
-    assert kineto_ops.op_paths(path, trace) is None
-    source = load_input(path, Fraction(2))   # the cap only removes attribution; the trace still loads
-    assert source.key_source.ops is None and len(source.alloc_id) > 0
+def test_a_trace_whose_only_frames_are_step_markers_has_no_sites(tmp_path):
+    trace = read_trace(write_kineto(tmp_path / "m.json.gz", program_events(2, ops=False)))
+    assert (trace.events["stack_id"] >= 0).any()          # the ProfilerStep#N pseudo-frame
+    assert allocation_sites(trace) == ("none", None)
 
 
-def test_inputs_in_memory_work_without_files(tmp_path):
-    traces = [read_trace(write_kineto(tmp_path / f"p{v}.json.gz", program_events(v))) for v in (1, 2, 3)]
+@pytest.mark.parametrize("ops, keyer", [(True, "operator"), (False, "position")])
+def test_inputs_in_memory_work_without_files(tmp_path, ops, keyer):
+    traces = [read_trace(write_kineto(tmp_path / f"p{v}.json.gz", program_events(v, ops=ops))) for v in (1, 2, 3)]
     inputs = [prepare_input(t, Fraction(v)) for t, v in zip(traces, (1, 2, 3))]
     result = scale_inputs(inputs, Fraction(5), "seq")
-    truth = read_trace(write_kineto(tmp_path / "p5.json.gz", program_events(5)))
+    truth = read_trace(write_kineto(tmp_path / "p5.json.gz", program_events(5, ops=ops)))
     assert kinds_and_sizes(result.trace) == kinds_and_sizes(truth)
-    assert result.report.keyer == "position"
+    assert result.report.keyer == keyer
 
 
 def test_alloc_and_free_sizes_stay_paired(series):
@@ -305,33 +331,13 @@ def test_only_step_markers_are_step_boundaries(tmp_path):
     assert steps.source == "troughs" and len(steps.body) == 3
 
 
-def test_hostile_op_nesting_costs_a_bounded_path(tmp_path):
-    import allocsim.scale.kineto_ops as kineto_ops
-
-    depth = 5 * kineto_ops.MAX_OP_DEPTH
+def test_hostile_op_nesting_costs_a_bounded_site(tmp_path):
+    depth = 5 * MAX_OP_DEPTH
     events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": 10 + i, "dur": 10_000 - 2 * i}
               for i in range(depth)]
     events += [{"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 5000, "args": {"Addr": 64, "Bytes": 8}},
                {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 5001, "args": {"Addr": 64, "Bytes": -8}}]
-    path = write_kineto(tmp_path / "deep.json", events)
-    paths = kineto_ops.op_paths(path, read_trace(path))
-    assert len(paths.paths[0]) == kineto_ops.MAX_OP_DEPTH
-    assert paths.names[paths.paths[0][-1]] == f"op{depth - 1}"     # the innermost ops are kept
-
-
-def test_a_real_gpu_snapshot_aligns_with_itself(shared_dir):
-    path = shared_dir / "traces" / "pytorch-snapshots" / "Wedsonlin__medium_128_training_memory_snapshot.pickle"
-    if not path.exists():
-        pytest.skip(f"{path.name} is absent")
-    first = load_input(str(path), Fraction(1))
-    again = prepare_input(first.trace, Fraction(2), path=str(path))
-    result = scale_inputs([first, again], Fraction(4), "batch")
-    report = result.report
-    # No markers: steps come from live-byte troughs; the same run at two values is all constants.
-    assert first.steps.source == "troughs"
-    assert report.aligned_all == report.allocations == len(first.alloc_id)
-    assert report.laws["constant"] == report.allocations
-    assert report.initial["aligned"] == len(first.trace.initial_allocs) > 0
-    assert result.trace.events["size_bytes"].tolist() == first.trace.events["size_bytes"].tolist()
-    assert result.trace.initial_allocs["size_bytes"].tolist() == first.trace.initial_allocs["size_bytes"].tolist()
-    assert len(result.trace.initial_segments) == 0 and len(result.trace.decisions) == 0
+    _, sites = allocation_sites(read_trace(write_kineto(tmp_path / "deep.json", events)))
+    frames = sites[0].split("\n")
+    assert len(frames) == MAX_OP_DEPTH
+    assert innermost(sites[0]) == f"op{depth - 1}"          # the innermost ops are kept

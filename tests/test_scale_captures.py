@@ -24,6 +24,7 @@ sys.path.insert(0, str(TRACES))
 capture_scales = importlib.import_module("capture_scales")
 capture_gpu_scales = importlib.import_module("capture_gpu_scales")
 scale_loo = importlib.import_module("scale_loo")
+scale_analysis = importlib.import_module("scale_analysis")
 
 
 def test_every_grid_point_is_shipped_with_its_sidecar():
@@ -44,12 +45,12 @@ def test_real_captures_get_operator_attribution():
     from allocsim.scale import load_input
 
     item = load_input(str(SCALES / "bert_b2_s128.json.gz"), Fraction(2))
-    ops = item.key_source.ops
-    assert ops is not None and len(ops.paths) == len(item.alloc_id)
-    outside = [int(item.size_bytes[k]) for k, p in enumerate(ops.paths) if not p]
+    sites = item.key_source.sites
+    assert item.key_source.origin == "operators" and len(sites) == len(item.alloc_id)
+    outside = [int(item.size_bytes[k]) for k, site in enumerate(sites) if not site]
     # Only Python numbers wrapped into 0-dim double tensors by the argument parser (8 bytes, before
     # the op starts) are outside every op; they are keyed by their order among such allocations.
-    assert 0 < len(outside) < 0.3 * len(ops.paths) and set(outside) == {8}
+    assert 0 < len(outside) < 0.3 * len(sites) and set(outside) == {8}
     assert item.steps.source == "markers" and len(item.steps.body) == 2
 
 
@@ -61,6 +62,20 @@ def test_leave_one_out_meets_the_targets(model):
         assert abs(row["live_error"]) <= scale_loo.LIVE_TARGET, row
         assert abs(row["reserved_error"]) <= scale_loo.RESERVED_TARGET, row
         assert row["aligned_share"] > 0.95
+
+
+def test_readme_find_max_example_is_what_find_max_prints():
+    from allocsim.scale import Scaler, find_max, load_input
+
+    readme = (TRACES.parent / "README.md").read_text()
+    block = readme.split("--find-max --multiple-of 64\n...\n", 1)[1].split("```", 1)[0]
+    quoted = [line for line in block.splitlines() if line.strip()]
+    files = scale_analysis.series_files(SCALES, "gpt2", "seq")
+    scaler = Scaler([load_input(str(p), Fraction(v)) for p, v in files], "seq")
+    found = find_max(scaler, 6 << 30, multiple=64)
+    printed = found.format_text().splitlines()
+    assert len(quoted) == 7 and all(line in printed for line in quoted), (quoted, printed)
+    assert (found.bound.value, found.recorded.value, found.advised.value) == (896, 832, 896)
 
 
 def test_filter_keeps_memory_markers_and_enclosing_ops_only():

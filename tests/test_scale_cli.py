@@ -38,7 +38,11 @@ def test_json_report_has_the_shares_and_laws(specs, tmp_path, capsys):
     assert report["aligned_share"] == 1.0 and report["aligned_bytes_share"] == 1.0
     assert report["laws"]["quadratic"] > 0 and report["keyer"] == "operator"
     assert [i["reference"] for i in report["inputs"]] == [False, False, True]
-    assert report["limits"]
+    # Where the user reads it: how far this prediction extrapolates, and what no prediction can know.
+    assert report["extrapolation"] == 2.0
+    assert any(check.startswith("seq 8 is 2x the largest input (4)") for check in report["checks"])
+    assert any("before profiling began" in check for check in report["checks"])
+    assert any("exist only at the target scale" in limit for limit in report["limits"])
 
 
 @pytest.mark.parametrize("argv, message", [

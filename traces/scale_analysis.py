@@ -22,7 +22,6 @@ from collections import Counter, defaultdict
 from fractions import Fraction
 from pathlib import Path
 
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -31,6 +30,7 @@ sys.path.insert(0, str(HERE))
 from allocsim.scale import load_input  # noqa: E402
 from allocsim.scale.align import align  # noqa: E402
 from allocsim.scale.laws import fit_law  # noqa: E402
+from allocsim.scale.sites import innermost as innermost_frame  # noqa: E402
 from capture_scales import (BATCH_HELD_OUT, BATCH_SERIES_SEQ, BATCH_VALUES, MODELS, SEQ_HELD_OUT,  # noqa: E402
                             SEQ_SERIES_BATCH, SEQ_VALUES, capture_name)
 
@@ -51,10 +51,10 @@ def steps_repeat(item) -> str:
 
 
 def innermost(item, k: int) -> str:
-    ops = item.key_source.ops
-    if ops is None or not ops.paths[k]:
+    sites = item.key_source.sites
+    if sites is None or not sites[k]:
         return "(no op)"
-    return ops.names[ops.paths[k][-1]]
+    return innermost_frame(sites[k])
 
 
 def analyse(directory: Path, model: str, series: str) -> None:

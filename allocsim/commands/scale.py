@@ -2,45 +2,100 @@
 
 Reads two or more traces of the same program recorded at different values of one scale parameter,
 aligns their allocations, fits each allocation's size as a law of the value and writes the trace at
-``--to`` (allocsim Parquet, or CSV when OUT ends in .csv). Prints how it was built (``--json``: one
-object). Then ``allocsim run OUT --policy pytorch --capacity 80GiB`` says whether it fits.
+``--to`` (allocsim Parquet, or CSV when OUT ends in .csv). Prints how it was built and the limits of
+the prediction (``--json``: one object). Then ``allocsim run OUT --policy pytorch --capacity 80GiB``
+says whether it fits.
+
+``--capacity SIZE --find-max`` instead searches the largest value that fits (``scale.findmax``):
+with the recorded allocator settings, and with the best setting ``allocsim advise`` finds. Exit
+status then: 0 some value fits, 1 none does; 2 on a usage or input error.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shlex
 import sys
+from fractions import Fraction
 
 from ..errors import AllocsimError
 from ..trace import write_trace
+from ..units import parse_bytes
 from .common import print_json
+
+EXIT_NOTHING_FITS = 1
 
 
 def register(subparsers) -> None:
     """Add the ``scale`` subcommand."""
     parser = subparsers.add_parser(
-        "scale", help="predict the trace at a batch size / sequence length nobody has run",
+        "scale", help="predict the trace at a batch size / sequence length nobody has run, or the largest that fits",
         description="Align the allocations of traces recorded at different values of one scale parameter "
-                    "(by operator and order within each training step), fit each allocation's size as a "
-                    "constant / linear / quadratic law of the value, and write the trace at --to.")
+                    "(by code site, operator or order within each training step), fit each allocation's size as a "
+                    "constant / linear / quadratic law of the value, and write the trace at --to; or, with "
+                    "--capacity and --find-max, search the largest value that fits.",
+        epilog="examples:\n"
+               "  allocsim scale b1.json.gz@1 b2.json.gz@2 b4.json.gz@4 --to 8 -o b8.parquet\n"
+               "  allocsim run b8.parquet --policy pytorch --capacity 80GiB\n"
+               "  allocsim scale s128.pickle@128 s256.pickle@256 s512.pickle@512 --name seq \\\n"
+               "      --capacity 80GiB --find-max --multiple-of 128\n"
+               "exit status: 0 = done (with --find-max: some value fits), 1 = with --find-max: nothing fits, "
+               "2 = usage or input error",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("inputs", nargs="+", metavar="TRACE@VALUE",
                         help="a trace and the scale value it was recorded at, e.g. bert_b4.json.gz@4 (two or more)")
-    parser.add_argument("--to", required=True, metavar="VALUE", dest="target", help="the scale value to predict")
+    parser.add_argument("--to", metavar="VALUE", dest="target", help="the scale value to predict")
     parser.add_argument("--name", choices=("batch", "seq"), default="batch",
                         help="what the value is (default batch); with two inputs, seq allows a pure seq^2 law")
-    parser.add_argument("-o", "--output", required=True, metavar="OUT", help="output trace (.parquet, .csv, .csv.gz)")
+    parser.add_argument("-o", "--output", metavar="OUT",
+                        help="output trace (.parquet, .csv, .csv.gz); with --find-max, the trace at the answer")
     parser.add_argument("--device", type=int, metavar="N", help="device to use when the traces have several")
     parser.add_argument("--lenient", action="store_true", help="repair what can be repaired in bad input traces")
+    search = parser.add_argument_group("finding the largest value that fits")
+    search.add_argument("--capacity", metavar="SIZE", help="device memory for --find-max, e.g. 80GiB")
+    search.add_argument("--find-max", action="store_true",
+                        help="search the largest value that fits --capacity (whole multiples of --multiple-of)")
+    search.add_argument("--multiple-of", type=int, default=1, metavar="N",
+                        help="values searched are multiples of N (default 1: every integer)")
+    search.add_argument("--max-value", type=int, metavar="N",
+                        help="search no further than N (default 1024 times the largest input value)")
+    search.add_argument("--policy", default="pytorch", metavar="NAME",
+                        help="allocator to replay with its recorded settings (default pytorch)")
+    search.add_argument("--no-advise", action="store_true",
+                        help="only the recorded settings: skip the search with the best advise setting")
+    search.add_argument("--workers", type=int, metavar="N",
+                        help="worker processes for the advise runs (default: CPU count; 1 = run here)")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     parser.set_defaults(func=main)
 
 
+def _check_args(args: argparse.Namespace) -> None:
+    if args.find_max:
+        if args.capacity is None:
+            raise ValueError("--find-max needs --capacity SIZE")
+        if args.target is not None:
+            raise ValueError("give either --to VALUE or --find-max, not both")
+    else:
+        if args.target is None:
+            raise ValueError("give --to VALUE (or --capacity SIZE --find-max)")
+        if args.output is None:
+            raise ValueError("give -o OUT for the trace at --to")
+
+
 def main(args: argparse.Namespace) -> int:
-    """Build, write and report; 2 with one line on stderr on bad input."""
-    from ..scale import scale_files
+    """Build (or search), write and report; 2 with one line on stderr on bad input."""
+    from ..scale import load_input, parse_spec, parse_value
+    from ..scale.build import Scaler
 
     try:
-        result = scale_files(args.inputs, args.target, args.name, device=args.device, lenient=args.lenient)
+        _check_args(args)
+        inputs = [load_input(path, value, device=args.device, lenient=args.lenient)
+                  for path, value in (parse_spec(spec) for spec in args.inputs)]
+        scaler = Scaler(inputs, args.name)
+        if args.find_max:
+            return _find_max(args, scaler)
+        result = scaler.at(parse_value(args.target))
         write_trace(result.trace, args.output)
     except (AllocsimError, ValueError, OSError) as exc:
         print(f"allocsim scale: error: {exc}", file=sys.stderr)
@@ -51,3 +106,32 @@ def main(args: argparse.Namespace) -> int:
         print(result.report.format_text())
         print(f"\nwrote {args.output}; next: allocsim run {args.output} --policy pytorch --capacity 80GiB")
     return 0
+
+
+def _find_max(args: argparse.Namespace, scaler) -> int:
+    from ..scale.findmax import find_max
+    from ..sweep.executors import make_executor
+
+    capacity = parse_bytes(args.capacity)
+    executor = None if args.no_advise else make_executor(workers=args.workers)
+    log = (lambda m: print(f"allocsim scale: {m}", file=sys.stderr)) if sys.stderr.isatty() else (lambda m: None)
+    with executor if executor is not None else contextlib.nullcontext():   # one pool for every advise probe
+        found = find_max(scaler, capacity, policy=args.policy, multiple=args.multiple_of, max_value=args.max_value,
+                         advise=not args.no_advise, executor=executor, log=log)
+    best = found.best
+    result = scaler.at(Fraction(best.value)) if best.value is not None else None
+    if result is not None and args.output:
+        write_trace(result.trace, args.output)
+    if args.json:
+        print_json({"output": args.output if result is not None else None, "find_max": found.to_dict(),
+                    "report_at_answer": result.report.to_dict() if result is not None else None})
+    else:
+        if result is not None:
+            print(result.report.format_text())
+            print()
+        print(found.format_text())
+        if result is not None and args.output:
+            command = ["allocsim", "run", args.output, *best.at_value.run_args, "--capacity", args.capacity]
+            print(f"\nwrote {args.output} ({found.scale_name} {best.value}); replay it: "
+                  + " ".join(shlex.quote(a) for a in command))
+    return 0 if best.value is not None else EXIT_NOTHING_FITS

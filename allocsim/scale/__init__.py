@@ -3,7 +3,8 @@
 Two or more traces of the same program at different values of one scale parameter (batch size,
 sequence length) go in; allocations are aligned across them by what they are (``keys``), each
 aligned allocation's size is fitted exactly as a law of the scale value (``laws``), and the
-reference trace is replayed at the target value (``build``). ``allocsim scale`` is the command.
+reference trace is replayed at the target value (``build``). ``findmax`` searches the largest
+value that fits a capacity. ``allocsim scale`` is the command.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Sequence
 
-from .build import ScaleResult, pick_reference, scale_inputs
+from .build import ScaleResult, Scaler, pick_reference, scale_inputs
+from .findmax import FindMax, find_max
 from .inputs import ScaleInput, load_input, parse_spec, parse_value, prepare_input
 from .laws import SizeLaw, fit_law
 from .report import ScaleReport
 
 __all__ = [
-    "ScaleInput", "ScaleReport", "ScaleResult", "SizeLaw", "fit_law", "load_input", "parse_spec",
-    "parse_value", "pick_reference", "prepare_input", "scale_files", "scale_inputs",
+    "FindMax", "ScaleInput", "ScaleReport", "ScaleResult", "Scaler", "SizeLaw", "find_max", "fit_law", "load_input",
+    "parse_spec", "parse_value", "pick_reference", "prepare_input", "scale_files", "scale_inputs",
 ]
 
 

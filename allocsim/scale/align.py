@@ -3,9 +3,11 @@
 Use ``align(reference, others)``. Every step of the reference (its prologue included) is matched
 with the best-matching step of each other input -- the one that shares the most keys (see
 ``keys``), among up to ``MAX_CANDIDATE_STEPS`` of its steps -- so traces recorded from different
-windows of a run align by step, not by file position. A prologue (the tail of a step cut by the
-start of the window) is keyed from its end. The result says, for every reference allocation,
-which allocation (and so which size) it is in each other input, or that it has none there.
+windows of a run align by step, not by file position. A pair of steps is keyed from the end when
+either is a prologue (the tail of a step cut by the start of the window) or a whole window without
+boundaries (which ends where the recording was dumped), and from the start otherwise. The result
+says, for every reference allocation, which allocation (and so which size) it is in each other
+input, or that it has none there.
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ def _candidates(item: ScaleInput, backward: bool = False) -> list[int]:
     return chosen + prologues if backward else chosen
 
 
+def _from_end(item: ScaleInput, step_index: int) -> bool:
+    return item.steps.steps[step_index].from_end
+
+
 def _typical_step_allocs(item: ScaleInput) -> int | None:
     counts = [len(item.step_allocs(i)) for i in _candidates(item)]
     return Counter(counts).most_common(1)[0][0] if counts else None
@@ -91,35 +97,46 @@ def _score(reference: ScaleInput, other: ScaleInput, ks, ref_keys, key_map: dict
     return hits, same
 
 
+def for_keyer(inputs: Sequence[ScaleInput], keyer: Keyer) -> list[ScaleInput]:
+    """The inputs with the steps ``keyer`` needs: live-byte troughs for position keys, whole windows for sites."""
+    return [item.with_troughs(keyer.needs_equal_counts) for item in inputs]
+
+
 def align(reference: ScaleInput, others: Sequence[ScaleInput], keyer: Keyer | None = None) -> Alignment:
     """Match every allocation of ``reference`` with its counterpart in each of ``others``."""
     keyer = keyer or choose_keyer([reference, *others])
+    reference, *others = for_keyer([reference, *others], keyer)
     n_ref = len(reference.alloc_id)
     partner = np.full((n_ref, len(others)), -1, dtype=np.int64)
     matches: list[StepMatch] = []
     ref_typical = _typical_step_allocs(reference)
-    ref_steps = []
-    for r, step in enumerate(reference.steps.steps):
-        ks = reference.step_allocs(r)
-        if len(ks):
-            ref_steps.append((r, step.prologue, ks, keyer.keys(reference.key_source, ks, step.prologue)))
+    ref_steps = [(r, step.from_end, reference.step_allocs(r)) for r, step in enumerate(reference.steps.steps)]
+    ref_keys: dict[tuple[int, bool], list[Hashable]] = {}
     for j, other in enumerate(others):
         cache: dict[tuple[int, bool], dict[Hashable, int]] = {}
-        for r, backward, ks, ref_keys in ref_steps:
-            best: tuple[tuple[int, int], int | None, dict] = ((-1, -1), None, {})
-            for c in _candidates(other, backward):
-                # A prologue is a tail of a step: it is keyed from its end, so lengths may differ.
+        for r, ref_from_end, ks in ref_steps:
+            if not len(ks):
+                continue
+            best: tuple[tuple[int, int], int | None, bool] = ((-1, -1), None, False)
+            for c in _candidates(other, ref_from_end):
+                backward = ref_from_end or _from_end(other, c)
+                # Steps keyed from their end may differ in length (a tail, a window): only
+                # ordinals from the start need equal counts.
                 if keyer.needs_equal_counts and not backward and len(other.step_allocs(c)) != ref_typical:
                     continue
+                mine = ref_keys.get((r, backward))
+                if mine is None:
+                    mine = ref_keys[(r, backward)] = keyer.keys(reference.key_source, ks, backward)
                 key_map = cache.get((c, backward))
                 if key_map is None:
                     key_map = cache[(c, backward)] = _key_map(keyer, other, c, backward)
-                score = _score(reference, other, ks, ref_keys, key_map)
+                score = _score(reference, other, ks, mine, key_map)
                 if score > best[0]:
-                    best = (score, c, key_map)
-            (hits, _), chosen, key_map = best
+                    best = (score, c, backward)
+            (hits, _), chosen, backward = best
             if chosen is not None:
-                for k, key in zip(ks, ref_keys):
+                key_map = cache[(chosen, backward)]
+                for k, key in zip(ks, ref_keys[(r, backward)]):
                     hit = key_map.get(key)
                     if hit is not None:
                         partner[k, j] = hit

@@ -1,4 +1,4 @@
-"""Build the trace at an unrun scale from traces at other scales: start with ``scale_inputs``.
+"""Build the trace at an unrun scale from traces at other scales: ``scale_inputs``, or ``Scaler`` for many targets.
 
 The output is the *reference* input (the one whose value is nearest the target; the larger on a
 tie) with every size replaced by its fitted law evaluated at the target:
@@ -25,15 +25,21 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import AllocsimError
+from ..trace.builder import MAX_SIZE_BYTES
 from ..trace.schema import EventKind, Trace, TraceMeta, check_schema, empty_frame, INITIAL_ALLOC_DTYPES
-from .align import Alignment, align
+from .align import Alignment, align, choose_keyer, for_keyer
 from .inputs import ScaleInput
 from .laws import LAW_KINDS, SizeLaw, fit_law
 from .report import InputSummary, ScaleReport
+from .sites import frame_origin
 from .steps import live_bytes
 
 UNALIGNED_RULE = "kept at the reference input's size (assumed constant)"
 TIME_RULE = "reference times scaled by D(target)/D(reference), D = least-squares line through mean step durations"
+
+
+class TargetTooFar(AllocsimError):
+    """The laws give a size (or a time) at the target that no trace can hold: the target is too far out."""
 
 
 @dataclasses.dataclass
@@ -60,15 +66,13 @@ def pick_reference(inputs: Sequence[ScaleInput], target: Fraction) -> int:
     return min(range(len(inputs)), key=lambda i: (abs(inputs[i].value - target), -inputs[i].value))
 
 
-def _check(inputs: Sequence[ScaleInput], target: Fraction) -> None:
+def _check(inputs: Sequence[ScaleInput]) -> None:
     if len(inputs) < 2:
         raise AllocsimError("scale needs at least two traces at different values (TRACE@VALUE TRACE@VALUE)")
     values = [item.value for item in inputs]
     if len(set(values)) != len(values):
         dup = sorted(v for v, c in Counter(values).items() if c > 1)
         raise AllocsimError(f"two inputs have the same scale value {dup[0]}")
-    if target <= 0:
-        raise AllocsimError(f"target value must be > 0, got {target}")
 
 
 def _fit_sizes(points_per_alloc: list[list[tuple[Fraction, int]]], scale_name: str, target: Fraction) -> _Fits:
@@ -81,6 +85,10 @@ def _fit_sizes(points_per_alloc: list[list[tuple[Fraction, int]]], scale_name: s
         if hit is None:
             law = fit_law(points, scale_name, target)
             size, rounded, _ = law.predict(target)
+            if size > MAX_SIZE_BYTES:
+                raise TargetTooFar(f"at {scale_name} {target} an allocation's law ({law.describe()}) gives "
+                                   f"{size:,} bytes, more than any device holds ({MAX_SIZE_BYTES:,}): the target is "
+                                   "too far from the inputs")
             clamped = size < 1   # no allocation has fewer than one byte
             if clamped:
                 size = min(s for _, s in points)
@@ -144,10 +152,17 @@ def _time_ratio(inputs: Sequence[ScaleInput], reference: ScaleInput, target: Fra
     return float(predicted / ref_d) if predicted > 0 else 1.0
 
 
+#: Scaled times must stay well inside int64 nanoseconds.
+MAX_SPAN_NS = 1 << 62
+
+
 def _scaled_times(t_ns: np.ndarray, ratio: float) -> np.ndarray:
     if not len(t_ns) or ratio == 1.0:
         return t_ns.copy()
     t0 = int(t_ns[0])
+    if (int(t_ns[-1]) - t0) * ratio + abs(t0) > MAX_SPAN_NS:
+        raise TargetTooFar(f"times stretched {ratio:.3g}x leave the range of a trace: the target is too far from "
+                           "the inputs")
     # Multiplying by a positive constant and flooring keeps the order of events.
     return t0 + np.floor((t_ns - t0).astype(np.float64) * ratio).astype(np.int64)
 
@@ -168,18 +183,62 @@ def _new_sizes(events_alloc_id: np.ndarray, kind: np.ndarray, old_sizes: np.ndar
     return out
 
 
+@dataclasses.dataclass
+class _Prepared:
+    """What a target needs from one reference input and does not depend on the target."""
+
+    ref_index: int
+    others: list[ScaleInput]
+    alignment: Alignment
+    points: list[list[tuple[Fraction, int]]]
+    init_points: list[list[tuple[Fraction, int]]]
+    init_aligned: int
+
+
+class Scaler:
+    """The trace at any target from one set of inputs: ``Scaler(inputs, "seq").at(Fraction(8))``.
+
+    Alignment depends on the reference input only, not on the target, so it is done once per
+    reference and reused: building at many targets (``find_max``) costs a law evaluation each.
+    """
+
+    def __init__(self, inputs: Sequence[ScaleInput], scale_name: str = "batch"):
+        _check(inputs)
+        self.inputs = for_keyer(inputs, choose_keyer(inputs))
+        self.scale_name = scale_name
+        self._prepared: dict[int, _Prepared] = {}
+
+    def _prepare(self, ref_index: int) -> _Prepared:
+        found = self._prepared.get(ref_index)
+        if found is None:
+            reference = self.inputs[ref_index]
+            others = [item for i, item in enumerate(self.inputs) if i != ref_index]
+            alignment = align(reference, others)
+            init_points, init_aligned = _initial_points(reference, others)
+            found = self._prepared[ref_index] = _Prepared(ref_index, others, alignment,
+                                                          _points(reference, others, alignment),
+                                                          init_points, init_aligned)
+        return found
+
+    def at(self, target: Fraction | int) -> ScaleResult:
+        """The trace at ``target`` (see module doc), with its report."""
+        target = Fraction(target)
+        if target <= 0:
+            raise AllocsimError(f"target value must be > 0, got {target}")
+        prepared = self._prepare(pick_reference(self.inputs, target))
+        return _build(self.inputs, prepared, target, self.scale_name)
+
+
 def scale_inputs(inputs: Sequence[ScaleInput], target: Fraction, scale_name: str = "batch") -> ScaleResult:
     """The trace at ``target`` built from ``inputs`` (see module doc), with its report."""
-    target = Fraction(target)
-    _check(inputs, target)
-    ref_index = pick_reference(inputs, target)
-    reference = inputs[ref_index]
-    others = [item for i, item in enumerate(inputs) if i != ref_index]
-    alignment = align(reference, others)
-    fits = _fit_sizes(_points(reference, others, alignment), scale_name, target)
+    return Scaler(inputs, scale_name).at(target)
 
-    init_points, init_aligned = _initial_points(reference, others)
-    init_fits = _fit_sizes(init_points, scale_name, target) if init_points else None
+
+def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, scale_name: str) -> ScaleResult:
+    ref_index, others, alignment = prepared.ref_index, prepared.others, prepared.alignment
+    reference = inputs[ref_index]
+    fits = _fit_sizes(prepared.points, scale_name, target)
+    init_fits = _fit_sizes(prepared.init_points, scale_name, target) if prepared.init_points else None
     init_ids = reference.trace.initial_allocs["alloc_id"].to_numpy()
 
     events = reference.trace.events.copy()
@@ -196,7 +255,8 @@ def scale_inputs(inputs: Sequence[ScaleInput], target: Fraction, scale_name: str
         initial["addr"] = -1               # the layout at the target scale is unknown
         initial["block_size_bytes"] = -1
 
-    report = _report(inputs, ref_index, others, alignment, fits, init_fits, init_aligned, ratio, target, scale_name)
+    report = _report(inputs, ref_index, others, alignment, fits, init_fits, prepared.init_aligned, ratio, target,
+                     scale_name)
     meta = TraceMeta(
         format="allocsim-scale",
         source=f"{reference.path}@{target} ({scale_name})",
@@ -204,6 +264,7 @@ def scale_inputs(inputs: Sequence[ScaleInput], target: Fraction, scale_name: str
         version_hints={"scale": {"scale_name": scale_name, "target": str(target),
                                  "inputs": [f"{item.path}@{item.value}" for item in inputs],
                                  "reference": f"{reference.path}@{reference.value}", "keyer": alignment.keyer,
+                                 "frames": frame_origin(reference.trace),
                                  "aligned_share": round(report.aligned_share, 6),
                                  "aligned_bytes_share": round(report.aligned_bytes_share, 6)}},
         allocator_settings=reference.trace.meta.allocator_settings,
@@ -212,7 +273,8 @@ def scale_inputs(inputs: Sequence[ScaleInput], target: Fraction, scale_name: str
                f"unaligned allocations {UNALIGNED_RULE}", f"times: {TIME_RULE} (ratio {ratio:.6g})",
                "the reference run's recorded start layout and decisions are not carried over"],
     )
-    trace = Trace(events=events, meta=meta, labels=list(reference.trace.labels), initial_allocs=initial)
+    trace = Trace(events=events, meta=meta, labels=list(reference.trace.labels), initial_allocs=initial,
+                  frames=reference.trace.frames, stacks=reference.trace.stacks)
     check_schema(trace)
     report.output_events = len(events)
     report.output_peak_live_bytes = int(live_bytes(trace).max()) if len(events) else int(initial["size_bytes"].sum())
@@ -262,4 +324,38 @@ def _report(inputs, ref_index, others, alignment: Alignment, fits: _Fits, init_f
                          "others kept at the reference size"},
         time_rule=TIME_RULE, time_ratio=ratio, unaligned_rule=UNALIGNED_RULE,
         output_events=0, output_peak_live_bytes=0, notes=notes,
+        extrapolation=float(target / max(item.value for item in inputs)),
+        checks=_checks(inputs, reference, target, scale_name, laws, assumed, int(none.sum()),
+                       int(ref_sizes[none].sum()), int(ref_sizes.sum()), fits.clamped),
     )
+
+
+def _checks(inputs, reference: ScaleInput, target: Fraction, scale_name: str, laws: Counter, assumed: Counter,
+            unaligned: int, unaligned_bytes: int, total_bytes: int, clamped: int) -> list[str]:
+    """What to check in this prediction: where it goes beyond what the inputs show."""
+    values = sorted(item.value for item in inputs)
+    out = []
+    if target > values[-1]:
+        ratio = float(target / values[-1])
+        out.append(f"{scale_name} {target} is {ratio:.3g}x the largest input ({values[-1]})"
+                   + ("; the leave-one-out check (README) covers 2x: record an input nearer the target to confirm"
+                      if ratio > 2 else ""))
+    elif target < values[0]:
+        out.append(f"{scale_name} {target} is below the smallest input ({values[0]}): kernels often take other paths "
+                   "at small sizes (the captures show it at batch 1)")
+    if laws.get("irregular"):
+        out.append(f"{laws['irregular']} allocations follow no law of degree <= 2 through their sizes (a kernel that "
+                   "switches between the inputs): their prediction is the quadratic through the 3 nearest points")
+    if assumed:
+        terms = ", ".join(f"{term} in {count}" for term, count in sorted(assumed.items()))
+        out.append(f"terms assumed zero ({terms}): record a third input to determine every law of degree <= 2")
+    if unaligned:
+        out.append(f"{unaligned} allocations ({100 * unaligned_bytes / max(total_bytes, 1):.1f}% of the bytes) were "
+                   "found in no other input and keep the reference size")
+    if clamped:
+        out.append(f"{clamped} allocations fell below 1 byte by their law and were clamped to their smallest input size")
+    if reference.trace.meta.format == "kineto" or (reference.trace.meta.version_hints or {}).get(
+            "converted_from") == "kineto":
+        out.append("a torch.profiler capture holds no memory allocated before profiling began (weights, optimizer "
+                   "state): add it before comparing with a device's capacity")
+    return out

@@ -1,7 +1,8 @@
 """One input of ``allocsim scale``: a trace recorded at a known scale value, split into steps.
 
-Use ``load_input(path, value)`` for a file (Kineto captures also get operator attribution) or
-``prepare_input(trace, value)`` for a ``Trace`` already in memory.
+Use ``load_input(path, value)`` for a file or ``prepare_input(trace, value)`` for a ``Trace``
+already in memory; either way each allocation is named by its code site or its enclosing operators
+when the trace's frames tell them (``sites``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ..errors import AllocsimError
 from ..trace import read_trace
 from ..trace.schema import EventKind, Trace
 from .keys import KeySource
-from .kineto_ops import OpPaths, op_paths
+from .sites import allocation_sites
 from .steps import Steps, find_steps
 
 _VALUE_RE = re.compile(r"\d+(\.\d+)?")
@@ -28,6 +29,8 @@ class ScaleInput:
 
     ``alloc_event[k]``, ``alloc_id[k]``, ``size_bytes[k]`` and ``alloc_step[k]`` describe the k-th
     allocation of the trace (its event index, id, size and the index of its step in ``steps``).
+    ``troughs`` says whether a trace without step markers was split at live-byte troughs (for
+    position keys) or kept as one window (for site keys); ``with_troughs`` switches.
     """
 
     path: str
@@ -39,6 +42,15 @@ class ScaleInput:
     size_bytes: np.ndarray
     alloc_step: np.ndarray
     key_source: KeySource
+    troughs: bool = True
+
+    def with_troughs(self, troughs: bool) -> "ScaleInput":
+        """This input with its steps found with or without live-byte troughs (itself if unchanged)."""
+        if troughs == self.troughs:
+            return self
+        steps = find_steps(self.trace, troughs=troughs)
+        return dataclasses.replace(self, steps=steps, troughs=troughs,
+                                   alloc_step=_step_of_event(steps, len(self.trace.events))[self.alloc_event])
 
     def step_allocs(self, step_index: int) -> np.ndarray:
         """Allocation ordinals (k) of one step, in order (steps are contiguous: a binary search)."""
@@ -88,20 +100,27 @@ def single_device(trace: Trace, device: int | None, path: str) -> Trace:
 
 
 def load_input(path: str, value: Fraction, *, device: int | None = None, lenient: bool = False) -> ScaleInput:
-    """Read ``path`` and prepare it; Kineto files also get their allocations' enclosing ops."""
+    """Read ``path`` (one device of it) and prepare it."""
     trace = single_device(read_trace(path, lenient=lenient), device, path)
-    ops = op_paths(path, trace) if trace.meta.format == "kineto" else None
-    return prepare_input(trace, value, path=path, ops=ops)
+    return prepare_input(trace, value, path=path)
 
 
-def prepare_input(trace: Trace, value: Fraction, *, path: str = "", ops: OpPaths | None = None) -> ScaleInput:
-    """Split ``trace`` into steps and list its allocations (see ``ScaleInput``)."""
-    steps = find_steps(trace)
-    kind = trace.column("kind")
-    alloc_event = np.flatnonzero(kind == EventKind.ALLOC)
-    step_of_event = np.zeros(len(kind), dtype=np.int64)
+def _step_of_event(steps: Steps, n_events: int) -> np.ndarray:
+    step_of_event = np.zeros(n_events, dtype=np.int64)
     for index, step in enumerate(steps.steps):
         step_of_event[step.first:step.end] = index
+    return step_of_event
+
+
+def prepare_input(trace: Trace, value: Fraction, *, path: str = "") -> ScaleInput:
+    """Split ``trace`` into steps and list its allocations (see ``ScaleInput``)."""
+    origin, sites = allocation_sites(trace)
+    # Sites pair allocations without step boundaries; a trough guess could cut a window mid-step.
+    troughs = sites is None
+    steps = find_steps(trace, troughs=troughs)
+    kind = trace.column("kind")
+    alloc_event = np.flatnonzero(kind == EventKind.ALLOC)
+    step_of_event = _step_of_event(steps, len(kind))
     return ScaleInput(
         path=path or trace.meta.source,
         value=Fraction(value),
@@ -111,5 +130,6 @@ def prepare_input(trace: Trace, value: Fraction, *, path: str = "", ops: OpPaths
         alloc_id=trace.column("alloc_id")[alloc_event],
         size_bytes=trace.column("size_bytes")[alloc_event],
         alloc_step=step_of_event[alloc_event],
-        key_source=KeySource(ops=ops, trace=trace),
+        key_source=KeySource(origin=origin, sites=sites),
+        troughs=troughs,
     )

@@ -2,7 +2,9 @@
 
 The report names the reference input, the alignment key used, the share of allocations and bytes
 that aligned, the size laws fitted (and the terms two-point fits assumed), the rules applied to
-what did not align, to times and to the start-of-window state, and the limits of the prediction.
+what did not align, to times and to the start-of-window state; then what to check in this
+prediction (``checks``: how far it extrapolates, irregular laws, assumed terms, what did not align)
+and the limits of every prediction (``LIMITS``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from ..units import format_bytes
 
-#: What the prediction cannot know, printed with every report.
+#: What the prediction cannot know, printed with every report (text and JSON).
 LIMITS = (
     "sizes are extrapolated per allocation from the inputs; an allocation whose size follows no law of "
     "degree <= 2 (an algorithm that changes with size) is only as good as the 'irregular' fit",
@@ -20,8 +22,14 @@ LIMITS = (
     "appears past some size) cannot be predicted: the output has the reference input's allocations only",
     "the order of allocations and frees is the reference input's; a program whose schedule changes with "
     "scale (e.g. a different number of micro-batches) is not modelled",
+    "two inputs cannot tell a + b*v from a + c*v^2: with two, a term is assumed zero (counted above); three "
+    "or more determine every law of degree <= 2",
     "memory alive before the recording window (e.g. weights in CPU Kineto captures) is not in the trace "
     "and so not in the prediction",
+    "inputs must come from one program: a code site is the whole stack, the driver's frames too, so runs "
+    "recorded from different lines of a script share no site",
+    "the prediction has been checked against captures at 2x the largest input (CPU, exact); further out, or "
+    "on a GPU where kernels choose algorithms by size, it is unchecked",
 )
 
 
@@ -66,6 +74,10 @@ class ScaleReport:
     output_events: int
     output_peak_live_bytes: int
     notes: list[str] = dataclasses.field(default_factory=list)
+    #: The target over the largest input value (> 1: extrapolated).
+    extrapolation: float = 1.0
+    #: What to check in this prediction: where it goes beyond what the inputs show.
+    checks: list[str] = dataclasses.field(default_factory=list)
     limits: tuple[str, ...] = LIMITS
 
     @property
@@ -123,5 +135,7 @@ class ScaleReport:
             f"output: {self.output_events} events, peak live {format_bytes(self.output_peak_live_bytes)}",
         ]
         lines += [f"note: {note}" for note in self.notes]
+        if self.checks:
+            lines += ["", "check:"] + [f"  - {text}" for text in self.checks]
         lines += ["", "limits:"] + [f"  - {text}" for text in self.limits]
         return "\n".join(lines)

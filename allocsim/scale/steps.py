@@ -2,11 +2,19 @@
 
 Use ``find_steps(trace)``. Step boundaries come from the trace's step markers when it has any (e.g.
 Kineto ``ProfilerStep#N``, see ``STEP_LABEL_RE``: a step runs from its marker to the next one, the
-last to the end of the trace). Without markers they come from the repeating structure of the trace: a training step ends
-when the memory it allocated has been freed, so a boundary is placed where live bytes leave a
-trough (within 1% of the live range above the window's minimum). The events before the first
-boundary are the *prologue*: in a window cut from a longer run (a ring buffer) this is the tail
-of a step whose start was not recorded, so it is aligned from its end.
+last to the end of the trace). The events before the first boundary are the *prologue*: in a
+window cut from a longer run (a ring buffer) this is the tail of a step whose start was not
+recorded, so it is aligned from its end (``Step.from_end``).
+
+Without markers, ``troughs=True`` takes boundaries from the repeating structure of the trace: a
+training step ends when the memory it allocated has been freed, so a boundary is placed where live
+bytes leave a trough (within 1% of the live range above the window's minimum). That is a guess a
+window can fool: one that starts mid-step has no real trough, and its minimum is some dip inside
+the step (measured on a real snapshot: a window cut inside the optimizer step splits into 150
+"steps", one per parameter update). So callers that can name allocations by site ask for
+``troughs=False``: a trace without markers is then one *whole window*, aligned from its end -- the
+moment the recording was dumped, the same point of the program at every scale, whereas a ring
+buffer's start falls anywhere.
 """
 
 from __future__ import annotations
@@ -27,12 +35,15 @@ STEP_LABEL_RE = re.compile(r"(?i)(step|iteration|iter)\s*[#_ ]?\s*\d+")
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """Events ``[first, end)`` of ``Trace.events``; ``prologue`` steps are aligned from their end."""
+    """Events ``[first, end)`` of ``Trace.events``; prologues and whole windows are aligned from their end."""
 
     first: int
     end: int
     label: str
+    #: The events before the first boundary (the tail of a step cut by the start of the window).
     prologue: bool = False
+    #: Ordinals count from the end: a prologue, or a whole window without boundaries.
+    from_end: bool = False
 
     def __len__(self) -> int:
         return self.end - self.first
@@ -40,7 +51,7 @@ class Step:
 
 @dataclasses.dataclass(frozen=True)
 class Steps:
-    """The steps of one trace and how their boundaries were found (``markers`` or ``troughs``)."""
+    """The steps of one trace and how their boundaries were found: ``markers``, ``troughs`` or ``none``."""
 
     steps: list[Step]
     source: str
@@ -51,8 +62,8 @@ class Steps:
         return [s for s in self.steps if not s.prologue]
 
 
-def find_steps(trace: Trace) -> Steps:
-    """Split ``trace`` into steps (see module doc); a trace with no structure is one step."""
+def find_steps(trace: Trace, troughs: bool = True) -> Steps:
+    """Split ``trace`` into steps (see module doc); a trace without boundaries is one whole window."""
     kind = trace.column("kind")
     n = len(kind)
     markers = np.flatnonzero(kind == EventKind.MARKER)
@@ -63,7 +74,7 @@ def find_steps(trace: Trace) -> Steps:
     labels = [names[k] for k in keep]
     source = "markers"
     if len(boundaries) == 0:
-        boundaries = trough_boundaries(trace)
+        boundaries = trough_boundaries(trace) if troughs else np.zeros(0, dtype=np.int64)
         labels = [f"step {k + 1} (trough)" for k in range(len(boundaries))]
         source = "troughs" if len(boundaries) else "none"
     return Steps(_split(n, [int(b) for b in boundaries], labels), source)
@@ -72,9 +83,9 @@ def find_steps(trace: Trace) -> Steps:
 def _split(n: int, boundaries: list[int], labels: list[str]) -> list[Step]:
     steps: list[Step] = []
     if not boundaries:
-        return [Step(0, n, "whole window")] if n else []
+        return [Step(0, n, "whole window", from_end=True)] if n else []
     if boundaries[0] > 0:
-        steps.append(Step(0, boundaries[0], "prologue", prologue=True))
+        steps.append(Step(0, boundaries[0], "prologue", prologue=True, from_end=True))
     for k, start in enumerate(boundaries):
         end = boundaries[k + 1] if k + 1 < len(boundaries) else n
         if end > start:
