@@ -212,6 +212,23 @@ def test_sites_add_up_exactly_on_every_shared_snapshot(name, device, shared_dir,
 
 
 @pytest.mark.shared
+@pytest.mark.parametrize("name, extra", [("MercuryB1__cuda_memory_snapshot.pickle", []),
+                                         ("Maphsge4__snapshot.pickle", ["--capacity", "20GiB"]),
+                                         ("Maphsge4__snapshot.pickle", ["--capacity", "20GiB", "--continue-on-oom"])])
+def test_sites_of_timed_runs_and_runs_that_go_on_after_an_oom(name, extra, shared_dir, capsys):
+    """Timed replays (one stream: SimPy order; ten streams: memory in trace order) and skipped failures add up too."""
+    _, out = run_cli(capsys, "run", SNAPSHOTS / name, "--policy", "pytorch", "--json", *extra)
+    data = json.loads(out)
+    sites = data["sites"]
+    assert sum(r["bytes"] for r in sites["at_peak"]) == data["peak_requested_bytes"]
+    assert sum(r["bytes"] for r in sites["waste"]) == sites["moments"]["waste"]["bytes"]
+    if data["oom"] is not None:
+        assert sum(r["bytes"] for r in sites["at_oom"]) == data["verdict"]["first_oom"]["live_bytes"]
+    if "--continue-on-oom" in extra:
+        assert data["oom_count"] > 1
+
+
+@pytest.mark.shared
 def test_at_oom_names_the_failed_request_of_a_real_oom(shared_dir, capsys):
     path = SNAPSHOTS / "Constructor-Sun__memory_snapshot.pickle"
     trace = read_trace(path)
@@ -309,3 +326,24 @@ def test_allocation_sites_of_a_trace_without_frames(tmp_path):
     assert "no stack frames" in sites["note"]
     assert sites["by_bytes"][-1] == {"site": "unattributed", "bytes": 5 * MiB, "count": 1, "frames": []}
     assert np.array_equal(SiteIndex(b.finish()).site_of(np.array([-1, 3])), [-1, -1])
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("policy, params", [("pytorch", {}), ("pytorch", {"expandable_segments": True}),
+                                            ("bestfit", {}), ("cupy", {}), ("paddle", {}), ("direct", {})])
+def test_every_waste_byte_is_placed_by_the_walk(policy, params, shared_dir):
+    """No cause is left to a residual: the walk places each byte the attribution counts (known policies)."""
+    from allocsim.metrics.site_waste import waste_by_site, waste_total_check
+    from allocsim.policies.registry import build_policy
+    from allocsim.runner import device_for, resolve_capacity, simulate_trace
+
+    for name in ("kkaitlyn111__memory_ctx128_fullstep.pickle", "Maphsge4__snapshot.pickle"):
+        trace = read_trace(SNAPSHOTS / name)
+        capacity = resolve_capacity(trace, None)
+        result = simulate_trace(trace, policy, params, capacity=capacity, fast=True)
+        target = result.summary["at_peak_reserved"]["event_index"]
+        charges = waste_by_site(trace, lambda: build_policy(policy, device=device_for(capacity.bytes),
+                                                            params=dict(params),
+                                                            allocator_settings=trace.meta.allocator_settings), target)
+        assert charges.unexplained == {} and waste_total_check(charges) == charges.waste_bytes > 0
+        assert charges.reserved_bytes == result.summary["peak_reserved_bytes"]

@@ -25,6 +25,7 @@ segment's allocator. Nothing in the engine or the policies changes.
 from __future__ import annotations
 
 import dataclasses
+from array import array
 from bisect import bisect_right
 from typing import Any, Callable
 
@@ -36,13 +37,14 @@ from ..policies.freelist import ADDR_BITS, ADDR_MASK
 from ..policies.pool import PoolPolicy
 from ..trace.schema import EventKind, Trace
 from .attribution import _expandable_pools, _releasable_pages, attribute, reference_stream, stack_layers
-from .ranges import RangeOwners
+from .ranges import LastOwners, RangeOwners
 from .sites import SiteAccountingError
 
 #: The causes of waste, as ``attribution.CATEGORIES`` names them (live requested bytes are not waste).
 WASTE_CAUSES = ("rounding", "pending_free", "gc_queue", "stranded", "free_slivers", "cached_segments",
                 "device_rounding")
 NO_STACK = -1
+_ALLOC, _FREE_COMPLETED = int(EventKind.ALLOC), int(EventKind.FREE_COMPLETED)
 
 
 @dataclasses.dataclass
@@ -61,7 +63,7 @@ class WasteCharges:
 
 
 class _Tracker:
-    """Engine observer: remembers occupants and segment allocators until ``target`` event, then charges."""
+    """Engine observer: logs blocks freed and segments grown until the ``target`` event, then charges."""
 
     def __init__(self, trace: Trace, target: int):
         self.target = target
@@ -70,50 +72,49 @@ class _Tracker:
         self.stacks = trace.column("stack_id").tolist()
         init = trace.initial_allocs
         self.initial_stack = dict(zip(init["alloc_id"].tolist(), init["stack_id"].tolist()))
-        self.stack_of: dict[int, int] = {}                # allocation the placing policy holds -> its stack
-        self.span_of: dict[int, tuple[int, int]] = {}     # ... -> its block [start, end)
-        self.occupant = RangeOwners()                     # bytes -> stack of the allocation that last held them
-        self.owner = RangeOwners()                        # bytes -> stack whose request made the allocator take them
+        #: allocation the placing policy holds -> (block start, block end, stack)
+        self.held: dict[int, tuple[int, int, int]] = {}
+        #: (start, end, stack) of every block freed, in order: the last one over a byte occupied it last
+        self.freed = array("q")
+        self.owner = RangeOwners()      # bytes -> stack whose request made the allocator take them
         self.grown = 0
+        self.bottom: Policy | None = None
         self.result: WasteCharges | None = None
 
     def __call__(self, event_index: int, policy: Policy) -> None:
-        bottom = stack_layers(policy)[-1]
+        bottom = self.bottom
+        if bottom is None:
+            bottom = self.bottom = stack_layers(policy)[-1]
         if event_index < 0:
             for aid, (addr, _req, alloc, _stream) in bottom.live.items():
-                self._hold(aid, addr, alloc, int(self.initial_stack.get(aid, NO_STACK)))
+                self.held[aid] = (addr, addr + alloc, int(self.initial_stack.get(aid, NO_STACK)))
             self.grown = _device_growth(bottom)
         else:
             kind = self.kinds[event_index]
-            aid = self.ids[event_index]
-            if kind == EventKind.ALLOC:
+            if kind == _ALLOC:
+                aid = self.ids[event_index]
                 block = bottom.live.get(aid)
                 if block is not None:
-                    stack = int(self.stacks[event_index])
-                    self._hold(aid, block[0], block[2], stack)
+                    stack = self.stacks[event_index]
+                    self.held[aid] = (block[0], block[0] + block[2], stack)
                     grown = _device_growth(bottom)
                     if grown != self.grown:
                         self.grown = grown
                         self._owns_new_memory(bottom, block[0], block[2], stack)
-            elif kind == EventKind.FREE_COMPLETED and aid not in bottom.live:
-                self._release(aid)
-            if len(self.stack_of) > 2 * len(bottom.live) + 1024:
-                # An adaptor (deferred GC) freed queued blocks below us: forget them, as frees.
-                for gone in [a for a in self.stack_of if a not in bottom.live]:
-                    self._release(gone)
+            elif kind == _FREE_COMPLETED:
+                aid = self.ids[event_index]
+                if aid not in bottom.live:
+                    span = self.held.pop(aid, None)
+                    if span is not None and span[1] > span[0]:
+                        self.freed.extend(span)
+                if len(self.held) > 2 * len(bottom.live) + 1024:
+                    # An adaptor (deferred GC) freed queued blocks below it: log them as freed.
+                    for gone in [a for a in self.held if a not in bottom.live]:
+                        self.freed.extend(self.held.pop(gone))
         if event_index == self.target:
-            self.result = charge(policy, self.stack_of, self.occupant, self.owner, event_index)
-
-    def _hold(self, aid: int, addr: int, alloc: int, stack: int) -> None:
-        self.stack_of[aid] = stack
-        if alloc > 0:
-            self.span_of[aid] = (addr, addr + alloc)
-
-    def _release(self, aid: int) -> None:
-        stack = self.stack_of.pop(aid, NO_STACK)
-        span = self.span_of.pop(aid, None)
-        if span is not None:
-            self.occupant.assign(span[0], span[1], stack)
+            stack_of = {aid: span[2] for aid, span in self.held.items()}
+            occupant = LastOwners(np.frombuffer(self.freed, dtype=np.int64).reshape(-1, 3))
+            self.result = charge(policy, stack_of, occupant, self.owner, event_index)
 
     def _owns_new_memory(self, bottom: Policy, addr: int, size: int, stack: int) -> None:
         """The request at ``addr`` made the allocator grow: its segment (or the pages its block covers) is its own."""
@@ -121,11 +122,12 @@ class _Tracker:
             return
         expandable = _expandable_pools(bottom)
         for fl in bottom.pools:
-            seg = _segment_at(fl.segment_size_at, addr)
+            exp = expandable.get(id(fl))
+            seg_size = fl.segment_size_at.get(addr) if exp is None else None
+            seg = (addr, seg_size) if seg_size is not None else _segment_at(fl.segment_size_at, addr)
             if seg is None:
                 continue
             base, seg_size = seg
-            exp = expandable.get(id(fl))
             if exp is None:
                 self.owner.assign(base, base + seg_size, stack)
             else:
@@ -154,7 +156,7 @@ def _segment_at(segment_size_at: dict[int, int], addr: int) -> tuple[int, int] |
 
 
 # ----------------------------------------------------------------------------- charging
-def charge(policy: Policy, stack_of: dict[int, int], occupant: RangeOwners, owner: RangeOwners,
+def charge(policy: Policy, stack_of: dict[int, int], occupant: "LastOwners | RangeOwners", owner: RangeOwners,
            event_index: int) -> WasteCharges:
     """Charge ``policy``'s waste now to stacks (see the module doc); checked against ``attribute``."""
     layers = stack_layers(policy)
@@ -189,7 +191,14 @@ def charge(policy: Policy, stack_of: dict[int, int], occupant: RangeOwners, owne
         if aid not in top.live:
             add(stack_of.get(aid, NO_STACK), "gc_queue", alloc)
     if isinstance(bottom, PoolPolicy):
-        _charge_free_blocks(bottom, reference_stream(policy), occupant, owner, by_map)
+        requests = _free_block_requests(bottom, reference_stream(policy))
+        if isinstance(occupant, LastOwners):
+            occupant.resolve([(start, end) for which, _c, start, end in requests if which == "occupant"])
+        for which, cause, start, end in requests:
+            if which == "owner":
+                by_map(owner, cause, start, end)
+            else:
+                by_map(occupant, cause, start, end, owner)
         expandable = _expandable_pools(bottom)
         footprint = bottom.device.footprint
         for fl in bottom.pools:
@@ -215,9 +224,10 @@ def charge(policy: Policy, stack_of: dict[int, int], occupant: RangeOwners, owne
     return WasteCharges(event_index, policy.reserved_bytes, parts["live_requested"], charges, unexplained)
 
 
-def _charge_free_blocks(bottom: PoolPolicy, stream: int, occupant: RangeOwners, owner: RangeOwners,
-                        by_map: Callable[..., None]) -> None:
-    """Free blocks: stranded and cached bytes to the segment's allocator, slivers to their last occupant."""
+def _free_block_requests(bottom: PoolPolicy, stream: int) -> list[tuple[str, str, int, int]]:
+    """Free blocks as ``(map, cause, start, end)``: stranded and cached bytes go by the segment's allocator
+    (``owner``), slivers by their last occupant (``occupant``, else the segment's allocator)."""
+    out: list[tuple[str, str, int, int]] = []
     bound = bool(getattr(bottom, "stream_bound", False))
     expandable = _expandable_pools(bottom)
     for fl in bottom.pools:
@@ -228,22 +238,23 @@ def _charge_free_blocks(bottom: PoolPolicy, stream: int, occupant: RangeOwners, 
                 size = key >> ADDR_BITS
                 addr = key & ADDR_MASK
                 if bound and skey != stream:
-                    by_map(owner, "stranded", addr, addr + size)
+                    out.append(("owner", "stranded", addr, addr + size))
                 elif exp is not None:
                     base = starts[bisect_right(starts, addr) - 1]
                     page = exp.page_bytes
                     begin = base + -(-(addr - base) // page) * page
                     pages = _releasable_pages(addr, size, base, page)
                     if pages:
-                        by_map(occupant, "free_slivers", addr, begin, owner)
-                        by_map(owner, "cached_segments", begin, begin + pages)
-                        by_map(occupant, "free_slivers", begin + pages, addr + size, owner)
+                        out += [("occupant", "free_slivers", addr, begin),
+                                ("owner", "cached_segments", begin, begin + pages),
+                                ("occupant", "free_slivers", begin + pages, addr + size)]
                     else:
-                        by_map(occupant, "free_slivers", addr, addr + size, owner)
+                        out.append(("occupant", "free_slivers", addr, addr + size))
                 elif fl.segment_size_at.get(addr) == size:
-                    by_map(owner, "cached_segments", addr, addr + size)
+                    out.append(("owner", "cached_segments", addr, addr + size))
                 else:
-                    by_map(occupant, "free_slivers", addr, addr + size, owner)
+                    out.append(("occupant", "free_slivers", addr, addr + size))
+    return [r for r in out if r[3] > r[2]]
 
 
 # ----------------------------------------------------------------------------- the replay
