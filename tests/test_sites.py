@@ -347,3 +347,16 @@ def test_every_waste_byte_is_placed_by_the_walk(policy, params, shared_dir):
                                                             allocator_settings=trace.meta.allocator_settings), target)
         assert charges.unexplained == {} and waste_total_check(charges) == charges.waste_bytes > 0
         assert charges.reserved_bytes == result.summary["peak_reserved_bytes"]
+
+
+@pytest.mark.shared
+def test_readme_sites_example_is_what_run_prints(shared_dir, capsys):
+    """The README's code-site output on the OOM story's snapshot, line for line (its '...' lines elided)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("On the OOM story's snapshot at 20 GiB", 1)[1].split("```", 2)[1]
+    expected = [line for line in block.splitlines()[1:] if line.strip() and line.strip() != "..."]
+    code, out = run_cli(capsys, "run", SNAPSHOTS / "Maphsge4__snapshot.pickle", "--policy", "pytorch",
+                        "--capacity", "20GiB")
+    lines = out.splitlines()
+    positions = [lines.index(line) for line in expected]        # each line printed, in this order
+    assert code == 3 and positions == sorted(positions) and len(expected) >= 10
