@@ -50,7 +50,7 @@ def add_site_args(parser: argparse.ArgumentParser, what: str = "list") -> None:
 
     parser.add_argument("--sites", type=int, default=10, metavar="N",
                         help=f"code sites to {what} before 'other sites' (default 10; 0: no code sites). "
-                             + RULE.format(skip=", ".join(DEFAULT_SKIP)))
+                             + RULE[0].upper() + RULE[1:].format(skip=", ".join(DEFAULT_SKIP)))
     parser.add_argument("--site-filter", action="append", metavar="PATHS",
                         help="more paths whose frames are not your program's (comma-separated, repeatable; a path "
                              "matches from a directory boundary, e.g. transformers/ or /home/me/lib/); 'none' drops "
