@@ -18,8 +18,9 @@ bytes are ``unattributed``. Anything the walk could not place (a policy this mod
 is unattributed too and counted in ``unexplained``; the charges always add up to the waste.
 
 How: the run's own policy, built fresh, replays the trace up to the peak with an engine observer
-(``engine.run_fast(..., observer=)``) that remembers, per address range, the last occupant and the
-segment's allocator. Nothing in the engine or the policies changes.
+(``engine.run_fast(..., observer=)``) that logs every block freed (the last freed over a byte is its
+last occupant, looked up at the peak only where a sliver lies: ``ranges.LastOwners``) and the
+segment (or pages) each request made the allocator take. Nothing in the engine or the policies changes.
 """
 
 from __future__ import annotations
