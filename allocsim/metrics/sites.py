@@ -9,9 +9,9 @@ frames (site first, then its callers) of the stack that holds the most bytes of 
 
 - ``live_at_peak(trace)``: the allocations alive at the trace's peak of live bytes (what the lower
   bound counts), for ``advise`` when nothing can fit;
-- ``live_at_row(trace, result, row)``: the allocations a run held at one row of its time series
-  (their requested bytes equal that row's ``requested_bytes``); ``run_sites`` uses it at the peak
-  of requested memory and at the first OOM;
+- ``live_at_row(trace, timeseries, ooms, row)``: the allocations a run held at one row of its time
+  series (their requested bytes equal that row's ``requested_bytes``, checked); ``site_report.run_sites``
+  uses it at the peak of requested memory and at the first OOM;
 - ``allocation_sites(trace)``: every allocation of the trace by site, by count and by bytes (``info``);
 - the waste by site under a policy is ``site_waste``'s.
 """
