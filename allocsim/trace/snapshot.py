@@ -28,7 +28,7 @@ listed in ``meta.repairs``). A final state that does not fit the window is repor
 Well-formed files take a columnar path (``snapshot_fast`` reads the entries as columns,
 ``columnar.build_columns`` builds the events); anything to report or repair goes through the
 entry-by-entry reference path below. Both keep every entry's and block's stack frames
-(``Trace.frames`` / ``Trace.stacks``, one ``stack_id`` per event, initial allocation and block).
+(``Trace.frames`` / ``Trace.stacks``, one ``stack_id`` per event, initial allocation, block and decision).
 Work on the assembled trace (inference of the real run) belongs in ``finish_snapshot_trace``.
 """
 
