@@ -148,7 +148,10 @@ def test_below_peak_live_exits_1_and_shows_what_is_live(tmp_path, fragmented, ca
     data = json.loads(out)
     assert code == 1 and data["fits_any"] is False and data["recommendations"] == []
     assert data["live_at_peak"]["live_bytes"] == data["lower_bound_bytes"] == 60 * MiB
-    assert data["sites"]["rows"] == [] and "frames" in data["sites"]["note"]
+    # A trace without frames: every live byte is unattributed, and the note says why.
+    rows = {r["site"]: r for r in data["sites"]["rows"]}
+    assert list(rows) == ["other sites", "unattributed"] and "frames" in data["sites"]["note"]
+    assert rows["unattributed"]["bytes"] == 60 * MiB and rows["other sites"]["bytes"] == 0
 
 
 @pytest.mark.shared
@@ -161,6 +164,13 @@ def test_recorded_oom_capacity_is_inferred_and_below_peak_live(capsys):
     # The job asked for 5.3 GB more than the device held: no setting could have fitted it.
     assert code == 1 and data["capacity_source"] == "inferred"
     assert data["lower_bound_bytes"] > data["capacity_bytes"]
+    # ... and advise names the code that holds the memory at the peak, to the byte.
+    rows = data["sites"]["rows"]
+    assert sum(r["bytes"] for r in rows) == data["lower_bound_bytes"] == data["live_at_peak"]["live_bytes"]
+    assert rows[0]["site"].endswith("src/train/models.py:174 in update_nodes") and rows[0]["count"] == 12
+    assert rows[-1] == {"site": "unattributed", "bytes": 0, "count": 0, "frames": []}
+    code, out, _ = run_cli(capsys, "advise", path, "--device", "1")
+    assert code == 1 and ".../src/train/models.py:174 in update_nodes" in out
 
 
 def test_nothing_fits_shows_the_closest_and_how_much_it_misses(tmp_path, capsys):

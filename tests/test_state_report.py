@@ -62,7 +62,10 @@ def test_sums_causes_and_pools_on_a_synthetic_state(tmp_path):
     assert state["per_pool"]["small"]["reserved_bytes"] == 2 * MiB
     assert state["per_stream"]["7"]["allocated_bytes"] == 512
     assert sum(p["free_bytes"] for p in state["per_pool"].values()) == state["free_bytes"]
-    assert state["request"] is None and state["sites"]["rows"] == [] and state["sites"]["note"]
+    assert state["request"] is None and state["sites"]["note"]     # no frames recorded: all unattributed
+    rows = {r["site"]: r for r in state["sites"]["rows"]}
+    assert rows["unattributed"]["bytes"] == state["requested_bytes"] == state["sites"]["live_bytes"]
+    assert rows["unattributed"]["count"] == 3 and rows["other sites"]["bytes"] == 0
 
 
 def test_expandable_free_blocks_split_into_whole_pages_and_slivers(tmp_path):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..metrics.site_report import format_rows
+from ..metrics.site_rule import SiteFilter
 from ..metrics.verdict import format_duration_ns
 from ..units import format_bytes
 from .advice import MIN_CAPACITY_RULE, Advice, Recommendation
@@ -91,7 +93,7 @@ def advice_to_dict(advice: Advice) -> dict[str, Any]:
         out["live_at_peak"] = {"event_index": advice.peak.event_index, "live_bytes": advice.peak.live_bytes,
                                "allocations": int(len(advice.peak.alloc_ids)),
                                "largest": advice.peak.largest()}
-        out["sites"] = advice.sites.to_dict()
+        out["sites"] = {**advice.sites.to_dict(), "rule": SiteFilter().rule()}
     if advice.runs is not None:
         out["runs"] = {"distinct": len(advice.runs.rows), "computed": advice.runs.computed,
                        "reused": advice.runs.reused, "executor": advice.runs.executor.name,
@@ -176,10 +178,10 @@ def format_advice(advice: Advice) -> str:
             lines.append(f"    {format_bytes(item['size_bytes']):>12}  allocation {item['alloc_id']}, {born}, "
                          f"stream {item['stream']}")
         sites = advice.sites
-        if sites.rows:
-            lines += [f"    {format_bytes(r['bytes']):>12} {r['count']:>6,}  {r['site']}" for r in sites.rows]
-        else:
-            lines.append(f"  by code site: {sites.note}")
+        lines.append(f"by code site: the innermost frame of the program (skipped: {', '.join(SiteFilter().skip)})")
+        if sites.note:
+            lines.append(f"  note: {sites.note}")
+        lines += format_rows(sites.rows)
         lines.append(f"NO SETTING FITS in {format_bytes(advice.capacity_bytes)}: nothing was searched")
         return "\n".join(lines)
     base = advice.grid.baseline

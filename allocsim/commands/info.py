@@ -1,4 +1,8 @@
-"""``allocsim info TRACE``: counts, streams, devices, time span and live-byte peaks of a trace.
+"""``allocsim info TRACE``: counts, streams, devices, time span, live-byte peaks and allocation sites of a trace.
+
+The top allocation sites (``--sites N``, ``--site-filter PATHS``; JSON ``sites``) count every
+allocation of the trace, start state included, by the innermost frame of the program that made it:
+by bytes allocated and by number of allocations (``allocsim.metrics.sites.allocation_sites``).
 
 A snapshot with a recorded state and no history (dumped without ``_record_memory_history``) also
 gets the state report of ``allocsim.metrics.state`` (JSON: ``state``): reserved, allocated and free
@@ -9,7 +13,9 @@ or exhaustion.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
+from ..metrics.sites import allocation_sites
 from ..metrics.state import format_state_report, is_state_only, state_report
 from ..trace.stats import summarize
 from ..units import format_bytes, parse_bytes
@@ -24,6 +30,7 @@ def register(subparsers) -> None:
     add_trace_args(parser)
     parser.add_argument("--device", type=int, help="only this device (default: all, and one section per device)")
     add_state_args(parser)
+    add_site_args(parser)
     parser.add_argument("--capacity", metavar="SIZE",
                         help="snapshot without history: the device's memory, to judge --request against it")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -37,12 +44,37 @@ def add_state_args(parser: argparse.ArgumentParser) -> None:
                              "error), to tell fragmentation from exhaustion (default: the snapshot's oom entry)")
 
 
+def add_site_args(parser: argparse.ArgumentParser, what: str = "list") -> None:
+    """Add ``--sites N`` and ``--site-filter PATHS`` (code sites: the innermost frame of the program)."""
+    from ..metrics.site_rule import DEFAULT_SKIP, RULE
+
+    parser.add_argument("--sites", type=int, default=10, metavar="N",
+                        help=f"code sites to {what} before 'other sites' (default 10; 0: no code sites). "
+                             + RULE[0].upper() + RULE[1:].format(skip=", ".join(DEFAULT_SKIP)))
+    parser.add_argument("--site-filter", action="append", metavar="PATHS",
+                        help="more paths whose frames are not your program's (comma-separated, repeatable; a path "
+                             "matches from a directory boundary, e.g. transformers/ or /home/me/lib/); 'none' drops "
+                             f"the defaults ({', '.join(DEFAULT_SKIP)}; <stdlib> is Python's standard library)")
+
+
+def site_options(args: argparse.Namespace) -> tuple[Any, int]:
+    """(``SiteFilter``, how many sites) from ``--site-filter`` / ``--sites``; ``ValueError`` on bad values."""
+    from ..metrics.site_rule import SiteFilter
+
+    if args.sites < 0:
+        raise ValueError(f"--sites must be >= 0, got {args.sites}")
+    return SiteFilter.parse(args.site_filter), args.sites
+
+
 def state_options(args: argparse.Namespace) -> dict:
-    """``request_bytes`` and ``capacity_bytes`` for ``state_report`` from the command line."""
+    """``request_bytes``, ``capacity_bytes`` (and the site options) for ``state_report`` from the command line."""
     request = getattr(args, "request", None)
     capacity = getattr(args, "capacity", None)
-    return {"request_bytes": parse_bytes(request) if request is not None else None,
-            "capacity_bytes": parse_bytes(capacity) if capacity is not None else None}
+    out = {"request_bytes": parse_bytes(request) if request is not None else None,
+           "capacity_bytes": parse_bytes(capacity) if capacity is not None else None}
+    if hasattr(args, "sites"):
+        out["site_filter"], out["top_sites"] = site_options(args)
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -56,14 +88,35 @@ def main(args: argparse.Namespace) -> int:
     state = state_report(selected, **options) if is_state_only(selected) else None
     if state is not None:
         summary["state"] = state
+    elif args.sites > 0:
+        summary["sites"] = allocation_sites(selected, top=args.sites, site_filter=options["site_filter"])
     if args.json:
         print_json(summary)
     else:
-        print(format_summary({k: v for k, v in summary.items() if k != "state"}))
+        print(format_summary({k: v for k, v in summary.items() if k not in ("state", "sites")}))
         if state is not None:
             print()
             print(format_state_report(state))
+        if "sites" in summary:
+            print()
+            print(format_allocation_sites(summary["sites"]))
     return 0
+
+
+def format_allocation_sites(sites: dict[str, Any]) -> str:
+    """The top allocation sites by bytes and by count, as text."""
+    from ..metrics.site_report import format_rows
+
+    skipped = ", ".join(sites["skipped_paths"]) or "nothing"
+    lines = [f"Allocation sites: {sites['allocations']:,} allocations by the innermost frame of the program "
+             f"(skipped: {skipped}; change with --site-filter)"]
+    if sites.get("note"):
+        lines.append(f"  note: {sites['note']}")
+    lines.append("  by bytes allocated")
+    lines += format_rows(sites["by_bytes"])
+    lines.append("  by number of allocations")
+    lines += format_rows(sites["by_count"])
+    return "\n".join(lines)
 
 
 _BYTE_KEYS = ("peak_live_bytes", "baseline_live_bytes", "peak_live_with_baseline_bytes", "initial_reserved_bytes")

@@ -9,6 +9,9 @@ INPUT is one of:
   ``attribution.parquet`` and ``segments_at_peak.parquet``. One policy writes into DIR; several
   write DIR/<spec>/ each, plus ``comparison`` (peak reserved by cause, ``comparison.parquet``)
   and an overlaid ``latency`` in DIR. ``--set K=V`` goes to every listed policy that has K.
+  The trace's live memory stacked by code site (``sites``, ``sites_timeline.parquet``: the top
+  ``--sites N`` sites at the peak of live bytes, the rest grouped; ``--site-filter`` as in ``run``)
+  goes to DIR once, whatever the policies: live bytes are the program's, not the allocator's.
   Titles name the non-default settings. As in ``allocsim run``, memory follows the trace's
   recorded stream order (the timed replay only adds latency), and the capacity defaults to the
   one the recording implies.
@@ -33,6 +36,7 @@ import pandas as pd
 
 from ..errors import AllocsimError
 from ..units import parse_bytes
+from .info import add_site_args, site_options
 
 #: Tables a result directory may hold, and what they feed.
 RESULT_FILES = ("summary.json", "timeseries.parquet", "ooms.parquet", "attribution.parquet",
@@ -69,6 +73,7 @@ def register(subparsers) -> None:
     parser.add_argument("--metric", default="peak_reserved_bytes", metavar="METRIC",
                         help="sweep heatmap metric (default peak_reserved_bytes)")
     parser.add_argument("--lenient", action="store_true", help="repair what can be repaired in a bad trace")
+    add_site_args(parser, "draw")
     parser.add_argument("-o", "--out", metavar="DIR", dest="out_dir",
                         help="output directory (required for a trace or sweep; default for a result "
                              "directory: that directory)")
@@ -177,6 +182,7 @@ def plot_trace(args: argparse.Namespace, out: Path) -> list[Path]:
     specs = [parse_policy_spec(text) for text in (args.policy or ["pytorch"])]
     for spec in specs:
         find_spec(spec.name)
+    site_filter, top = site_options(args)
     params = _params_per_spec(specs, args.settings)
     given = parse_bytes(args.capacity) if args.capacity is not None else None
     trace = select_device(read_trace(args.input, lenient=args.lenient), args.device)
@@ -207,7 +213,21 @@ def plot_trace(args: argparse.Namespace, out: Path) -> list[Path]:
         if not args.fast:
             w.figure("latency", plot_latency, latencies=latencies)
         written += w.written
+    if top > 0:
+        written += write_site_timeline(Writer(out), trace, top, site_filter)
     return written
+
+
+def write_site_timeline(w: Writer, trace: Any, top: int, site_filter: Any) -> list[Path]:
+    """The trace's live bytes stacked by code site: ``sites_timeline.parquet`` and the ``sites`` figure."""
+    from ..metrics.site_timeline import site_timeline
+    from ..plots import plot_site_timeline
+
+    table = site_timeline(trace, top=top, site_filter=site_filter)
+    w.table("sites_timeline.parquet", table)
+    w.figure("sites", plot_site_timeline, size=(12, 5), table=table, time_synthesized=trace.meta.time_synthesized,
+             title=f"Live memory by code site — {trace.meta.source or 'trace'}")
+    return w.written
 
 
 def write_result(out: Path, result: Any, table: pd.DataFrame | None, segments: pd.DataFrame | None,

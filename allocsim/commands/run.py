@@ -14,6 +14,10 @@ A snapshot with a recorded state and no history has nothing to replay: ``run`` t
 recorded state instead (``allocsim.metrics.state``; ``--request SIZE`` judges a failed request) and
 says how to record a history for what-if replays.
 
+Code sites (``--sites N``, ``--site-filter PATHS``): who holds the memory at the peak of requested
+memory and at the first OOM, and who causes the waste at the peak of reserved memory, by the
+innermost frame of the program (``allocsim.metrics.site_report``; JSON ``sites``).
+
 Capacity: ``--capacity SIZE``, else the capacity the recording implies (said in the output), else
 unlimited. The last line is the verdict. Exit status: 0 when it fits (or no capacity), 3 on a
 simulated out-of-memory, 2 on a usage or input error (one line on stderr). With ``--json`` the
@@ -30,7 +34,7 @@ from ..engine import select_device
 from ..errors import AllocsimError
 from ..units import parse_bytes
 from .common import add_cost_model_args, add_trace_args, cost_model_from_args, load_trace, print_json
-from .info import add_state_args, state_options
+from .info import add_site_args, add_state_args, site_options, state_options
 
 #: Exit status of a run that ran out of memory in the simulation.
 EXIT_OOM = 3
@@ -75,6 +79,7 @@ def register(subparsers) -> None:
                         help="record every failed allocation, skip it and go on (default: stop at the first)")
     add_cost_model_args(parser)
     add_state_args(parser)
+    add_site_args(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("-o", "--out", metavar="OUT_DIR", dest="out_dir",
                         help="write summary.json, timeseries.parquet and perf.json there")
@@ -164,17 +169,53 @@ def resolve_policy(policy: str, settings: list[str], alloc_conf: str | None = No
 
 
 def execute(args: argparse.Namespace, trace: Any = None):
-    """Run what ``args`` asks for and return the ``RunResult`` (raises on bad input); ``trace``: already read."""
+    """Run what ``args`` asks for and return the ``RunResult`` (raises on bad input); ``trace``: already read.
+
+    With ``--sites N`` (N > 0) the summary gets the run's code sites (``sites``) and the verdict's
+    first OOM the site of the failed request.
+    """
     from ..runner import check_capacity, resolve_capacity, simulate_trace
 
     given = parse_bytes(args.capacity) if args.capacity is not None else None
     cost_model = cost_model_from_args(args)
     name, params = resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf)
+    site_filter, top = site_options(args) if hasattr(args, "sites") else (None, 0)
     trace = select_device(load_trace(args) if trace is None else trace, args.device)
     capacity = resolve_capacity(trace, given)
     check_capacity(trace, capacity)
-    return simulate_trace(trace, name, params, capacity=capacity, cost_model=cost_model, fast=args.fast,
-                          continue_on_oom=args.continue_on_oom)
+    result = simulate_trace(trace, name, params, capacity=capacity, cost_model=cost_model, fast=args.fast,
+                            continue_on_oom=args.continue_on_oom)
+    if top > 0:
+        add_sites(result, trace, name, params, capacity.bytes, cost_model, site_filter, top, args.continue_on_oom)
+    return result
+
+
+def add_sites(result: Any, trace: Any, policy: str, params: dict[str, Any], capacity_bytes: int | None,
+              cost_model: Any, site_filter: Any, top: int, continue_on_oom: bool) -> None:
+    """Add the run's code sites to its summary (``sites``) and name the failed request in its verdict."""
+    from ..metrics.site_report import name_failed_request, run_sites
+    from ..policies.registry import build_policy
+    from ..runner import device_for
+
+    def build():
+        return build_policy(policy, device=device_for(capacity_bytes, cost_model), params=dict(params or {}),
+                            allocator_settings=trace.meta.allocator_settings)
+
+    sites = run_sites(trace, result, build, site_filter=site_filter, top=top, continue_on_oom=continue_on_oom)
+    result.summary["sites"] = sites
+    name_failed_request(result.summary, sites)
+
+
+def format_run(result: Any) -> str:
+    """The run's report; its code sites (if any) just before the verdict line, which stays last."""
+    from ..metrics.site_report import format_sites
+
+    text = result.format_text()
+    sites = result.summary.get("sites")
+    if not sites:
+        return text
+    head, _, verdict = text.rpartition("\n")
+    return "\n".join([head, *format_sites(sites), verdict])
 
 
 def exit_status(summary: dict[str, Any]) -> int:
@@ -223,6 +264,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf)   # bad input first
         state_options(args)
+        site_options(args)
         trace = load_trace(args)
         state = state_only(args, trace) if is_state_only(trace) else None
         result = execute(args, trace) if state is None else None
@@ -239,5 +281,5 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.to_dict(include_perf=True))
     else:
-        print(result.format_text())
+        print(format_run(result))
     return exit_status(result.summary)

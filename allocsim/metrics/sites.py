@@ -1,12 +1,19 @@
-"""Who holds the memory: ``site_rows(trace, alloc_ids, sizes)`` groups live bytes by code site.
+"""Who holds the memory: ``site_rows(trace, alloc_ids, sizes)`` groups bytes by code site, exactly.
 
-A *site* is the innermost stack frame that belongs to the user's program. Attributing bytes to
-sites needs the stack frames PyTorch snapshots record for every allocation, and the trace model
-does not carry them yet: until it does, ``site_rows`` returns no rows and a one-line note saying
-so. Everything around it is exact already: ``live_at_peak`` finds the allocations alive at the
-trace's peak of live bytes (their sizes add up to the lower bound every run reports), and the
-history-less state report passes the blocks live in the recorded state. Frames plug in here
-alone, without changing a caller.
+A *site* is the innermost stack frame that belongs to the user's program (the rule, its fallbacks
+and ``--site-filter`` are in ``site_rule``). Every table here has the same rows: the ``top`` sites
+by bytes (ties: more allocations, then name), then ``other sites`` (the rest, together) and
+``unattributed`` (allocations without recorded frames), each ``{"site", "bytes", "count",
+"frames"}``; the rows always add up to the bytes given, to the byte. ``frames`` are the program
+frames (site first, then its callers) of the stack that holds the most bytes of the row.
+
+- ``live_at_peak(trace)``: the allocations alive at the trace's peak of live bytes (what the lower
+  bound counts), for ``advise`` when nothing can fit;
+- ``live_at_row(trace, timeseries, ooms, row)``: the allocations a run held at one row of its time
+  series (their requested bytes equal that row's ``requested_bytes``, checked); ``site_report.run_sites``
+  uses it at the peak of requested memory and at the first OOM;
+- ``allocation_sites(trace)``: every allocation of the trace by site, by count and by bytes (``info``);
+- the waste by site under a policy is ``site_waste``'s.
 """
 
 from __future__ import annotations
@@ -17,12 +24,17 @@ from typing import Any
 import numpy as np
 
 from ..trace.schema import EventKind, Trace
+from .site_rule import KINETO_NOTE, NO_FRAMES, SiteFilter, SiteIndex, source_format
 
-#: What the site rows say while the trace model has no stack frames.
-NEEDS_FRAMES = ("code sites need the stack frames the snapshot records for each allocation, which this "
-                "version does not read yet")
-#: ... and for a trace format that records no frames at all.
-NO_FRAMES = "this trace format records no stack frames per allocation, so no code sites"
+OTHER, UNATTRIBUTED = "other sites", "unattributed"
+#: Rows listed before "other sites" unless a caller says otherwise.
+DEFAULT_TOP = 10
+_LOW_BITS = 25
+_LOW_MASK = (1 << _LOW_BITS) - 1
+
+
+class SiteAccountingError(AssertionError):
+    """Site rows did not add up to the bytes they split (a bug here or in the run's bookkeeping)."""
 
 
 @dataclass
@@ -36,17 +48,92 @@ class SiteRows:
         """JSON-ready form."""
         return {"rows": list(self.rows), "note": self.note or None}
 
+    @property
+    def total_bytes(self) -> int:
+        """What the rows add up to."""
+        return sum(r["bytes"] for r in self.rows)
 
-def site_rows(trace: Trace, alloc_ids: np.ndarray, size_bytes: np.ndarray, *, top: int = 10) -> SiteRows:
-    """The ``top`` code sites holding the bytes of ``alloc_ids`` (``size_bytes`` each), largest first.
 
-    Today: no rows and ``NEEDS_FRAMES`` (the trace model has no frames to attribute with), or
-    ``NO_FRAMES`` for a format without frames.
+# ----------------------------------------------------------------------------- exact sums
+def group_sums(groups: np.ndarray, values: np.ndarray, n_groups: int) -> list[int]:
+    """Sum of ``values`` per group (0..n_groups-1) as Python ints: no int64 wrap whatever the file holds."""
+    groups = np.asarray(groups, dtype=np.int64)
+    values = np.asarray(values, dtype=np.int64)
+    high = np.zeros(n_groups, dtype=np.int64)
+    low = np.zeros(n_groups, dtype=np.int64)
+    # Readers cap a size at 2**50, so each high part is below 2**25 and each low part below 2**25:
+    # 2**38 values per group cannot wrap.
+    np.add.at(high, groups, values >> _LOW_BITS)
+    np.add.at(low, groups, values & _LOW_MASK)
+    return [(int(h) << _LOW_BITS) + int(l) for h, l in zip(high.tolist(), low.tolist())]
+
+
+# ----------------------------------------------------------------------------- rows
+def note_for(trace: Trace, index: SiteIndex) -> str:
+    """What the reader should know about the frames behind the rows of ``trace``."""
+    if not index.has_frames:
+        return NO_FRAMES
+    if source_format(trace) == "kineto":
+        return KINETO_NOTE
+    return ""
+
+
+def rows_by_site(index: SiteIndex, stack_ids: np.ndarray, size_bytes: np.ndarray, *, top: int = DEFAULT_TOP,
+                 by: str = "bytes") -> list[dict[str, Any]]:
+    """The ``top`` sites of the allocations (``stack_ids``, ``size_bytes``), then other sites and unattributed.
+
+    ``by="count"`` ranks by number of allocations instead (ties: bytes). Rows add up exactly.
     """
-    del alloc_ids, size_bytes, top   # the frames table is what is missing
-    return SiteRows(rows=[], note=NEEDS_FRAMES if trace.meta.format == "pytorch-snapshot" else NO_FRAMES)
+    stacks = np.asarray(stack_ids, dtype=np.int64)
+    sizes = np.asarray(size_bytes, dtype=np.int64)
+    distinct, slot = np.unique(np.maximum(stacks, -1), return_inverse=True)
+    per_stack = group_sums(slot, sizes, len(distinct))
+    counts = np.bincount(slot, minlength=len(distinct)).tolist()
+    sites = index.site_of(distinct).tolist()
+    acc: dict[int, list] = {}    # site -> [bytes, count, best stack, its bytes]
+    for stack, site, b, c in zip(distinct.tolist(), sites, per_stack, counts):
+        entry = acc.setdefault(site, [0, 0, -1, -1])
+        entry[0] += b
+        entry[1] += c
+        if b > entry[3]:
+            entry[2], entry[3] = stack, b
+    unattributed = acc.pop(-1, [0, 0, -1, -1])
+    key = (lambda kv: (-kv[1][0], -kv[1][1], index.names[kv[0]])) if by == "bytes" else (
+        lambda kv: (-kv[1][1], -kv[1][0], index.names[kv[0]]))
+    ranked = sorted(acc.items(), key=key)
+    rows = [{"site": index.names[site], "bytes": b, "count": c, "frames": index.frames_of(stack)}
+            for site, (b, c, stack, _) in ranked[:max(top, 0)]]
+    rest = ranked[max(top, 0):]
+    rows.append({"site": OTHER, "bytes": sum(v[0] for _, v in rest), "count": sum(v[1] for _, v in rest),
+                 "frames": [], "sites": len(rest)})
+    rows.append({"site": UNATTRIBUTED, "bytes": unattributed[0], "count": unattributed[1], "frames": []})
+    return rows
 
 
+def allocation_stacks(trace: Trace, alloc_ids: np.ndarray) -> np.ndarray:
+    """The stack id each allocation was made with (initial allocations: their block's; -1: none or unknown)."""
+    kind = trace.column("kind")
+    alloc = kind == EventKind.ALLOC
+    ids = np.concatenate([trace.initial_allocs["alloc_id"].to_numpy(), trace.column("alloc_id")[alloc]])
+    stacks = np.concatenate([trace.initial_allocs["stack_id"].to_numpy(), trace.column("stack_id")[alloc]])
+    order = np.argsort(ids, kind="stable")
+    ids, stacks = ids[order], stacks[order].astype(np.int64)
+    want = np.asarray(alloc_ids, dtype=np.int64)
+    if not len(ids):
+        return np.full(len(want), -1, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(ids, want), len(ids) - 1)
+    return np.where(ids[pos] == want, stacks[pos], -1)
+
+
+def site_rows(trace: Trace, alloc_ids: np.ndarray, size_bytes: np.ndarray, *, top: int = DEFAULT_TOP,
+              site_filter: SiteFilter | None = None, index: SiteIndex | None = None) -> SiteRows:
+    """The ``top`` code sites holding the bytes of ``alloc_ids`` (``size_bytes`` each), largest first."""
+    index = index or SiteIndex(trace, site_filter or SiteFilter())
+    rows = rows_by_site(index, allocation_stacks(trace, alloc_ids), size_bytes, top=top)
+    return SiteRows(rows=rows, note=note_for(trace, index))
+
+
+# ----------------------------------------------------------------------------- the trace's peak
 @dataclass
 class LiveAtPeak:
     """The allocations alive at the trace's peak of live bytes (requested bytes, held until free completes)."""
@@ -94,3 +181,84 @@ def live_at_peak(trace: Trace) -> LiveAtPeak:
     alive = ~np.isin(all_ids, done)
     return LiveAtPeak(peak_index, int(all_sizes[alive].sum()), all_ids[alive], all_sizes[alive], events[alive],
                       streams[alive])
+
+
+# ----------------------------------------------------------------------------- a run's moments
+@dataclass
+class LiveSet:
+    """The allocations a run held at one row of its time series."""
+
+    row: int
+    event_index: int
+    alloc_ids: np.ndarray
+    size_bytes: np.ndarray
+    stack_ids: np.ndarray
+
+    @property
+    def live_bytes(self) -> int:
+        return group_sums(np.zeros(len(self.size_bytes), dtype=np.int64), self.size_bytes, 1)[0]
+
+
+def live_at_row(trace: Trace, timeseries: Any, ooms: Any, row: int) -> LiveSet:
+    """What a run of ``trace`` held after row ``row`` of its ``timeseries`` (``ooms``: its failed allocations).
+
+    The rows executed so far are ``timeseries.event_index[1:row+1]`` (their order need not be the
+    trace's); an allocation is held from its ALLOC event to its FREE_COMPLETED event, unless it
+    failed. The result's bytes equal ``timeseries.requested_bytes[row]``, checked.
+    """
+    ev = timeseries["event_index"].to_numpy()
+    executed = np.zeros(len(trace.events), dtype=bool)
+    done_rows = ev[1:row + 1]
+    executed[done_rows[done_rows >= 0]] = True
+    kind = trace.column("kind")
+    ids = trace.column("alloc_id")
+    failed = np.asarray(ooms["alloc_id"].to_numpy() if len(ooms) else [], dtype=np.int64)
+    alloc = executed & (kind == EventKind.ALLOC)
+    freed = ids[executed & (kind == EventKind.FREE_COMPLETED)]
+    init = trace.initial_allocs
+    all_ids = np.concatenate([init["alloc_id"].to_numpy(), ids[alloc]]).astype(np.int64)
+    sizes = np.concatenate([init["size_bytes"].to_numpy(), trace.column("size_bytes")[alloc]]).astype(np.int64)
+    stacks = np.concatenate([init["stack_id"].to_numpy(), trace.column("stack_id")[alloc]]).astype(np.int64)
+    alive = ~np.isin(all_ids, freed) & ~np.isin(all_ids, failed)
+    live = LiveSet(row, int(ev[row]), all_ids[alive], sizes[alive], stacks[alive])
+    expected = int(timeseries["requested_bytes"].to_numpy()[row])
+    if live.live_bytes != expected:
+        raise SiteAccountingError(f"live allocations at row {row} (event {live.event_index}) hold {live.live_bytes} "
+                                  f"bytes, the run's requested bytes there are {expected}")
+    return live
+
+
+def peak_row(timeseries: Any) -> int:
+    """The first row of the run's peak of requested bytes."""
+    return int(np.argmax(timeseries["requested_bytes"].to_numpy()))
+
+
+def oom_row(timeseries: Any, event_index: int) -> int:
+    """The row of the first out-of-memory (``event_index`` -1: the start state, row 0)."""
+    if event_index < 0:
+        return 0
+    rows = np.flatnonzero(timeseries["event_index"].to_numpy() == event_index)
+    return int(rows[0]) if len(rows) else 0
+
+
+def failed_request(trace: Trace, index: SiteIndex, oom: dict[str, Any]) -> dict[str, Any]:
+    """The site of the request that failed first: ``{"site", "bytes", "event_index", "frames"}``."""
+    stack = int(allocation_stacks(trace, np.array([oom["alloc_id"]]))[0])
+    site = int(index.site_of(np.array([stack]))[0])
+    return {"site": index.names[site] if site >= 0 else UNATTRIBUTED, "bytes": int(oom["requested_bytes"]),
+            "event_index": int(oom["event_index"]), "frames": index.frames_of(stack)}
+
+
+# ----------------------------------------------------------------------------- the whole trace
+def allocation_sites(trace: Trace, *, top: int = DEFAULT_TOP, site_filter: SiteFilter | None = None
+                     ) -> dict[str, Any]:
+    """Every allocation of ``trace`` (start state included) by site: ``by_bytes`` and ``by_count`` rows."""
+    index = SiteIndex(trace, site_filter or SiteFilter())
+    alloc = trace.column("kind") == EventKind.ALLOC
+    init = trace.initial_allocs
+    stacks = np.concatenate([init["stack_id"].to_numpy(), trace.column("stack_id")[alloc]])
+    sizes = np.concatenate([init["size_bytes"].to_numpy(), trace.column("size_bytes")[alloc]])
+    return {"rule": index.site_filter.rule(), "skipped_paths": list(index.site_filter.skip),
+            "allocations": int(len(sizes)), "note": note_for(trace, index) or None,
+            "by_bytes": rows_by_site(index, stacks, sizes, top=top),
+            "by_count": rows_by_site(index, stacks, sizes, top=top, by="count")}

@@ -14,7 +14,8 @@ alone (exact sums, no simulation):
   device range large enough) or *exhaustion* (not enough free bytes at all), judged by PyTorch's
   rules (rounding, pools, ``max_split_size``, release of cached segments before the last cudaMalloc);
 - what the same live blocks would leave free packed perfectly;
-- the code sites of the live blocks (``sites.site_rows``).
+- the code sites of the live blocks (``sites.site_rows``: the innermost frame of the program each
+  block was allocated from; blocks recorded without frames are ``unattributed``).
 
 What-if replays (another setting, another capacity) need the history; ``HOW_TO_RECORD`` says how.
 """
@@ -31,7 +32,9 @@ from ..policies.pytorch_rules import (SIZE_MAX, allocator_settings_to_kwargs, ge
 from ..trace.recorded import recorded_run
 from ..trace.schema import EventKind, Trace
 from ..units import format_bytes
-from .sites import site_rows
+from .site_report import format_rows
+from .site_rule import SiteFilter
+from .sites import DEFAULT_TOP, site_rows
 
 HOW_TO_RECORD = ("what-if replays (other settings, another capacity) need a recorded history: call "
                  "torch.cuda.memory._record_memory_history(max_entries=100000) before the run and "
@@ -100,8 +103,8 @@ def _add_block(acc: dict[str, int], size: int, requested: int, state: str) -> No
 
 
 # ----------------------------------------------------------------------------- one device
-def device_state(trace: Trace, *, request_bytes: int | None = None,
-                 capacity_bytes: int | None = None) -> dict[str, Any]:
+def device_state(trace: Trace, *, request_bytes: int | None = None, capacity_bytes: int | None = None,
+                 site_filter: SiteFilter | None = None, top_sites: int = DEFAULT_TOP) -> dict[str, Any]:
     """The recorded state of ``trace``'s one device (see the module doc); JSON-ready."""
     device = trace.devices[0] if trace.devices else 0
     segs = trace.initial_segments
@@ -144,7 +147,10 @@ def device_state(trace: Trace, *, request_bytes: int | None = None,
     report["request"] = None if request is None else judge_request(trace, report, free_blocks, request, capacity)
     report["packed"] = _packed(report, capacity, request)
     init = trace.initial_allocs
-    report["sites"] = site_rows(trace, init["alloc_id"].to_numpy(), init["size_bytes"].to_numpy()).to_dict()
+    sites = site_rows(trace, init["alloc_id"].to_numpy(), init["size_bytes"].to_numpy(), top=top_sites,
+                      site_filter=site_filter)
+    report["sites"] = {**sites.to_dict(), "rule": (site_filter or SiteFilter()).rule(),
+                       "live_bytes": sites.total_bytes}
     if not blocks_known:
         report["note"] = ("the recorded blocks could not be placed in the segments (see the trace notes): "
                           "allocated, free and waste figures are not available")
@@ -248,14 +254,15 @@ def _packed(report: dict[str, Any], capacity: int | None, request: dict[str, Any
 
 
 # ----------------------------------------------------------------------------- every device
-def state_report(trace: Trace, *, request_bytes: int | None = None,
-                 capacity_bytes: int | None = None) -> dict[str, Any]:
+def state_report(trace: Trace, *, request_bytes: int | None = None, capacity_bytes: int | None = None,
+                 site_filter: SiteFilter | None = None, top_sites: int = DEFAULT_TOP) -> dict[str, Any]:
     """The recorded state of every device of ``trace``: ``{"history", "devices": {...}, "how_to_record"}``."""
     devices = trace.devices or [0]
     per_device = {}
     for device in devices:
         part = trace.for_device(device) if len(devices) > 1 else trace
-        per_device[str(device)] = device_state(part, request_bytes=request_bytes, capacity_bytes=capacity_bytes)
+        per_device[str(device)] = device_state(part, request_bytes=request_bytes, capacity_bytes=capacity_bytes,
+                                               site_filter=site_filter, top_sites=top_sites)
     return {"history": has_history(trace), "source": trace.meta.source, "devices": per_device,
             "how_to_record": HOW_TO_RECORD}
 
@@ -305,11 +312,14 @@ def format_device_state(state: dict[str, Any]) -> str:
                      "the error) to judge fragmentation against exhaustion")
     lines.append(f"  packed        {state['packed']['line']}")
     sites = state["sites"]
-    if sites["rows"]:
-        lines.append("  top sites of live blocks")
-        lines += [f"    {format_bytes(r['bytes']):>12} {r['count']:>6,}  {r['site']}" for r in sites["rows"]]
+    if sites["rows"] and any(r["bytes"] or r["count"] for r in sites["rows"]):
+        lines.append(f"  top sites of live blocks ({format_bytes(sites['live_bytes'])} requested; the innermost "
+                     "frame of the program each was allocated from)")
+        if sites.get("note"):
+            lines.append(f"    note: {sites['note']}")
+        lines += format_rows(sites["rows"])
     else:
-        lines.append(f"  sites         {sites['note']}")
+        lines.append(f"  sites         {sites['note'] or 'no live blocks'}")
     return "\n".join(lines)
 
 

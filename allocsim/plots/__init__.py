@@ -14,11 +14,13 @@ from ._common import CATEGORY_COLORS, downsample, time_axis
 from .attribution import comparison_table, plot_attribution, plot_policy_comparison
 from .latency import alloc_latencies, plot_latency
 from .segments import plot_segment_map
+from .sites import plot_site_timeline
 from .sweep import config_labels, pareto_mask, plot_pareto, plot_sweep_heatmap, varying_params
 from .timeline import plot_timeline, step_markers
 
 __all__ = [
     "CATEGORY_COLORS", "alloc_latencies", "comparison_table", "config_labels", "downsample", "pareto_mask",
     "plot_attribution", "plot_latency", "plot_pareto", "plot_policy_comparison", "plot_segment_map",
+    "plot_site_timeline",
     "plot_sweep_heatmap", "plot_timeline", "step_markers", "time_axis", "varying_params",
 ]

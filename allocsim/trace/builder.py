@@ -136,7 +136,7 @@ class TraceBuilder:
         index = self._emit(t_ns, EventKind.ALLOC, alloc_id, size_bytes, stream, device)
         self._stack = -1
         if record_decision:
-            self.decision(index, t_ns, "alloc", addr, size_bytes, stream, device, alloc_id)
+            self.decision(index, t_ns, "alloc", addr, size_bytes, stream, device, alloc_id, stack_id=stack_id)
         return alloc_id
 
     def _lookup_for_free(self, record, t_ns: int, device: int, stream: int, addr: int,
@@ -198,7 +198,8 @@ class TraceBuilder:
         index = self._emit(t_ns, EventKind.FREE_REQUESTED, entry[0], entry[1], stream, device)
         self._stack = -1
         if record_decision:
-            self.decision(index, t_ns, "free_requested", addr, entry[1], stream, device, entry[0])
+            self.decision(index, t_ns, "free_requested", addr, entry[1], stream, device, entry[0],
+                          stack_id=stack_id)
         return entry[0]
 
     def free_completed(self, record, t_ns: int, device: int, stream: int, addr: int,
@@ -230,7 +231,8 @@ class TraceBuilder:
         index = self._emit(t_ns, EventKind.FREE_COMPLETED, entry[0], entry[1], stream, device)
         self._stack = -1
         if record_decision:
-            self.decision(index, t_ns, "free_completed", addr, entry[1], stream, device, entry[0])
+            self.decision(index, t_ns, "free_completed", addr, entry[1], stream, device, entry[0],
+                          stack_id=stack_id)
         return entry[0]
 
     def free(self, record, t_ns: int, device: int, stream: int, addr: int,
@@ -257,8 +259,9 @@ class TraceBuilder:
         self._emit(t_ns, EventKind.MARKER, self._label_index[label], size_bytes, stream, device)
 
     def decision(self, event_index: int, t_ns: int, action: str, addr: int, size_bytes: int,
-                 stream: int, device: int, alloc_id: int = -1, device_free_bytes: int = -1) -> None:
-        """Keep one of the real allocator's decisions, apart from the program's requests."""
+                 stream: int, device: int, alloc_id: int = -1, device_free_bytes: int = -1,
+                 stack_id: int = -1) -> None:
+        """Keep one of the real allocator's decisions, apart from the program's requests (``stack_id``: its frames)."""
         d = self._decisions
         d["event_index"].append(event_index)
         d["t_ns"].append(t_ns)
@@ -269,6 +272,7 @@ class TraceBuilder:
         d["device"].append(device)
         d["alloc_id"].append(alloc_id)
         d["device_free_bytes"].append(device_free_bytes)
+        d["stack_id"].append(stack_id)
 
     @property
     def next_event_index(self) -> int:

@@ -128,6 +128,7 @@ class _Insert:
     stream: int
     device: int
     decision_rows: list[int]
+    stack_id: int = -1       #: the frames of the request (an OOM's failed request: the ``oom`` entry's)
 
 
 def infer_recorded(trace: Trace) -> None:
@@ -180,6 +181,7 @@ class _DeviceRecording:
         self.stream = dec["stream"].to_numpy()[rows].tolist()
         self.t_ns = dec["t_ns"].to_numpy()[rows].tolist()
         self.device_free = dec["device_free_bytes"].to_numpy()[rows].tolist()
+        self.stack = dec["stack_id"].to_numpy()[rows].tolist()
         self.sub_index = np.searchsorted(self.kept, dec["event_index"].to_numpy()[rows]).tolist()
         segs = trace.initial_segments
         start = int(segs.loc[segs["device"] == device, "size_bytes"].sum())
@@ -269,6 +271,7 @@ class _DeviceRecording:
         """The failed request of an ``oom`` entry becomes an ALLOC event (with its release path)."""
         j = items[-1]
         ins = self.insert(k, _ALLOC, items, alloc_id=next_id, size_bytes=self.size[j], stream=self.stream[j])
+        ins.stack_id = int(self.stack[j])
         self._oom_inserts.append(ins)
         self.run.ooms.append(RecordedOOM(event_index=-1, t_ns=ins.t_ns, requested_bytes=self.size[j],
                                          stream=self.stream[j], device_free_bytes=int(self.device_free[j]),

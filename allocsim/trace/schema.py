@@ -82,6 +82,7 @@ DECISION_DTYPES: dict[str, np.dtype] = {
     "device": np.dtype("int16"),
     "alloc_id": np.dtype("int64"),
     "device_free_bytes": np.dtype("int64"),  # OOM entries only, else -1
+    "stack_id": np.dtype("int32"),           # the entry's frames (an ``oom``: the failed request's); -1: none
 }
 
 #: Interned stack frames: one row per distinct (filename, line, name).
@@ -210,6 +211,7 @@ class Trace:
         self.events = with_optional_columns(self.events, EVENT_DTYPES)
         self.initial_allocs = with_optional_columns(self.initial_allocs, INITIAL_ALLOC_DTYPES)
         self.initial_blocks = with_optional_columns(self.initial_blocks, BLOCK_DTYPES)
+        self.decisions = with_optional_columns(self.decisions, DECISION_DTYPES)
 
     def __len__(self) -> int:
         return len(self.events)

@@ -28,7 +28,7 @@ listed in ``meta.repairs``). A final state that does not fit the window is repor
 Well-formed files take a columnar path (``snapshot_fast`` reads the entries as columns,
 ``columnar.build_columns`` builds the events); anything to report or repair goes through the
 entry-by-entry reference path below. Both keep every entry's and block's stack frames
-(``Trace.frames`` / ``Trace.stacks``, one ``stack_id`` per event, initial allocation and block).
+(``Trace.frames`` / ``Trace.stacks``, one ``stack_id`` per event, initial allocation, block and decision).
 Work on the assembled trace (inference of the real run) belongs in ``finish_snapshot_trace``.
 """
 
@@ -612,6 +612,7 @@ class _SnapshotReader:
             "device": rec.device[is_dec],
             "alloc_id": np.where(req_dec, built.row_alloc_id[is_dec], -1),
             "device_free_bytes": np.where(action_idx[is_dec] == ACTION_NAMES.index("oom"), extra[is_dec], -1),
+            "stack_id": rec.stack_id[is_dec],
         }
         labels = ["snapshot"] if bool((~is_dec).any()) else []
         trace = Trace(
@@ -716,9 +717,10 @@ class _SnapshotReader:
                     t_ns = b.last_t_ns
                 if action == "oom":
                     b.decision(b.next_event_index, t_ns, "oom", -1, e.size, e.stream, e.device,
-                               device_free_bytes=e.extra)
+                               device_free_bytes=e.extra, stack_id=e.stack)
                 else:
-                    b.decision(b.next_event_index, t_ns, action, e.addr, e.size, e.stream, e.device)
+                    b.decision(b.next_event_index, t_ns, action, e.addr, e.size, e.stream, e.device,
+                               stack_id=e.stack)
 
     # ------------------------------------------------------------------ initial segments
     def _initial_segments(self, segments: list[_Segment],

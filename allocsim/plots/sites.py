@@ -1,0 +1,59 @@
+"""Live memory over time, stacked by code site (the table of ``metrics.site_timeline.site_timeline``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..metrics.site_report import short_site
+from ..metrics.sites import OTHER, UNATTRIBUTED
+from ..units import format_bytes
+from ._common import gib, new_axes
+
+#: Fixed colours of the two catch-all groups; sites take the tab20 colours in order.
+_GROUP_COLORS = {OTHER: "#b0b0b0", UNATTRIBUTED: "#e3e3e3"}
+
+
+def plot_site_timeline(table: pd.DataFrame, *, ax: Any = None, title: str | None = None,
+                       time_synthesized: bool = False) -> Any:
+    """Stack each site's live bytes (GiB) over time, largest site at the peak at the bottom; return the Axes.
+
+    ``time_synthesized``: the trace has no timestamps, so the x axis is the event number.
+    """
+    from matplotlib import colormaps
+
+    ax = new_axes(ax)
+    wide = table.pivot(index="sample", columns="site", values="live_bytes")
+    order = list(dict.fromkeys(table["site"]))
+    wide = wide[order]
+    first = table.drop_duplicates("sample").set_index("sample")
+    if time_synthesized:
+        x, xlabel = first["event_index"].to_numpy().astype(float) + 1, "event number (the trace has no timestamps)"
+    else:
+        t = first["t_ns"].to_numpy()
+        x, xlabel = (t - t[0]) / 1e9, "trace time (s)"
+    total = wide.sum(axis=1).to_numpy()
+    peak = int(np.argmax(total)) if len(total) else 0
+    palette = colormaps["tab20"].colors
+    colors, labels = [], []
+    for k, site in enumerate(order):
+        colors.append(_GROUP_COLORS.get(site, palette[k % len(palette)]))
+        at_peak = int(wide[site].iloc[peak]) if len(wide) else 0
+        name = "unattributed (no frames)" if site == UNATTRIBUTED else short_site(site)
+        labels.append(f"{name}: {format_bytes(at_peak)} at the peak")
+    ax.stackplot(x, *[gib(wide[site].to_numpy()) for site in order], labels=labels, colors=colors,
+                 step="post", linewidth=0)
+    if len(total):
+        ax.axvline(x[peak], color="#333333", lw=0.8, ls=":")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("live memory (GiB)")
+    ax.set_ylim(bottom=0)
+    if len(x):
+        ax.set_xlim(x[0], x[-1])
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="x-small", frameon=False,
+              title="code site (innermost frame of the program)", title_fontsize="x-small")
+    ax.set_title(title or f"Live memory by code site (peak {format_bytes(int(total[peak]) if len(total) else 0)})")
+    return ax
