@@ -1,14 +1,20 @@
-"""Build allocsim's optional compiled policy kernel (everything else is in pyproject.toml).
+"""Build allocsim's optional compiled code (everything else is in pyproject.toml).
 
-The extension is optional: without a C compiler (GCC or Clang: the kernel uses ``__int128`` and
-the overflow builtins), or if it fails to build, ``pip install .`` still succeeds and allocsim runs
-its pure-Python reference policies (``allocsim --version`` says which).
+Two extensions, both optional: the policy kernel (``allocsim.policies._kernel``) and the readers'
+compiled halves (``allocsim.trace._readers``). Without a C compiler (GCC or Clang: the kernel uses
+``__int128`` and the overflow builtins), or if one fails to build, ``pip install .`` still succeeds
+and allocsim runs its pure-Python reference code (``allocsim --version`` says which).
 """
 
 from setuptools import Extension, setup
 
 KERNEL_SOURCES = ["csrc/module.c", "csrc/freelist.c", "csrc/live.c", "csrc/pool_kernel.c"]
 KERNEL_HEADERS = ["csrc/btree.h", "csrc/columns.h", "csrc/freelist.h", "csrc/live.h", "csrc/u64map.h"]
+READER_SOURCES = ["csrc/readers/module.c", "csrc/readers/pvm.c", "csrc/readers/snapshot_scan.c",
+                  "csrc/readers/records.c"]
+READER_HEADERS = ["csrc/readers/rd_common.h", "csrc/readers/pvm.h"]
+WARNINGS = ["-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
+            "-Wno-cast-function-type"]
 
 setup(
     ext_modules=[
@@ -17,9 +23,16 @@ setup(
             sources=KERNEL_SOURCES,
             depends=KERNEL_HEADERS,
             include_dirs=["csrc"],
-            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
-                                "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
+            extra_compile_args=["-O2", *WARNINGS],
             optional=True,
-        )
+        ),
+        Extension(
+            "allocsim.trace._readers",
+            sources=READER_SOURCES,
+            depends=READER_HEADERS,
+            include_dirs=["csrc/readers"],
+            extra_compile_args=["-O2", *WARNINGS],
+            optional=True,
+        ),
     ]
 )

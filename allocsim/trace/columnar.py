@@ -7,6 +7,9 @@ table keyed by anything a file controls. It handles the valid file. When it find
 reader must report or repair (a double free, time going back, a size mismatch...), it returns
 ``None`` and the reader replays the records through ``TraceBuilder``, the sequential reference,
 which names the first bad record exactly as before and makes the documented repairs.
+
+On the compiled route (``allocsim.trace.compiled``) the same work is one pass in C
+(``build_records``, with a randomly keyed hash of (device, address)): same columns, same hand-backs.
 """
 
 from __future__ import annotations
@@ -57,7 +60,6 @@ class Built:
     row_alloc_id: np.ndarray                # per record: allocation id (-1 for non-requests)
     row_alloc_size: np.ndarray              # per record: the size the allocation was made with
     orphan_frees: int
-    last_op_rows: np.ndarray                # record index of the last request op at each address
 
 
 def _expand_frees(rec: Records) -> tuple[np.ndarray, np.ndarray]:
@@ -103,6 +105,44 @@ def _group_order(rec: Records, rows: np.ndarray, req: np.ndarray) -> np.ndarray:
 
 def build_columns(rec: Records, *, first_alloc_id: int = 0) -> Built | None:
     """Turn ``rec`` into trace columns, or return None when the records need the sequential builder."""
+    from . import compiled
+
+    if compiled.active():
+        return _build_compiled(rec, first_alloc_id)
+    return build_columns_reference(rec, first_alloc_id=first_alloc_id)
+
+
+def _build_compiled(rec: Records, first_alloc_id: int) -> Built | None:
+    from . import compiled
+
+    c = np.ascontiguousarray
+    out = compiled.ext.build_records(
+        c(rec.t_ns, np.int64), c(rec.op, np.uint8), c(rec.device, np.int64), c(rec.stream, np.int64),
+        c(rec.addr, np.int64), c(rec.size, np.int64), c(rec.stack_id, np.int32), c(rec.label, np.int64),
+        int(first_alloc_id), _BUILD_MEMORY_BYTES)
+    if out is None:
+        return None
+    (t, kind, ids, size, stream, device, stack), (o_id, o_size, o_stream, o_device, o_addr), row_event, \
+        row_id, row_size, orphans = out
+    i64 = lambda b: np.frombuffer(b, dtype=np.int64)
+    n_orphans = len(o_id) // 8
+    return Built(
+        events={"t_ns": i64(t), "kind": np.frombuffer(kind, np.uint8), "alloc_id": i64(ids), "size_bytes": i64(size),
+                "stream": i64(stream), "device": np.frombuffer(device, np.int16),
+                "stack_id": np.frombuffer(stack, np.int32)},
+        initial={"alloc_id": i64(o_id), "size_bytes": i64(o_size), "stream": i64(o_stream),
+                 "device": np.frombuffer(o_device, np.int16), "addr": i64(o_addr),
+                 "block_size_bytes": np.full(n_orphans, -1, dtype=np.int64),
+                 "stack_id": np.full(n_orphans, -1, dtype=np.int32)},
+        row_event=i64(row_event), row_alloc_id=i64(row_id), row_alloc_size=i64(row_size), orphan_frees=int(orphans))
+
+
+#: Working memory the compiled builder may take (its use is linear in the records it is given).
+_BUILD_MEMORY_BYTES = 1 << 46
+
+
+def build_columns_reference(rec: Records, *, first_alloc_id: int = 0) -> Built | None:
+    """``build_columns`` in numpy: the reference the compiled builder is held to."""
     n = len(rec)
     t = rec.t_ns
     rows, mop = _expand_frees(rec)
@@ -239,8 +279,6 @@ def build_columns(rec: Records, *, first_alloc_id: int = 0) -> Built | None:
         "block_size_bytes": np.full(len(o_rows), -1, dtype=np.int64),
         "stack_id": np.full(len(o_rows), -1, dtype=np.int32),
     }
-    last_in_group = np.ones(len(order), dtype=bool)
-    last_in_group[:-1] = new_group[1:]
     return Built(
         events={"t_ns": ev_t, "kind": ev_kind, "alloc_id": ev_id, "size_bytes": ev_size,
                 "stream": ev_stream, "device": ev_device, "stack_id": ev_stack},
@@ -249,7 +287,6 @@ def build_columns(rec: Records, *, first_alloc_id: int = 0) -> Built | None:
         row_alloc_id=row_alloc_id,
         row_alloc_size=row_alloc_size,
         orphan_frees=int(orphan.sum()),
-        last_op_rows=rows[req_ord[last_in_group]],
     )
 
 

@@ -205,11 +205,19 @@ class FrameTable:
         """``{"frames": columns, "stacks": columns}`` in the schema's column names."""
         starts = np.frombuffer(self._stack_starts, dtype=np.int64) if len(self._stack_starts) else np.zeros(1, np.int64)
         frame_ids = np.frombuffer(self._stack_frames, dtype=np.int32) if len(self._stack_frames) else np.empty(0, np.int32)
-        lengths = np.diff(starts)
-        stack_ids = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
-        depth = (np.arange(len(frame_ids), dtype=np.int64) - np.repeat(starts[:-1], lengths)).astype(np.int32)
-        return {
-            "frames": {"frame_id": np.arange(len(self.names), dtype=np.int32), "filename": list(self.filenames),
-                       "line": np.asarray(self.lines, dtype=np.int64), "name": list(self.names)},
-            "stacks": {"stack_id": stack_ids, "depth": depth, "frame_id": frame_ids.copy()},
-        }
+        return frame_tables(list(self.filenames), np.asarray(self.lines, dtype=np.int64), list(self.names),
+                            frame_ids.copy(), starts)
+
+
+def frame_tables(filenames: list[str], lines: np.ndarray, names: list[str], stack_frames: np.ndarray,
+                 stack_starts: np.ndarray) -> dict[str, dict[str, Any]]:
+    """The frames and stacks tables of interned frames (``stack_starts``: each stack's first row, then the end)."""
+    starts = stack_starts if len(stack_starts) else np.zeros(1, np.int64)
+    lengths = np.diff(starts)
+    stack_ids = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
+    depth = (np.arange(len(stack_frames), dtype=np.int64) - np.repeat(starts[:-1], lengths)).astype(np.int32)
+    return {
+        "frames": {"frame_id": np.arange(len(names), dtype=np.int32), "filename": filenames,
+                   "line": lines, "name": names},
+        "stacks": {"stack_id": stack_ids, "depth": depth, "frame_id": stack_frames},
+    }

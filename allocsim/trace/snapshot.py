@@ -18,16 +18,21 @@ the window to the state at its START (``initial_allocs``, ``initial_segments``, 
   only exists before an unmap takes the pool of the nearest mapped range of its stream;
 * initial blocks tile each initial segment: live initial allocations, free gaps between them.
 
-Nothing in the file is trusted: the pickle is loaded with every global refused, in a forked child
-under an address-space cap and a deadline (``isolate``; the C unpickler first, the pure-Python one
-of ``safe_pickle`` when that fails or is stopped), every entry is type- and range-checked and a bad
-one raises ``TraceFormatError`` naming ``device D entry I`` (under ``lenient`` it is skipped and
-listed in ``meta.repairs``). A final state that does not fit the window is reported in
-``meta.notes`` and leaves ``initial_blocks`` empty instead of failing.
+Nothing in the file is trusted. On the compiled route (``allocsim.trace.compiled``) the bytes are
+read by a data-only pickle interpreter in C that builds no Python object and calls nothing: it
+models only the opcodes of plain data, its memory is a fixed multiple of the file size and capped
+by ``limits.memory_bytes``, and it reads well-formed files straight into columns
+(``_SnapshotReader.read_scanned``). Anything else it hands back, and the file takes the reference
+route: the pickle is loaded with every global refused, in a forked child under an address-space cap
+and a deadline (``isolate``; the C unpickler first, the pure-Python one of ``safe_pickle`` when that
+fails or is stopped). Every entry is type- and range-checked and a bad one raises
+``TraceFormatError`` naming ``device D entry I`` (under ``lenient`` it is skipped and listed in
+``meta.repairs``). A final state that does not fit the window is reported in ``meta.notes`` and
+leaves ``initial_blocks`` empty instead of failing.
 
-Well-formed files take a columnar path (``snapshot_fast`` reads the entries as columns,
-``columnar.build_columns`` builds the events); anything to report or repair goes through the
-entry-by-entry reference path below. Both keep every entry's and block's stack frames
+Well-formed files take a columnar path (the compiled scan, or ``snapshot_fast`` reading the
+unpickled entries as columns; ``columnar.build_columns`` builds the events); anything to report or
+repair goes through the entry-by-entry reference path below. Both keep every entry's and block's stack frames
 (``Trace.frames`` / ``Trace.stacks``, one ``stack_id`` per event, initial allocation, block and decision).
 Work on the assembled trace (inference of the real run) belongs in ``finish_snapshot_trace``.
 """
@@ -45,11 +50,11 @@ import numpy as np
 from sortedcontainers import SortedDict, SortedList
 
 from ..errors import TraceFormatError
-from . import isolate
+from . import compiled, isolate
 from .builder import MAX_SIZE_BYTES, TraceBuilder
 from .recorded import infer_from_snapshot
 from .columnar import build_columns, match_keys
-from .frames import FrameTable
+from .frames import FrameTable, frame_tables
 from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, read_bytes
 from .safe_pickle import loads_data, loads_fast, short_repr
 from .schema import (
@@ -65,7 +70,7 @@ from .schema import (
     frame_from_columns,
 )
 from .settings import checked_allocator_settings
-from .snapshot_fast import ACTION_NAMES, entry_columns, merged_records
+from .snapshot_fast import ACTION_NAMES, DeviceEntries, entry_columns, merged_records
 from .transport import payload_to_trace, trace_to_payload
 
 FORMAT = "pytorch-snapshot"
@@ -152,6 +157,52 @@ class _Segment(NamedTuple):
     blocks: list
 
 
+#: Block states of a snapshot; ``SegmentColumns.block_state`` indexes this tuple, live states first.
+BLOCK_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free", "inactive")
+_N_LIVE_STATES = 3
+POOLS = ("small", "large")
+
+
+@dataclasses.dataclass
+class SegmentColumns:
+    """A snapshot's final segments and their blocks as columns (what both routes read them into)."""
+
+    device: np.ndarray           # int64, per segment
+    addr: np.ndarray
+    size: np.ndarray
+    stream: np.ndarray
+    pool: np.ndarray             # int8: index in POOLS
+    expandable: np.ndarray       # bool
+    block_segment: np.ndarray    # int64, per block: index of its segment
+    block_addr: np.ndarray
+    block_size: np.ndarray
+    block_requested: np.ndarray
+    block_state: np.ndarray      # int8: index in BLOCK_STATES
+    block_stack: np.ndarray      # int32
+
+    @classmethod
+    def from_segments(cls, segments: list[_Segment]) -> "SegmentColumns":
+        """Columns of parsed ``_Segment`` records (the reference route)."""
+        col = lambda values, dtype: np.array(values, dtype=dtype)
+        blocks = [(i, b) for i, seg in enumerate(segments) for b in seg.blocks]
+        return cls(
+            device=col([s.device for s in segments], np.int64), addr=col([s.addr for s in segments], np.int64),
+            size=col([s.size for s in segments], np.int64), stream=col([s.stream for s in segments], np.int64),
+            pool=col([POOLS.index(s.pool) for s in segments], np.int8),
+            expandable=col([s.expandable for s in segments], bool),
+            block_segment=col([i for i, _ in blocks], np.int64), block_addr=col([b.addr for _, b in blocks], np.int64),
+            block_size=col([b.size for _, b in blocks], np.int64),
+            block_requested=col([b.requested for _, b in blocks], np.int64),
+            block_state=col([BLOCK_STATES.index(b.state) for _, b in blocks], np.int8),
+            block_stack=col([b.stack for _, b in blocks], np.int32))
+
+    def rows(self) -> list[_Segment]:
+        """One ``_Segment`` per segment, without blocks (for the start-state walk)."""
+        return [_Segment(d, a, s, st, POOLS[p], bool(e), [])
+                for d, a, s, st, p, e in zip(self.device.tolist(), self.addr.tolist(), self.size.tolist(),
+                                             self.stream.tolist(), self.pool.tolist(), self.expandable.tolist())]
+
+
 class _Holder:
     """A box for the unpickled data, so the reader can let go of it while it still runs."""
 
@@ -180,12 +231,29 @@ def read_snapshot(path: str | os.PathLike, *, lenient: bool = False, max_bytes: 
     if max_bytes is not None:
         limits = dataclasses.replace(limits, decompressed_bytes=max_bytes)
     check_regular_file(path)
-    if isolate.available():
-        trace = _read_isolated(path, lenient, limits)
-    else:
-        trace = _parse(path, lenient, limits, use_c=False, phase=lambda _name: None)
+    data = None
+    trace = None
+    if compiled.active():
+        data = read_bytes(path, limits)
+        trace = _read_compiled(path, data, lenient, limits)
+    if trace is None:
+        if isolate.available():
+            trace = _read_isolated(path, lenient, limits, data)
+        else:
+            trace = _parse(path, lenient, limits, use_c=False, phase=lambda _name: None, data=data)
     finish_snapshot_trace(trace)
     return trace
+
+
+def _read_compiled(path: str, data: bytes, lenient: bool, limits: Limits) -> Trace | None:
+    """The trace from the compiled scan, or None when the file must take the reference route."""
+    scan = compiled.ext.snapshot_scan(
+        data, limits.memory_bytes, limits.frames, limits.string_chars, limits.segments, limits.devices,
+        limits.events, _MAX_TIME_US, SYNTHETIC_STEP_NS)
+    if scan is None:
+        return None
+    reader = _SnapshotReader(path, lenient, budget=len(data), limits=limits)
+    return reader.read_scanned(scan)
 
 
 def finish_snapshot_trace(trace: Trace) -> None:
@@ -194,8 +262,10 @@ def finish_snapshot_trace(trace: Trace) -> None:
     check_schema(trace)
 
 
-def _parse(path: str, lenient: bool, limits: Limits, *, use_c: bool, phase: Callable[[str], None]) -> Trace:
-    data = read_bytes(path, limits)
+def _parse(path: str, lenient: bool, limits: Limits, *, use_c: bool, phase: Callable[[str], None],
+           data: bytes | None = None) -> Trace:
+    if data is None:
+        data = read_bytes(path, limits)
     n_bytes = len(data)
     obj = None
     if use_c:
@@ -224,7 +294,7 @@ def _c_unpickle_seconds(path: str, limits: Limits) -> int:
     return int(min(limits.seconds, 3 + size // 2_000_000))
 
 
-def _read_isolated(path: str, lenient: bool, limits: Limits) -> Trace:
+def _read_isolated(path: str, lenient: bool, limits: Limits, data: bytes | None = None) -> Trace:
     c_seconds = _c_unpickle_seconds(path, limits)
 
     def work(use_c: bool) -> Callable[[Callable[[str], None]], dict]:
@@ -235,7 +305,7 @@ def _read_isolated(path: str, lenient: bool, limits: Limits) -> Trace:
                     signal.alarm(max(1, c_seconds))
                 elif name in ("unpickling", "parsing"):
                     signal.alarm(max(1, int(limits.seconds)))
-            return trace_to_payload(_parse(path, lenient, limits, use_c=use_c, phase=timed_phase))
+            return trace_to_payload(_parse(path, lenient, limits, use_c=use_c, phase=timed_phase, data=data))
         return run
 
     for use_c in (True, False):
@@ -369,17 +439,55 @@ class _SnapshotReader:
             trace = self._finish_fast(segments, fast, *built)
         else:
             trace = self._read_reference(segments, raw_traces, has_time)
-        frame_tables = self.frames.tables()
-        trace.frames = frame_from_columns(frame_tables["frames"], FRAME_DTYPES)
-        trace.stacks = frame_from_columns(frame_tables["stacks"], STACK_DTYPES)
+        return self._with_frames(trace, self.frames.tables())
+
+    def _with_frames(self, trace: Trace, tables: dict[str, dict[str, Any]]) -> Trace:
+        trace.frames = frame_from_columns(tables["frames"], FRAME_DTYPES)
+        trace.stacks = frame_from_columns(tables["stacks"], STACK_DTYPES)
         check_schema(trace)
         return trace
 
-    def _read_reference(self, segments: list["_Segment"], raw_traces: list, has_time: bool) -> Trace:
+    def read_scanned(self, scan: dict[str, Any]) -> Trace | None:
+        """``read`` of the compiled scan's columns (a clean file); None when the records need the
+        reference route. Hints, notes and settings are made exactly as ``read`` makes them."""
+        b = self.b
+        hints: dict[str, Any] = {"segments_only": bool(scan["top_is_list"])}
+        if scan["top_is_list"]:
+            self.notes.append("pre-2.0 snapshot (a bare list of segments): no trace events, "
+                              "the segments are the initial state")
+        segments = _scanned_segments(scan["segments"])
+        for key in _TOP_HINTS:
+            hints[key] = bool(scan["has_settings"]) if key == "allocator_settings" else bool(
+                scan["has_external_annotations"])
+        for key, present in zip(_SEGMENT_HINTS, scan["segment_hints"]):
+            hints[key] = bool(present)
+        for key, present in zip(_ENTRY_HINTS, scan["entry_hints"]):
+            hints[key] = bool(present)
+        b.meta.version_hints = hints
+        if scan["has_settings"]:
+            b.meta.allocator_settings = checked_allocator_settings(
+                scan["settings"], self.path, self.lenient, self.notes, self._plain)
+        has_time = bool(scan["has_time"])
+        fast = [_scanned_device(cols) for cols in scan["devices"]]
+        if not has_time and any(len(d.action) for d in fast):
+            b.meta.time_synthesized = True
+            self.notes.append(f"no time_us in this snapshot (PyTorch < 2.2): times are synthesised, "
+                              f"{SYNTHETIC_STEP_NS} ns per entry of each device; devices are "
+                              "interleaved round-robin, each keeping its recorded order")
+        built = self._build_fast(segments, fast, has_time)
+        if built is None:
+            return None
+        trace = self._finish_fast(segments, fast, *built)
+        filenames, lines, names, stack_frames, stack_starts = scan["frames"]
+        return self._with_frames(trace, frame_tables(filenames, np.frombuffer(lines, np.int64), names,
+                                                     np.frombuffer(stack_frames, np.int32),
+                                                     np.frombuffer(stack_starts, np.int64)))
+
+    def _read_reference(self, segments: SegmentColumns, raw_traces: list, has_time: bool) -> Trace:
         """The entry-by-entry path: names the first bad record and makes the lenient repairs."""
         b = self.b
         traces = self._parse_traces(raw_traces, has_time)
-        devices = {s.device for s in segments} | {d for d, tr in enumerate(traces) if tr}
+        devices = set(segments.device.tolist()) | {d for d, tr in enumerate(traces) if tr}
         b.meta.devices = sorted(devices)
         self._declare_initial_allocs(segments, traces)
         self._feed(traces)
@@ -438,7 +546,7 @@ class _SnapshotReader:
                 self.b.repair(record, f"{exc.reason}; skipped it")
                 raise _Skip from None
 
-    def _parse_segments(self, raw_segments: list) -> list[_Segment]:
+    def _parse_segments(self, raw_segments: list) -> SegmentColumns:
         out: list[_Segment] = []
         self._spend("top level", len(raw_segments))
         for i, seg in enumerate(raw_segments):
@@ -447,7 +555,7 @@ class _SnapshotReader:
                 out.append(self._parse_segment(record, seg))
             except _Skip:
                 continue
-        return out
+        return SegmentColumns.from_segments(out)
 
     def _parse_segment(self, record: str, seg: Any) -> _Segment:
         if not isinstance(seg, dict):
@@ -569,10 +677,10 @@ class _SnapshotReader:
         return _Entry(t_ns, device, i, action, addr, size, stream, extra, record, stack)
 
     # ------------------------------------------------------------------ fast path
-    def _build_fast(self, segments: list[_Segment], fast: list, has_time: bool) -> tuple | None:
+    def _build_fast(self, segments: SegmentColumns, fast: list, has_time: bool) -> tuple | None:
         """Build the request columns; None when a record needs the reference path."""
         rec, action_idx, extra = merged_records(fast)
-        devices = sorted({s.device for s in segments} | {d for d, f in enumerate(fast) if len(f.action)})
+        devices = sorted(set(segments.device.tolist()) | {d for d, f in enumerate(fast) if len(f.action)})
         check_count(self.path, "devices", len(devices), self.limits, "devices", "top level")
         is_req = rec.op <= 3
         last_dev, last_addr, last_action = _last_request_actions(
@@ -584,7 +692,7 @@ class _SnapshotReader:
             return None
         return rec, action_idx, extra, devices, declared, contradicted, dangling, built
 
-    def _finish_fast(self, segments: list[_Segment], fast: list, rec, action_idx, extra, devices, declared,
+    def _finish_fast(self, segments: SegmentColumns, fast: list, rec, action_idx, extra, devices, declared,
                      contradicted: int, dangling: int, built) -> Trace:
         """The trace from the columns ``_build_fast`` made."""
         is_req = rec.op <= 3
@@ -630,7 +738,7 @@ class _SnapshotReader:
         return trace
 
     # ------------------------------------------------------------------ initial allocations
-    def _declare_initial_allocs(self, segments: list[_Segment], traces: list[list[_Entry]]) -> None:
+    def _declare_initial_allocs(self, segments: SegmentColumns, traces: list[list[_Entry]]) -> None:
         """Declare final live blocks the window never touches: they were allocated before it."""
         req = [(e.device, e.addr, ACTION_NAMES.index(e.action), k)
                for k, e in enumerate(x for tr in traces for x in tr) if e.action in _REQUESTS]
@@ -656,7 +764,7 @@ class _SnapshotReader:
             self.notes.append(f"{n_declared} blocks live in the final segments were allocated "
                               "before the trace began; they are in the initial state")
 
-    def _fix_orphan_block_sizes(self, trace: Trace, segments: list[_Segment],
+    def _fix_orphan_block_sizes(self, trace: Trace, segments: SegmentColumns,
                                 allocated: list[tuple[int, int]]) -> None:
         """Give orphan-free initial allocations a block size (the builder leaves -1)."""
         ia = trace.initial_allocs
@@ -723,14 +831,14 @@ class _SnapshotReader:
                                stack_id=e.stack)
 
     # ------------------------------------------------------------------ initial segments
-    def _initial_segments(self, segments: list[_Segment],
+    def _initial_segments(self, segments: SegmentColumns,
                           seg_events: list[list[_Entry]]) -> list[tuple[int, int, int, int, str, bool]]:
         """Walk the final segments back through the window's segment events to its start.
 
         Sorted containers keyed by address keep this O(n log n) whatever addresses a file holds.
         """
         by_device: dict[int, list[_Segment]] = {}
-        for seg in segments:
+        for seg in segments.rows():
             by_device.setdefault(seg.device, []).append(seg)
         devices = sorted(set(by_device) | {d for d, tr in enumerate(seg_events) if tr})
         out: list[tuple[int, int, int, int, str, bool]] = []
@@ -860,13 +968,33 @@ def _gather(values: np.ndarray, index: np.ndarray) -> np.ndarray:
     return np.where(index >= 0, values[np.maximum(index, 0)], 0)
 
 
-def _live_blocks(segments: list[_Segment]) -> dict[str, np.ndarray]:
-    """Blocks live in the final segments, as columns (in segment order)."""
-    rows = [(seg.device, blk.addr, seg.stream, blk.requested, blk.size, blk.stack)
-            for seg in segments for blk in seg.blocks if blk.state in _LIVE_STATES]
-    arr = np.array(rows, dtype=np.int64).reshape(-1, 6)
-    return {"device": arr[:, 0], "addr": arr[:, 1], "stream": arr[:, 2], "size_bytes": arr[:, 3],
-            "block_size_bytes": arr[:, 4], "stack_id": arr[:, 5]}
+def _live_blocks(segments: SegmentColumns) -> dict[str, np.ndarray]:
+    """Blocks live in the final segments, as int64 columns (in segment order)."""
+    live = segments.block_state < _N_LIVE_STATES
+    seg = segments.block_segment[live]
+    return {"device": segments.device[seg], "addr": segments.block_addr[live], "stream": segments.stream[seg],
+            "size_bytes": segments.block_requested[live], "block_size_bytes": segments.block_size[live],
+            "stack_id": segments.block_stack[live].astype(np.int64)}
+
+
+def _scanned_segments(cols: tuple) -> SegmentColumns:
+    """``SegmentColumns`` of the compiled scan's bytearrays."""
+    (device, addr, size, stream, pool, expandable, _n_blocks), \
+        (b_seg, b_addr, b_size, b_requested, b_state, b_stack) = cols
+    i64 = lambda raw: np.frombuffer(raw, dtype=np.int64)
+    return SegmentColumns(device=i64(device), addr=i64(addr), size=i64(size), stream=i64(stream),
+                          pool=np.frombuffer(pool, np.int8), expandable=np.frombuffer(expandable, np.int8).astype(bool),
+                          block_segment=i64(b_seg), block_addr=i64(b_addr), block_size=i64(b_size),
+                          block_requested=i64(b_requested), block_state=np.frombuffer(b_state, np.int8),
+                          block_stack=np.frombuffer(b_stack, np.int32))
+
+
+def _scanned_device(cols: tuple) -> DeviceEntries:
+    """One device's entries from the compiled scan's bytearrays."""
+    action, size, stream, addr, t_ns, extra, stack = cols
+    i64 = lambda raw: np.frombuffer(raw, dtype=np.int64)
+    return DeviceEntries(np.frombuffer(action, np.int8), i64(size), i64(stream), i64(addr), i64(t_ns),
+                         np.frombuffer(stack, np.int32), i64(extra))
 
 
 def _last_request_actions(device: np.ndarray, addr: np.ndarray, action: np.ndarray,

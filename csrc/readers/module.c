@@ -1,0 +1,58 @@
+/* allocsim.trace._readers: the compiled halves of the trace readers (allocsim.trace.compiled loads it).
+ *
+ * Each function takes what the Python reader has at that point (the file's bytes, or columns) and
+ * returns columns as bytearrays, or None when the input needs the Python reference route.
+ */
+#include "rd_common.h"
+
+uint64_t rd_hash_key[2];
+
+PyObject *rd_snapshot_scan(PyObject *self, PyObject *args);
+PyObject *rd_build_records(PyObject *self, PyObject *args);
+
+static PyMethodDef methods[] = {
+    {"snapshot_scan", rd_snapshot_scan, METH_VARARGS,
+     "snapshot_scan(data, memory_bytes, max_frames, max_string_chars, max_segments, max_devices, max_events, "
+     "max_time_us, step_ns) -> dict | None: a PyTorch snapshot pickle read into columns without unpickling."},
+    {"build_records", rd_build_records, METH_VARARGS,
+     "build_records(t_ns, op, device, stream, addr, size, stack_id, label, first_alloc_id, memory_bytes) -> "
+     "tuple | None: columnar.build_columns in one pass."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef readers_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "allocsim.trace._readers",
+    .m_doc = "Compiled halves of allocsim's trace readers; allocsim.trace.compiled loads it.",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+/* The hash key comes from os.urandom, so no file can know which keys collide. */
+static int seed_hash(void) {
+    PyObject *os = PyImport_ImportModule("os");
+    if (!os) return -1;
+    PyObject *raw = PyObject_CallMethod(os, "urandom", "i", 16);
+    Py_DECREF(os);
+    if (!raw) return -1;
+    if (!PyBytes_Check(raw) || PyBytes_GET_SIZE(raw) != 16) {
+        Py_DECREF(raw);
+        PyErr_SetString(PyExc_RuntimeError, "os.urandom(16) did not give 16 bytes");
+        return -1;
+    }
+    memcpy(rd_hash_key, PyBytes_AS_STRING(raw), 16);
+    Py_DECREF(raw);
+    return 0;
+}
+
+PyMODINIT_FUNC PyInit__readers(void) {
+    if (seed_hash() < 0) return NULL;
+    PyObject *m = PyModule_Create(&readers_module);
+    if (!m) return NULL;
+    /* Bumped whenever the Python side must be rebuilt with the C side (checked by the loader). */
+    if (PyModule_AddIntConstant(m, "ABI_VERSION", 1) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
