@@ -275,6 +275,15 @@ def read_bytes(path: str, limits: Limits = DEFAULT_LIMITS) -> bytes:
     reader = BoundedReader(path, limits)
     try:
         parts = []
+        if not reader.compressed:
+            # A plain file: one read of its size (and one byte more, to see the end); more only if it grew.
+            first = reader._raw.read(min(reader.file_bytes, limits.decompressed_bytes) + 1)
+            reader._count(len(first))
+            if len(first) <= reader.file_bytes:
+                if not first:
+                    raise TraceFormatError(path, None, "empty file (after decompression)")
+                return first
+            parts.append(first)
         while True:
             chunk = reader._next_chunk(_CHUNK_BYTES)
             if not chunk:

@@ -434,12 +434,20 @@ class _ModelReplay:
     def __init__(self, policy: Any, kept: np.ndarray, events: Any):
         self.policy = policy
         self.device = policy.device
-        self.kind = events["kind"].to_numpy()[kept].tolist()
-        self.alloc_id = events["alloc_id"].to_numpy()[kept].tolist()
-        self.size = events["size_bytes"].to_numpy()[kept].tolist()
-        self.stream = events["stream"].to_numpy()[kept].tolist()
+        columns = [np.ascontiguousarray(events[name].to_numpy()[kept], dtype=np.int64)
+                   for name in ("kind", "alloc_id", "size_bytes", "stream")]
+        self.kind, self.alloc_id, self.size, self.stream = (c.tolist() for c in columns)
         self.pos = 0
         self.refuse_pending = False
+        self.run = None
+        if policy.replay_run is not None:
+            # The compiled kernel replays runs of pool hits and frees in one call (Policy.replay_run),
+            # with exactly the per-event methods' state changes; the loop below takes the rest.
+            from ..policies.base import ReplayRun
+
+            rows = np.zeros(len(self.kind) + 1, dtype=np.int64)
+            self.run = ReplayRun(memoryview(rows), memoryview(rows.copy()), memoryview(rows.copy()))
+            self.columns = [memoryview(c) for c in columns]
 
     @classmethod
     def build(cls, trace: Trace, device: int, kept: np.ndarray) -> "_ModelReplay | None":
@@ -465,10 +473,27 @@ class _ModelReplay:
 
     def advance(self, k: int) -> None:
         """Replay the recorded requests up to (not including) the k-th."""
+        end = min(k, len(self.kind))
+        if self.run is None:
+            self._step_until(end)
+            return
+        run = self.run
+        run.kind, run.alloc_id, run.size_bytes, run.stream = (c[:end] for c in self.columns)
+        while self.pos < end:
+            if self.refuse_pending:         # the next ALLOC meets the refusal: one event at a time
+                self._step_until(self.pos + 1)
+                continue
+            run.pos, run.row = self.pos, 0
+            self.policy.replay_run(run)
+            self.pos = run.pos
+            self._step_until(min(run.pos + 1, end))
+
+    def _step_until(self, end: int) -> None:
+        """Replay requests ``pos .. end - 1`` one at a time through the policy's methods."""
         from ..errors import OutOfMemory
 
         p = self.policy
-        for i in range(self.pos, min(k, len(self.kind))):
+        for i in range(self.pos, end):
             kind, aid = self.kind[i], self.alloc_id[i]
             if kind == _ALLOC:
                 try:
@@ -487,7 +512,7 @@ class _ModelReplay:
                     p.free_completed(aid)
             elif kind == int(EventKind.EMPTY_CACHE):
                 p.empty_cache()
-        self.pos = max(self.pos, k)
+        self.pos = max(self.pos, end)
 
     def would_reuse(self, k: int) -> bool:
         return bool(self.policy.would_reuse(self.size[k], self.stream[k]))

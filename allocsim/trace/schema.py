@@ -123,13 +123,29 @@ DECISION_ACTIONS = (
 
 def empty_frame(dtypes: dict[str, np.dtype]) -> pd.DataFrame:
     """Return an empty DataFrame with the columns and dtypes of one schema table."""
-    return pd.DataFrame({name: pd.Series([], dtype=dtype) for name, dtype in dtypes.items()})
+    return pd.DataFrame({name: np.empty(0, dtype=dtype) for name, dtype in dtypes.items()}, copy=False)
+
+
+#: The dtype pandas gives a column of Python strings (``str`` in pandas >= 3, else object).
+_TEXT_DTYPE = pd.Series(["x"]).dtype
+
+
+def text_column(names: Any, codes: np.ndarray) -> Any:
+    """The text column ``names[codes]`` as pandas would store the strings, built without one object per row.
+
+    Pass the result in ``frame_from_columns``' columns for an object-dtype column.
+    """
+    codes = np.asarray(codes, dtype=np.intp)
+    if _TEXT_DTYPE == np.dtype(object) or not len(codes):
+        return np.asarray(list(names), dtype=object)[codes]
+    return pd.array(list(names), dtype=_TEXT_DTYPE).take(codes)
 
 
 def frame_from_columns(columns: dict[str, Any], dtypes: dict[str, np.dtype]) -> pd.DataFrame:
     """Build a schema table from column sequences, casting each to the schema dtype.
 
-    Optional columns (``stack_id``) that ``columns`` lacks are filled with their default.
+    Optional columns (``stack_id``) that ``columns`` lacks are filled with their default. A text
+    column may be given as ``text_column``'s result.
     """
     missing = set(dtypes) - set(columns) - set(OPTIONAL_COLUMNS)
     if missing:
@@ -138,11 +154,18 @@ def frame_from_columns(columns: dict[str, Any], dtypes: dict[str, np.dtype]) -> 
     out = {}
     for name, dtype in dtypes.items():
         if name in columns:
-            out[name] = np.asarray(columns[name], dtype=dtype)
+            values = columns[name]
+            if dtype == _OBJECT and isinstance(values, pd.api.extensions.ExtensionArray):
+                out[name] = values
+            else:
+                out[name] = np.asarray(values, dtype=dtype)
         else:
             out[name] = np.full(n_rows, OPTIONAL_COLUMNS[name], dtype=dtype)
     # copy=False: one block per column, no consolidation copy (the arrays are fresh, ours to keep).
     return pd.DataFrame(out, copy=False)
+
+
+_OBJECT = np.dtype("object")
 
 
 def with_optional_columns(frame: pd.DataFrame, dtypes: dict[str, np.dtype]) -> pd.DataFrame:
@@ -314,8 +337,9 @@ def check_schema(trace: Trace) -> None:
     ):
         if list(frame.columns) != list(dtypes):
             raise ValueError(f"{name}: columns {list(frame.columns)} != {list(dtypes)}")
-        for col, dtype in dtypes.items():
-            if dtype == np.dtype("object") and pd.api.types.is_string_dtype(frame[col].dtype):
+        for (col, dtype), got in zip(dtypes.items(), frame.dtypes.tolist()):
+            if got == dtype:
+                continue
+            if dtype == _OBJECT and pd.api.types.is_string_dtype(got):
                 continue  # pandas >= 3 stores text as its own string dtype
-            if frame[col].dtype != dtype:
-                raise ValueError(f"{name}.{col}: dtype {frame[col].dtype} != {dtype}")
+            raise ValueError(f"{name}.{col}: dtype {got} != {dtype}")

@@ -68,6 +68,7 @@ from .schema import (
     Trace,
     check_schema,
     frame_from_columns,
+    text_column,
 )
 from .settings import checked_allocator_settings
 from .snapshot_fast import ACTION_NAMES, DeviceEntries, entry_columns, merged_records
@@ -708,12 +709,11 @@ class _SnapshotReader:
         initial = {name: np.concatenate([np.asarray(declared[name]), built.initial[name]])
                    for name in INITIAL_ALLOC_DTYPES}
         is_dec = action_idx != ACTION_NAMES.index("snapshot")
-        names = np.array(ACTION_NAMES, dtype=object)
         req_dec = is_req[is_dec]
         decisions = {
             "event_index": built.row_event[is_dec],
             "t_ns": rec.t_ns[is_dec],
-            "action": names[action_idx[is_dec]],
+            "action": text_column(ACTION_NAMES, action_idx[is_dec]),
             "addr": np.where(action_idx[is_dec] == ACTION_NAMES.index("oom"), -1, rec.addr[is_dec]),
             "size_bytes": np.where(req_dec, built.row_alloc_size[is_dec], rec.size[is_dec]),
             "stream": rec.stream[is_dec],
@@ -1030,9 +1030,10 @@ def _segment_entries(device: int, cols: Any) -> list[_Entry]:
     """The segment_* entries of one device as ``_Entry`` (few: the rest stay columns)."""
     first = ACTION_NAMES.index("segment_alloc")
     idx = np.flatnonzero((cols.action >= first) & (cols.action < first + 4))
-    return [_Entry(int(cols.t_ns[i]), device, int(i), ACTION_NAMES[int(cols.action[i])], int(cols.addr[i]),
-                   int(cols.size[i]), int(cols.stream[i]), -1, f"device {device} entry {int(i)}")
-            for i in idx.tolist()]
+    return [_Entry(t, device, i, ACTION_NAMES[a], addr, size, stream, -1, f"device {device} entry {i}")
+            for i, t, a, addr, size, stream in zip(idx.tolist(), cols.t_ns[idx].tolist(), cols.action[idx].tolist(),
+                                                   cols.addr[idx].tolist(), cols.size[idx].tolist(),
+                                                   cols.stream[idx].tolist())]
 
 
 # ---------------------------------------------------------------------- mapped ranges

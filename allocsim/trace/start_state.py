@@ -25,8 +25,6 @@ is split off), so they need no repair.
 
 from __future__ import annotations
 
-import bisect
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -49,7 +47,8 @@ def repair_start_state(trace: Trace) -> list[str]:
     if not len(blocks):
         return []
     plain_large = _plain_large_segments(trace.initial_segments)
-    rows = blocks.sort_values(["device", "segment_addr", "addr"], kind="stable").to_dict("records")
+    order = np.lexsort((blocks["addr"].to_numpy(), blocks["segment_addr"].to_numpy(), blocks["device"].to_numpy()))
+    rows = _Rows({name: blocks[name].to_numpy()[order].tolist() for name in blocks.columns})
     notes: list[str] = []
     placed = _first_placements(trace, rows, plain_large)
     grown_by_placement, unexplained = _apply_placements(rows, placed)
@@ -60,67 +59,89 @@ def repair_start_state(trace: Trace) -> list[str]:
     if unexplained:
         notes.append(f"{unexplained} first allocations in a start-of-window free region were placed more "
                      "than 1 MiB after its reconstructed start: the reconstruction left them alone")
-    rows, grown, grown_bytes, odd = _absorb_tails(rows, plain_large)
+    keep, grown, grown_bytes, odd = _absorb_tails(rows, plain_large)
     if grown:
         notes.append(f"{grown} start-of-window large-pool blocks grown over the free gap of <= 1 MiB after "
                      f"them ({grown_bytes:,} bytes): such a gap is an unsplit tail (should_split)")
     if odd:
         notes.append(f"{odd} free gaps of <= 1 MiB in large segments could not be explained")
-    fixed = pd.DataFrame(rows, columns=list(blocks.columns)).astype(blocks.dtypes.to_dict())
-    trace.initial_blocks = fixed.reset_index(drop=True)
+    if grown_by_placement or grown or len(keep) < len(order) or bool((order != np.arange(len(order))).any()):
+        trace.initial_blocks = _frame_of(blocks, rows, keep)
     _sync_initial_alloc_sizes(trace)
     trace.meta.notes.extend(notes)
     return notes
 
 
+class _Rows:
+    """The start blocks as one list per column (sorted by device, segment, address)."""
+
+    def __init__(self, columns: dict[str, list]):
+        self.columns = columns
+        self.device = columns["device"]
+        self.segment_addr = columns["segment_addr"]
+        self.addr = columns["addr"]
+        self.size = columns["size_bytes"]
+        self.alloc_id = columns["alloc_id"]
+
+    def __len__(self) -> int:
+        return len(self.addr)
+
+
+def _frame_of(blocks: pd.DataFrame, rows: _Rows, keep: list[int]) -> pd.DataFrame:
+    """The blocks table of the kept rows, in the dtypes of ``blocks``."""
+    out = {}
+    for name, dtype in blocks.dtypes.items():
+        values = rows.columns[name]
+        column = [values[k] for k in keep]
+        out[name] = np.array(column, dtype=dtype) if isinstance(dtype, np.dtype) else pd.array(column, dtype=dtype)
+    return pd.DataFrame(out, copy=False)
+
+
 def _plain_large_segments(segments: pd.DataFrame) -> set[tuple[int, int]]:
     """(device, addr) of every large-pool segment that is not expandable."""
-    return {(int(d), int(a)) for d, a, pool, exp in zip(segments["device"], segments["addr"], segments["pool"],
-                                                        segments["is_expandable"])
+    return {(int(d), int(a)) for d, a, pool, exp in zip(
+                segments["device"].to_numpy().tolist(), segments["addr"].to_numpy().tolist(),
+                segments["pool"].to_numpy().tolist(), segments["is_expandable"].to_numpy().tolist())
             if pool == "large" and not exp}
 
 
-def _first_placements(trace: Trace, rows: list[dict[str, Any]],
-                      plain_large: set[tuple[int, int]]) -> dict[int, int]:
+def _first_placements(trace: Trace, rows: _Rows, plain_large: set[tuple[int, int]]) -> dict[int, int]:
     """Row index of a free region -> address of the first allocation placed in it while its
     predecessor block was still allocated (regions never placed into that way are absent)."""
     regions: dict[int, list[tuple[int, int, int, int]]] = {}   # device -> [(start, end, row, prev_id)]
-    for k, row in enumerate(rows):
-        if k == 0 or row["alloc_id"] >= 0:
+    dev, seg, addr, size, aid = rows.device, rows.segment_addr, rows.addr, rows.size, rows.alloc_id
+    for k in range(1, len(rows)):
+        if aid[k] >= 0 or aid[k - 1] < 0 or seg[k - 1] != seg[k] or dev[k - 1] != dev[k]:
             continue
-        prev = rows[k - 1]
-        if (prev["alloc_id"] < 0 or prev["segment_addr"] != row["segment_addr"] or prev["device"] != row["device"]
-                or (int(row["device"]), int(row["segment_addr"])) not in plain_large):
+        if (dev[k], seg[k]) not in plain_large:
             continue
-        start = int(row["addr"])
-        regions.setdefault(int(row["device"]), []).append((start, start + int(row["size_bytes"]), k,
-                                                           int(prev["alloc_id"])))
+        regions.setdefault(dev[k], []).append((addr[k], addr[k] + size[k], k, aid[k - 1]))
     if not regions:
         return {}
     freed_at = _free_completed_index(trace, {r[3] for rs in regions.values() for r in rs})
     dec = trace.decisions
-    allocs = dec[dec["action"] == "alloc"]
+    is_alloc = dec["action"].to_numpy() == "alloc"
+    dec_device = dec["device"].to_numpy()[is_alloc]
+    dec_index = dec["event_index"].to_numpy()[is_alloc]
+    dec_addr = dec["addr"].to_numpy()[is_alloc]
+    never = np.iinfo(np.int64).max
     found: dict[int, int] = {}
     for device, items in regions.items():
         items.sort()
-        starts = [r[0] for r in items]
-        mine = allocs[allocs["device"] == device]
-        resolved = 0
-        for index, addr in zip(mine["event_index"].to_numpy().tolist(), mine["addr"].to_numpy().tolist()):
-            j = bisect.bisect_right(starts, addr) - 1
-            if j < 0:
-                continue
-            start, end, row, prev_id = items[j]
-            if addr >= end or row in found:
-                continue
-            if index > freed_at.get(prev_id, np.iinfo(np.int64).max):
-                found[row] = -1   # the predecessor was freed first: the region merged, nothing to learn
-            else:
-                found[row] = addr
-            resolved += 1
-            if resolved == len(items):
-                break
-    return {row: addr for row, addr in found.items() if addr >= 0}
+        starts = np.array([r[0] for r in items], dtype=np.int64)
+        ends = np.array([r[1] for r in items], dtype=np.int64)
+        mine = dec_device == device
+        index, at = dec_index[mine], dec_addr[mine]
+        # The first allocation (in recorded order) inside each region decides it.
+        j = np.searchsorted(starts, at, side="right") - 1
+        inside = (j >= 0) & (at < ends[np.maximum(j, 0)])
+        regions_hit, first = np.unique(j[inside], return_index=True)
+        for region, pos in zip(regions_hit.tolist(), first.tolist()):
+            _start, _end, row, prev_id = items[region]
+            hit_index, hit_addr = int(index[inside][pos]), int(at[inside][pos])
+            # The predecessor freed first: the region merged, nothing to learn (-1).
+            found[row] = -1 if hit_index > freed_at.get(prev_id, never) else hit_addr
+    return {row: a for row, a in found.items() if a >= 0}
 
 
 def _free_completed_index(trace: Trace, alloc_ids: set[int]) -> dict[int, int]:
@@ -134,56 +155,54 @@ def _free_completed_index(trace: Trace, alloc_ids: set[int]) -> dict[int, int]:
     return out
 
 
-def _apply_placements(rows: list[dict[str, Any]], placed: dict[int, int]) -> tuple[tuple[int, int] | None, int]:
+def _apply_placements(rows: _Rows, placed: dict[int, int]) -> tuple[tuple[int, int] | None, int]:
     """Move each region's start to its first placement; the predecessor takes the gap."""
     count = total = unexplained = 0
     for row, addr in sorted(placed.items()):
-        region = rows[row]
-        gap = addr - int(region["addr"])
+        gap = addr - rows.addr[row]
         if gap <= 0:
             continue
         if gap > K_SMALL_SIZE or gap % K_MIN_BLOCK_SIZE:
             unexplained += 1
             continue
-        rows[row - 1]["size_bytes"] += gap
-        region["addr"] += gap
-        region["size_bytes"] -= gap
+        rows.size[row - 1] += gap
+        rows.addr[row] += gap
+        rows.size[row] -= gap
         count += 1
         total += gap
     return ((count, total) if count else None), unexplained
 
 
-def _absorb_tails(rows: list[dict[str, Any]], plain_large: set[tuple[int, int]]
-                  ) -> tuple[list[dict[str, Any]], int, int, int]:
-    """Apply the tail rule; drop free rows that became empty."""
-    out: list[dict[str, Any]] = []
+def _absorb_tails(rows: _Rows, plain_large: set[tuple[int, int]]) -> tuple[list[int], int, int, int]:
+    """Apply the tail rule; return the rows kept (free rows that became empty, or absorbed, go)."""
+    keep: list[int] = []
     grown = grown_bytes = odd = 0
-    for row in rows:
-        if row["size_bytes"] <= 0:
+    dev, seg, size, aid = rows.device, rows.segment_addr, rows.size, rows.alloc_id
+    for k in range(len(rows)):
+        if size[k] <= 0:
             continue
-        prev = out[-1] if out else None
-        same_segment = (prev is not None and prev["segment_addr"] == row["segment_addr"]
-                        and prev["device"] == row["device"])
-        if (row["alloc_id"] < 0 and row["size_bytes"] <= K_SMALL_SIZE
-                and (int(row["device"]), int(row["segment_addr"])) in plain_large):
-            if same_segment and prev["alloc_id"] >= 0:
-                prev["size_bytes"] += row["size_bytes"]
+        prev = keep[-1] if keep else -1
+        same_segment = prev >= 0 and seg[prev] == seg[k] and dev[prev] == dev[k]
+        if aid[k] < 0 and size[k] <= K_SMALL_SIZE and (dev[k], seg[k]) in plain_large:
+            if same_segment and aid[prev] >= 0:
+                size[prev] += size[k]
                 grown += 1
-                grown_bytes += int(row["size_bytes"])
+                grown_bytes += size[k]
                 continue
             odd += 1
-        out.append(dict(row))
-    return out, grown, grown_bytes, odd
+        keep.append(k)
+    return keep, grown, grown_bytes, odd
 
 
 def _sync_initial_alloc_sizes(trace: Trace) -> None:
     """Give ``initial_allocs.block_size_bytes`` the repaired block sizes."""
     blocks = trace.initial_blocks
-    live = blocks[blocks["alloc_id"] >= 0]
-    if not len(live) or not len(trace.initial_allocs):
+    ids = blocks["alloc_id"].to_numpy()
+    live = ids >= 0
+    if not live.any() or not len(trace.initial_allocs):
         return
-    size_of = dict(zip(live["alloc_id"].to_numpy().tolist(), live["size_bytes"].to_numpy().tolist()))
+    size_of = dict(zip(ids[live].tolist(), blocks["size_bytes"].to_numpy()[live].tolist()))
     ia = trace.initial_allocs
     current = ia["block_size_bytes"].to_numpy()
-    ids = ia["alloc_id"].to_numpy().tolist()
-    ia["block_size_bytes"] = np.array([size_of.get(a, c) for a, c in zip(ids, current.tolist())], dtype=np.int64)
+    ia_ids = ia["alloc_id"].to_numpy().tolist()
+    ia["block_size_bytes"] = np.array([size_of.get(a, c) for a, c in zip(ia_ids, current.tolist())], dtype=np.int64)
