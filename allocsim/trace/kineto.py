@@ -53,9 +53,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import TraceFormatError
+from . import compiled
 from .builder import MAX_SIZE_BYTES, TraceBuilder
 from .columnar import OP_ALLOC, OP_FREE, OP_MARKER, OP_NONE, Records, build_columns
-from .frames import FrameTable
+from .frames import FrameTable, frame_tables
 from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, quote, read_bytes
 from .schema import (
     DECISION_DTYPES,
@@ -67,6 +68,7 @@ from .schema import (
     Trace,
     check_schema,
     frame_from_columns,
+    text_column,
 )
 
 MEMORY_EVENT = "[memory]"
@@ -323,13 +325,22 @@ def _selected_events(events: list, limits: Limits):
 
 def read_kineto(path, *, lenient: bool = False, limits: Limits | None = None) -> Trace:
     """Read a torch.profiler / Kineto Chrome trace's memory events into a ``Trace`` (see module doc)."""
-    from .kineto_fast import decode_events
-
     path = str(path)
     limits = limits or DEFAULT_LIMITS
     data = read_bytes(path, limits)
     if not data.strip():
         raise TraceFormatError(path, None, "empty file")
+    if compiled.active():
+        scan = compiled.ext.chrome_scan(data, limits.memory_bytes, limits.depth, limits.events)
+        if scan is not None:
+            return _read_scanned(path, data, scan, lenient, limits)
+    return _read_decoded(path, data, lenient, limits)
+
+
+def _read_decoded(path: str, data: bytes, lenient: bool, limits: Limits) -> Trace:
+    """The reference route: the document decoded (msgspec, else the standard library), then read."""
+    from .kineto_fast import decode_events
+
     fast = decode_events(data)
     if fast is not None:
         events, top_keys, is_object = fast
@@ -355,67 +366,249 @@ def read_kineto(path, *, lenient: bool = False, limits: Limits | None = None) ->
     del events
 
     builder = TraceBuilder(path, "kineto", lenient=lenient)
-    recs: list[_Rec] = []
-    device_types: dict[int, set[int]] = {}
-    skipped_zero = 0
-    not_objects = n_objects
-    step_seen: set[str] = set()
-    duplicate_steps = 0
-
+    state = _ReadState(n_objects)
     _refuse_without_addr(path, selected)
     for pos, ev in selected:
         if isinstance(ev, _Rec):     # a well-formed [memory] event, already parsed
-            device_types.setdefault(ev.label_type, set()).add(ev.label_index)
+            state.device_types.setdefault(ev.label_type, set()).add(ev.label_index)
             ev.label_type = ev.label_index = None
             if ev.nbytes == 0:
-                skipped_zero += 1
+                state.skipped_zero += 1
                 continue
-            recs.append(ev)
+            state.recs.append(ev)
             continue
-        if not isinstance(ev, dict):
-            continue
-        name = ev.get("name")
-        record = where.format(pos)
-        if name == MEMORY_EVENT or name == OOM_EVENT:
-            rec = _parse_memory(builder, record, ev, name == OOM_EVENT, device_types)
-            if rec is None:
-                continue
-            if rec.kind == "mem" and rec.nbytes == 0:
-                skipped_zero += 1
-                continue
-            rec.pos = pos
-            rec.thread = _thread_key(ev)
-            recs.append(rec)
-        elif isinstance(name, str) and name.startswith(STEP_PREFIX) and ev.get("ph") == "X":
-            cat = ev.get("cat")
-            if isinstance(cat, str) and "gpu" in cat.lower():
-                continue  # the GPU-timeline copy of the same step annotation
-            t_ns = ts_to_ns(ev.get("ts"))
-            if t_ns is None or not _INT64_MIN <= t_ns <= _INT64_MAX:
-                builder.problem(record, f"step marker {quote(name)} has no numeric ts ({quote(ev.get('ts'))})",
-                                "skipped the marker")
-                continue
-            if name in step_seen:
-                duplicate_steps += 1
-                continue
-            if len(name) > limits.string_chars:
-                raise LimitExceeded(path, record, "string_chars", limits.string_chars,
-                                    f"a step name of {len(name):,} characters")
-            step_seen.add(name)
-            recs.append(_Rec(t_ns, pos, "step", label=name))
+        _read_event(builder, state, pos, ev, where, limits)
     del selected
-    check_count(path, "devices", sum(len(v) for v in device_types.values()), limits, "devices", None)
+    threads = _Threads()
+    cols = _RecColumns.of(state.recs, threads)
+    op_cols = _OpColumns.of(ops, threads)
+    return _finish(path, builder, state, cols, op_cols, threads.names, top_keys, where, limits)
 
-    recs.sort(key=lambda r: (r.t_ns, r.pos))
-    mem_devices = sorted({r.device for r in recs if r.kind == "mem"})
+
+class _ReadState:
+    """What reading the selected events gathers besides the records: device types and counts."""
+
+    def __init__(self, not_objects: int = 0):
+        self.recs: list[_Rec] = []
+        self.device_types: dict[int, set[int]] = {}
+        self.skipped_zero = 0
+        self.not_objects = not_objects
+        self.step_seen: set[str] = set()
+        self.duplicate_steps = 0
+
+
+def _read_event(builder: TraceBuilder, state: _ReadState, pos: int, ev: Any, where: str, limits: Limits) -> None:
+    """One selected event that is not an already-typed [memory] record: checked [memory] / OOM, or a step."""
+    if not isinstance(ev, dict):
+        return
+    name = ev.get("name")
+    record = where.format(pos)
+    if name == MEMORY_EVENT or name == OOM_EVENT:
+        rec = _parse_memory(builder, record, ev, name == OOM_EVENT, state.device_types)
+        if rec is None:
+            return
+        if rec.kind == "mem" and rec.nbytes == 0:
+            state.skipped_zero += 1
+            return
+        rec.pos = pos
+        rec.thread = _thread_key(ev)
+        state.recs.append(rec)
+    elif isinstance(name, str) and name.startswith(STEP_PREFIX) and ev.get("ph") == "X":
+        cat = ev.get("cat")
+        if isinstance(cat, str) and "gpu" in cat.lower():
+            return  # the GPU-timeline copy of the same step annotation
+        t_ns = ts_to_ns(ev.get("ts"))
+        if t_ns is None or not _INT64_MIN <= t_ns <= _INT64_MAX:
+            builder.problem(record, f"step marker {quote(name)} has no numeric ts ({quote(ev.get('ts'))})",
+                            "skipped the marker")
+            return
+        if name in state.step_seen:
+            state.duplicate_steps += 1
+            return
+        if len(name) > limits.string_chars:
+            raise LimitExceeded(builder.path, record, "string_chars", limits.string_chars,
+                                f"a step name of {len(name):,} characters")
+        state.step_seen.add(name)
+        state.recs.append(_Rec(t_ns, pos, "step", label=name))
+
+
+def _read_scanned(path: str, data: bytes, scan: dict, lenient: bool, limits: Limits) -> Trace:
+    """The compiled route: the scan's [memory] columns as they are, the few other events as the
+    reference reads them, then the same back half (``_finish``)."""
+    from .kineto_fast import raw_args, raw_value
+
+    where = "traceEvents[{}]" if scan["is_object"] else "[{}]"
+    builder = TraceBuilder(path, "kineto", lenient=lenient)
+    state = _ReadState()
+    i64, i32 = (lambda raw: np.frombuffer(raw, np.int64)), (lambda raw: np.frombuffer(raw, np.int32))
+    m_pos, m_t, m_addr, m_bytes, m_total, m_reserved = (i64(c) for c in scan["memory"][:6])
+    m_type, m_index, m_thread = (i32(c) for c in scan["memory"][6:])
+    # (type, index) pairs: types are 0..100 and indices -1..254 (checked by the scan)
+    pairs = np.unique(m_type.astype(np.int64) * 512 + m_index + 1)
+    for dtype, dindex in zip((pairs // 512).tolist(), (pairs % 512 - 1).tolist()):
+        state.device_types.setdefault(dtype, set()).add(dindex)
+    nonzero = m_bytes != 0
+    state.skipped_zero = int(len(m_bytes) - np.count_nonzero(nonzero))
+    threads = _Threads(scan["threads"])
+    o_pos, o_start, o_end = (i64(c).tolist() for c in scan["other"][:3])
+    o_thread = i32(scan["other"][3])
+    for pos, start, end in zip(o_pos, o_start, o_end):
+        e = msgspec_event(data[start:end])
+        args = raw_args(e.args)
+        if isinstance(args, dict):
+            args = {k: (repr(v) if isinstance(v, float) else v) for k, v in args.items()}
+        _read_event(builder, state, pos, {"name": e.name, "ph": e.ph, "cat": e.cat, "ts": raw_value(e.ts),
+                                          "args": args, "pid": e.pid, "tid": e.tid}, where, limits)
+    devices = _device_ids(m_type, m_index)
+    cols = _RecColumns.concat(
+        _RecColumns(t_ns=m_t[nonzero], pos=m_pos[nonzero], kind=np.zeros(int(nonzero.sum()), np.int8),
+                    device=devices[nonzero], addr=m_addr[nonzero], nbytes=m_bytes[nonzero],
+                    total=m_total[nonzero], reserved=m_reserved[nonzero], thread=m_thread[nonzero].astype(np.int64),
+                    label=np.zeros(int(nonzero.sum()), np.int64), labels=[]),
+        _RecColumns.of(state.recs, threads))
+    selected_threads = np.unique(np.concatenate([m_thread, o_thread]).astype(np.int64))
+    op_cols = _scanned_ops(scan, selected_threads, m_t, limits)
+    return _finish(path, builder, state, cols, op_cols, threads.names, scan["top"], where, limits)
+
+
+def msgspec_event(text: bytes) -> Any:
+    """One event object decoded as the reference's msgspec path decodes it (``kineto_fast.Event``)."""
+    from .kineto_fast import decode_event
+
+    return decode_event(text)
+
+
+def _device_ids(device_type: np.ndarray, device_index: np.ndarray) -> np.ndarray:
+    """``device_id`` of each (type, index) pair, as an int64 array."""
+    t, i = device_type.astype(np.int64), device_index.astype(np.int64)
+    return np.where((t == CUDA) | (t == HIP), i, np.where(t == CPU, -1, -(256 * t + i + 1)))
+
+
+def _scanned_ops(scan: dict, selected_threads: np.ndarray, mem_t_ns: np.ndarray, limits: Limits) -> "_OpColumns":
+    """The ops that may frame [memory] events (``_selected_events`` on the msgspec path): on a thread
+    of a kept event, near a [memory] event in time, with exact times and a name within the cap."""
+    p_thread = np.frombuffer(scan["ops"][0], np.int32).astype(np.int64)
+    p_name = np.frombuffer(scan["ops"][1], np.int32)
+    ts, dur = np.frombuffer(scan["ops"][2], np.float64), np.frombuffer(scan["ops"][3], np.float64)
+    ts_ns, dur_ns = np.frombuffer(scan["ops"][4], np.int64), np.frombuffer(scan["ops"][5], np.int64)
+    ts_ok, dur_ok = np.frombuffer(scan["ops"][6], np.int8) == 1, np.frombuffer(scan["ops"][7], np.int8) == 1
+    keep = np.isin(p_thread, selected_threads)
+    keep &= _spanning_mask(ts, dur, mem_t_ns)
+    names = scan["names"]
+    short = np.array([len(n) <= limits.string_chars for n in names], dtype=bool)
+    keep &= ts_ok & dur_ok & (dur_ns >= 0) & (short[p_name] if len(names) else False)
+    rows = np.flatnonzero(keep)
+    return _OpColumns(thread=p_thread[rows], start=ts_ns[rows], end=ts_ns[rows] + dur_ns[rows],
+                      name=[names[i] for i in p_name[rows].tolist()])
+
+
+def _spanning_mask(start: np.ndarray, dur: np.ndarray, mem_t_ns: np.ndarray) -> np.ndarray:
+    """``_ops_spanning``'s test on float times (us): may the op's span hold a [memory] event?"""
+    if not len(start) or not len(mem_t_ns):
+        return np.zeros(len(start), dtype=bool)
+    mem_us = np.sort(np.asarray(mem_t_ns, dtype=np.float64) / 1000.0)
+    end = start + dur
+    nxt = np.searchsorted(mem_us, start - 1.0)
+    keep = ~(np.isfinite(start) & np.isfinite(end))
+    inside = nxt < len(mem_us)
+    keep |= inside & (mem_us[np.minimum(nxt, len(mem_us) - 1)] <= end + 1.0)
+    return keep
+
+
+class _Threads:
+    """Thread keys (``pid\\0tid`` text) numbered in order of first use."""
+
+    def __init__(self, names: list[str] | None = None):
+        self.names = list(names or [])
+        self.index = {name: i for i, name in enumerate(self.names)}
+
+    def id(self, key: str) -> int:
+        found = self.index.get(key)
+        if found is None:
+            found = self.index[key] = len(self.names)
+            self.names.append(key)
+        return found
+
+
+_MEM, _OOM, _STEP = 0, 1, 2
+_KINDS = {"mem": _MEM, "oom": _OOM, "step": _STEP}
+
+
+class _RecColumns:
+    """The records to feed, as columns (``kind``: 0 [memory], 1 OOM, 2 step; -1 totals: not recorded)."""
+
+    def __init__(self, *, t_ns, pos, kind, device, addr, nbytes, total, reserved, thread, label, labels):
+        self.t_ns, self.pos, self.kind, self.device = t_ns, pos, kind, device
+        self.addr, self.nbytes, self.total, self.reserved = addr, nbytes, total, reserved
+        self.thread, self.label = thread, label      # thread ids; step label: index in ``labels``
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.t_ns)
+
+    @classmethod
+    def of(cls, recs: list[_Rec], threads: _Threads) -> "_RecColumns":
+        labels = [r.label for r in recs if r.kind == "step"]
+        step_index = iter(range(len(labels)))
+        col = lambda values, dtype=np.int64: np.array(values, dtype=dtype)
+        return cls(
+            t_ns=col([r.t_ns for r in recs]), pos=col([r.pos for r in recs]),
+            kind=col([_KINDS[r.kind] for r in recs], np.int8), device=col([r.device for r in recs]),
+            addr=col([r.addr for r in recs]), nbytes=col([r.nbytes for r in recs]),
+            total=col([r.total_alloc if r.total_alloc is not None else -1 for r in recs]),
+            reserved=col([r.total_reserved if r.total_reserved is not None else -1 for r in recs]),
+            thread=col([threads.id(r.thread) if r.kind != "step" else -1 for r in recs]),
+            label=col([next(step_index) if r.kind == "step" else 0 for r in recs]), labels=labels)
+
+    @classmethod
+    def concat(cls, a: "_RecColumns", b: "_RecColumns") -> "_RecColumns":
+        cat = lambda name: np.concatenate([getattr(a, name), getattr(b, name)])
+        return cls(t_ns=cat("t_ns"), pos=cat("pos"), kind=cat("kind"), device=cat("device"), addr=cat("addr"),
+                   nbytes=cat("nbytes"), total=cat("total"), reserved=cat("reserved"), thread=cat("thread"),
+                   label=np.concatenate([a.label, b.label + len(a.labels)]), labels=a.labels + b.labels)
+
+    def sorted(self) -> "_RecColumns":
+        """In feed order: by time, then position in the file."""
+        order = np.lexsort((self.pos, self.t_ns))
+        take = lambda values: values[order]
+        return _RecColumns(t_ns=take(self.t_ns), pos=take(self.pos), kind=take(self.kind), device=take(self.device),
+                           addr=take(self.addr), nbytes=take(self.nbytes), total=take(self.total),
+                           reserved=take(self.reserved), thread=take(self.thread), label=take(self.label),
+                           labels=self.labels)
+
+
+class _OpColumns:
+    """CPU ops that may frame [memory] events: thread id, start and end (ns), name."""
+
+    def __init__(self, *, thread: np.ndarray, start: np.ndarray, end: np.ndarray, name: list[str]):
+        self.thread, self.start, self.end, self.name = thread, start, end, name
+
+    @classmethod
+    def of(cls, ops: list[tuple[str, int, int, str]], threads: _Threads) -> "_OpColumns":
+        return cls(thread=np.array([threads.id(o[0]) for o in ops], dtype=np.int64),
+                   start=[o[1] for o in ops], end=[o[2] for o in ops], name=[o[3] for o in ops])
+
+
+def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: _RecColumns, ops: _OpColumns,
+            thread_names: list[str], top_keys: dict, where: str, limits: Limits) -> Trace:
+    """The back half both routes share: order, frames, events, recorded totals, hints and notes."""
+    device_types = state.device_types
+    check_count(path, "devices", sum(len(v) for v in device_types.values()), limits, "devices", None)
+    cols = cols.sorted()
+    is_mem = cols.kind == _MEM
+    mem_devices = sorted(set(np.unique(cols.device[is_mem]).tolist()))
     gpu_devices = [d for d in mem_devices if d >= 0]
     marker_device = gpu_devices[0] if gpu_devices else (mem_devices[0] if mem_devices else -1)
     frames = FrameTable(path, limits)
-    stack_ids = _op_stacks(recs, ops, frames)
-    del ops
+    stacks = _op_stacks_compiled(cols, ops, thread_names, limits) if compiled.active() else None
+    if stacks is None:
+        stack_ids = _op_stacks(cols, ops, thread_names, frames)
+        frame_tables, n_stacks = frames.tables(), frames.n_stacks
+    else:
+        stack_ids, frame_tables, n_stacks = stacks
 
-    event_index, built_trace = _feed(builder, recs, where, marker_device, stack_ids)
-    series = _recorded_series(recs, event_index)
+    event_index, built_trace = _feed(builder, cols, where, marker_device, stack_ids)
+    series = _recorded_series(cols, event_index)
 
     meta = builder.meta
     hints = meta.version_hints
@@ -429,26 +622,26 @@ def read_kineto(path, *, lenient: bool = False, limits: Limits | None = None) ->
         for t, idx in sorted(device_types.items()) for i in sorted(idx)}
     hints["stream"] = "Kineto records no stream; every event has stream 0"
     hints["marker_device"] = marker_device
-    check = _total_allocated_check(recs)
+    check = _total_allocated_check(cols)
     hints["total_allocated_check"] = {str(d): s for d, s in sorted(check.items())}
     meta.notes.append("Kineto records no stream: all events are on stream 0")
     meta.notes.append("sizes are the allocator's block sizes (Bytes), not the requested sizes")
     if HIP in device_types:
         meta.notes.append("GPU memory recorded by a ROCm build (Device Type 6, HIP): HIP device N is "
                           "GPU device N, as CUDA's")
-    if stack_ids is not None and frames.n_stacks:
+    if stack_ids is not None and n_stacks:
         meta.notes.append("frames are pseudo-frames: the CPU operators (filename '', line 0) and "
                           "Python functions (file and line from their name) that enclose each [memory] "
                           "event in time on its thread, innermost first (Kineto records no allocation "
                           "stacks)")
     if len(device_types) > 1 or any(len(v) > 1 for v in device_types.values()):
         meta.notes.append(f"devices mixed in one trace: {hints['device_map']} (CUDA/HIP N -> N, CPU -> -1)")
-    if skipped_zero:
-        meta.notes.append(f"{skipped_zero} [memory] events with Bytes == 0 skipped (neither alloc nor free)")
-    if not_objects:
-        meta.notes.append(f"{not_objects} entries of traceEvents are not objects; ignored")
-    if duplicate_steps:
-        meta.notes.append(f"{duplicate_steps} repeated {STEP_PREFIX}N events ignored (first kept)")
+    if state.skipped_zero:
+        meta.notes.append(f"{state.skipped_zero} [memory] events with Bytes == 0 skipped (neither alloc nor free)")
+    if state.not_objects:
+        meta.notes.append(f"{state.not_objects} entries of traceEvents are not objects; ignored")
+    if state.duplicate_steps:
+        meta.notes.append(f"{state.duplicate_steps} repeated {STEP_PREFIX}N events ignored (first kept)")
     for d, s in sorted(check.items()):
         if s["checked"] and s["mismatched"]:
             meta.notes.append(
@@ -459,10 +652,9 @@ def read_kineto(path, *, lenient: bool = False, limits: Limits | None = None) ->
             meta.notes.append(
                 f"device {d}: {s['baseline_bytes']} bytes were allocated before the first recorded event "
                 "(Total Allocated - Bytes at that event)")
-    meta.devices = sorted(set(mem_devices) | ({marker_device} if step_seen else set()))
+    meta.devices = sorted(set(mem_devices) | ({marker_device} if state.step_seen else set()))
     trace = built_trace if built_trace is not None else builder.finish()
     trace.recorded_series = frame_from_columns(series, RECORDED_SERIES_DTYPES)
-    frame_tables = frames.tables()
     trace.frames = frame_from_columns(frame_tables["frames"], FRAME_DTYPES)
     trace.stacks = frame_from_columns(frame_tables["stacks"], STACK_DTYPES)
     _store_recorded_runs(trace, device_types)
@@ -470,35 +662,36 @@ def read_kineto(path, *, lenient: bool = False, limits: Limits | None = None) ->
     return trace
 
 
-def _op_stacks(recs: list[_Rec], ops: list[tuple[str, int, int, str]], frames: FrameTable) -> list[int] | None:
+def _op_stacks(cols: _RecColumns, ops: _OpColumns, thread_names: list[str], frames: FrameTable) -> list[int] | None:
     """Stack id of each record: the ops that contain it in time on its thread, innermost first.
 
     One sweep per thread over ops sorted by start (outer first on ties) with a stack of open ops;
     ops on one thread nest (a call tree), so the open stack at a [memory] event is its context.
     """
-    if not ops:
+    if not len(ops.thread):
         return None
-    by_thread: dict[str, list[tuple[int, int, str]]] = {}
-    for thread, start, end, name in ops:
-        by_thread.setdefault(thread, []).append((start, -end, name))
-    mem_by_thread: dict[str, list[int]] = {}
-    for i, r in enumerate(recs):
-        if r.kind == "mem":
-            mem_by_thread.setdefault(r.thread, []).append(i)
-    out = [-1] * len(recs)
+    by_thread: dict[int, list[tuple[int, int, str]]] = {}
+    for thread, start, end, name in zip(ops.thread.tolist(), list(ops.start), list(ops.end), ops.name):
+        by_thread.setdefault(thread, []).append((int(start), -int(end), name))
+    mem_rows = np.flatnonzero(cols.kind == _MEM)
+    mem_by_thread: dict[int, list[int]] = {}
+    for row, thread in zip(mem_rows.tolist(), cols.thread[mem_rows].tolist()):
+        mem_by_thread.setdefault(thread, []).append(row)
+    out = [-1] * len(cols)
+    t_col = cols.t_ns.tolist()
     frame_of: dict[str, dict] = {}
     for thread, rec_rows in mem_by_thread.items():
         thread_ops = by_thread.get(thread)
         if not thread_ops:
             continue
         thread_ops.sort()
-        record = f"thread {thread.replace(chr(0), '/')}"
+        record = f"thread {thread_names[thread].replace(chr(0), '/')}"
         ends: list[int] = []        # open ops, outermost first
         sids: list[int] = []        # stack id with each open op innermost
         k = 0
         n_ops = len(thread_ops)
-        for row in rec_rows:        # recs are in time order
-            t = recs[row].t_ns
+        for row in rec_rows:        # records are in time order
+            t = t_col[row]
             while k < n_ops and thread_ops[k][0] <= t:
                 start, neg_end, name = thread_ops[k]
                 k += 1
@@ -517,42 +710,105 @@ def _op_stacks(recs: list[_Rec], ops: list[tuple[str, int, int, str]], frames: F
     return out
 
 
-def _feed(builder: TraceBuilder, recs: list[_Rec], where: str, marker_device: int,
-          stack_ids: list[int] | None) -> tuple[list[int], Trace | None]:
+def _op_stacks_compiled(cols: _RecColumns, ops: _OpColumns, thread_names: list[str], limits: Limits
+                        ) -> tuple[list[int] | None, dict, int] | None:
+    """``_op_stacks`` and the frame tables it fills, with the sweep and the interning in C
+    (``op_sweep``, ``intern_stacks``): the same stacks and ids; None when a cap is exceeded (the
+    Python route then raises it, naming the thread)."""
+    if not len(ops.thread):
+        return None, frame_tables([], np.empty(0, np.int64), [], np.empty(0, np.int32), np.zeros(1, np.int64)), 0
+    mem_rows = np.flatnonzero(cols.kind == _MEM)
+    mem_thread = cols.thread[mem_rows]
+    # Threads in the order their first [memory] event comes (the Python sweep's dict order).
+    threads, first = np.unique(mem_thread, return_index=True)
+    threads = threads[np.argsort(first, kind="stable")]
+    rank_of = np.full(int(max(threads.max(initial=-1), ops.thread.max(initial=-1))) + 2, -1, dtype=np.int64)
+    rank_of[threads] = np.arange(len(threads))
+    op_rank = rank_of[ops.thread]
+    start, end = np.asarray(ops.start, dtype=np.int64), np.asarray(ops.end, dtype=np.int64)
+    distinct = sorted(set(ops.name))
+    name_rank = {name: i for i, name in enumerate(distinct)}
+    names = np.array([name_rank[n] for n in ops.name], dtype=np.int64)
+    keep = np.flatnonzero(op_rank >= 0)
+    # Ops in sweep order: by thread, then (start, -end, name) as the Python sweep sorts them.
+    order = keep[np.lexsort((names[keep], -end[keep], start[keep], op_rank[keep]))]
+    op_groups = np.searchsorted(op_rank[order], np.arange(len(threads) + 1)).astype(np.int64)
+    mem_order = np.lexsort((np.arange(len(mem_rows)), rank_of[mem_thread]))
+    mem_groups = np.searchsorted(rank_of[mem_thread][mem_order], np.arange(len(threads) + 1)).astype(np.int64)
+    parent, top = compiled.ext.op_sweep(start[order], end[order], op_groups,
+                                        cols.t_ns[mem_rows][mem_order].astype(np.int64), mem_groups)
+    parent, top = np.frombuffer(parent, np.int64), np.frombuffer(top, np.int64)
+    # Pushed ops in push order; each one's frame, numbered as frames are first met in that order.
+    pushed = np.flatnonzero(parent != -2)
+    at = np.full(len(order), -1, dtype=np.int64)
+    at[pushed] = np.arange(len(pushed))
+    pushed_parent = np.where(parent[pushed] >= 0, at[np.maximum(parent[pushed], 0)], -1)
+    pushed_name = names[order[pushed]]
+    content_index: dict[tuple, int] = {}
+    contents: list[tuple] = []
+    content_of_name = np.full(len(distinct), -1, dtype=np.int64)
+    for k in np.unique(pushed_name).tolist():
+        frame = _python_frame(distinct[k])
+        key = (frame["filename"], frame["line"], frame["name"])
+        if key not in content_index:
+            content_index[key] = len(contents)
+            contents.append(key)
+        content_of_name[k] = content_index[key]
+    content = content_of_name[pushed_name]
+    seen, first_at = np.unique(content, return_index=True)
+    if len(seen) > limits.frames:
+        return None
+    ranked = seen[np.argsort(first_at, kind="stable")]
+    fid_of = np.empty(len(contents), dtype=np.int64)
+    fid_of[ranked] = np.arange(len(ranked))
+    interned = compiled.ext.intern_stacks(pushed_parent.astype(np.int64), fid_of[content].astype(np.int64),
+                                          limits.frames, limits.frames * 8)
+    if interned is None:
+        return None
+    pushed_sid = np.frombuffer(interned[0], np.int64)
+    sid = np.full(len(order), -1, dtype=np.int64)
+    sid[pushed] = pushed_sid
+    out = np.full(len(cols), -1, dtype=np.int64)
+    if len(sid):
+        out[mem_rows[mem_order]] = np.where(top >= 0, sid[np.maximum(top, 0)], -1)
+    frame_rows = [contents[c] for c in ranked.tolist()]
+    starts = np.frombuffer(interned[2], np.int64)
+    tables = frame_tables([f[0] for f in frame_rows], np.array([f[1] for f in frame_rows], dtype=np.int64),
+                          [f[2] for f in frame_rows], np.frombuffer(interned[1], np.int32), starts)
+    return out.tolist(), tables, len(starts) - 1
+
+
+def _feed(builder: TraceBuilder, cols: _RecColumns, where: str, marker_device: int,
+          stack_ids: list[int] | None) -> tuple[np.ndarray, Trace | None]:
     """Feed the records: (event index of each record, the Trace) from the vectorised builder when
     the records are clean; else the sequential builder's indices and None (call ``finish``)."""
-    n = len(recs)
+    n = len(cols)
+    kind = cols.kind
+    op = np.where(kind == _MEM, np.where(cols.nbytes > 0, OP_ALLOC, OP_FREE),
+                  np.where(kind == _OOM, OP_NONE, OP_MARKER)).astype(np.uint8)
+    size = np.where(kind == _MEM, np.abs(cols.nbytes), np.where(kind == _OOM, cols.nbytes, 0)).astype(np.int64)
+    # Step labels in the order the markers come.
+    steps = np.flatnonzero(kind == _STEP)
     labels: list[str] = []
     label_index: dict[str, int] = {}
-    op = np.empty(n, dtype=np.uint8)
-    size = np.empty(n, dtype=np.int64)
     label = np.zeros(n, dtype=np.int64)
-    for i, r in enumerate(recs):
-        if r.kind == "mem":
-            op[i] = OP_ALLOC if r.nbytes > 0 else OP_FREE
-            size[i] = abs(r.nbytes)
-        elif r.kind == "oom":
-            op[i] = OP_NONE
-            size[i] = r.nbytes
-        else:
-            op[i] = OP_MARKER
-            size[i] = 0
-            if r.label not in label_index:
-                label_index[r.label] = len(labels)
-                labels.append(r.label)
-            label[i] = label_index[r.label]
+    for row, k in zip(steps.tolist(), cols.label[steps].tolist()):
+        name = cols.labels[k]
+        if name not in label_index:
+            label_index[name] = len(labels)
+            labels.append(name)
+        label[row] = label_index[name]
+    device = np.where(kind == _STEP, marker_device, cols.device).astype(np.int64)
     records = Records(
-        t_ns=np.array([r.t_ns for r in recs], dtype=np.int64), op=op,
-        device=np.array([r.device if r.kind != "step" else marker_device for r in recs], dtype=np.int64),
-        stream=np.zeros(n, dtype=np.int64), addr=np.array([r.addr for r in recs], dtype=np.int64),
-        size=size, stack_id=np.array(stack_ids if stack_ids is not None else [-1] * n, dtype=np.int32),
-        label=label)
+        t_ns=cols.t_ns.astype(np.int64), op=op, device=device, stream=np.zeros(n, dtype=np.int64),
+        addr=cols.addr.astype(np.int64), size=size,
+        stack_id=np.array(stack_ids if stack_ids is not None else [-1] * n, dtype=np.int32), label=label)
     built = build_columns(records)
     if built is not None:
         oom = np.flatnonzero(op == OP_NONE)
         decisions = {
             "event_index": built.row_event[oom], "t_ns": records.t_ns[oom],
-            "action": np.array(["oom"] * len(oom), dtype=object), "addr": np.full(len(oom), -1, np.int64),
+            "action": text_column(["oom"], np.zeros(len(oom), np.intp)), "addr": np.full(len(oom), -1, np.int64),
             "size_bytes": size[oom], "stream": np.zeros(len(oom), np.int64), "device": records.device[oom],
             "alloc_id": np.full(len(oom), -1, np.int64), "device_free_bytes": np.full(len(oom), -1, np.int64)}
         if built.orphan_frees:
@@ -562,55 +818,50 @@ def _feed(builder: TraceBuilder, recs: list[_Rec], where: str, marker_device: in
         trace = Trace(events=frame_from_columns(built.events, EVENT_DTYPES), meta=builder.meta, labels=labels,
                       initial_allocs=frame_from_columns(built.initial, INITIAL_ALLOC_DTYPES),
                       decisions=frame_from_columns(decisions, DECISION_DTYPES))
-        index = np.where(op == OP_NONE, -1, built.row_event)
-        return index.tolist(), trace
-    index = []
-    for i, r in enumerate(recs):
-        where_ = where.format(r.pos)
-        sid = stack_ids[i] if stack_ids is not None else -1
-        if r.kind == "mem":
-            if r.nbytes > 0:
-                builder.alloc(where_, r.t_ns, r.device, 0, r.addr, r.nbytes, stack_id=sid)
-                index.append(builder.next_event_index - 1)
+        return np.where(op == OP_NONE, -1, built.row_event), trace
+    index = np.full(n, -1, dtype=np.int64)
+    sids = records.stack_id.tolist()
+    for i, (k, t, pos, dev, addr, nbytes) in enumerate(zip(
+            kind.tolist(), records.t_ns.tolist(), cols.pos.tolist(), cols.device.tolist(), records.addr.tolist(),
+            cols.nbytes.tolist())):
+        where_ = where.format(pos)
+        if k == _MEM:
+            if nbytes > 0:
+                builder.alloc(where_, t, dev, 0, addr, nbytes, stack_id=sids[i])
+                index[i] = builder.next_event_index - 1
             else:
-                done = builder.free(where_, r.t_ns, r.device, 0, r.addr, -r.nbytes, stack_id=sid)
-                index.append(builder.next_event_index - 1 if done is not None else -1)
-        elif r.kind == "oom":
-            builder.decision(builder.next_event_index, max(r.t_ns, builder.last_t_ns), "oom", -1,
-                             r.nbytes, 0, r.device)
-            index.append(-1)
+                done = builder.free(where_, t, dev, 0, addr, -nbytes, stack_id=sids[i])
+                index[i] = builder.next_event_index - 1 if done is not None else -1
+        elif k == _OOM:
+            builder.decision(builder.next_event_index, max(t, builder.last_t_ns), "oom", -1, nbytes, 0, dev)
         else:
-            builder.marker(where_, r.t_ns, r.label, device=marker_device)
-            index.append(-1)
+            builder.marker(where_, t, cols.labels[cols.label[i]], device=marker_device)
     return index, None
 
 
-def _recorded_series(recs: list[_Rec], index: list[int]) -> dict[str, np.ndarray]:
-    rows = [(index[i], r.t_ns, r.device,
-             r.total_alloc if r.total_alloc is not None else -1,
-             r.total_reserved if r.total_reserved is not None else -1)
-            for i, r in enumerate(recs)
-            if r.kind == "mem" and (r.total_alloc is not None or r.total_reserved is not None)]
-    arr = np.array(rows, dtype=np.int64).reshape(-1, 5)
-    return {"event_index": arr[:, 0], "t_ns": arr[:, 1], "device": arr[:, 2],
-            "allocated_bytes": arr[:, 3], "reserved_bytes": arr[:, 4]}
+def _recorded_series(cols: _RecColumns, index: np.ndarray) -> dict[str, np.ndarray]:
+    rows = (cols.kind == _MEM) & ((cols.total >= 0) | (cols.reserved >= 0))
+    return {"event_index": index[rows], "t_ns": cols.t_ns[rows], "device": cols.device[rows],
+            "allocated_bytes": cols.total[rows], "reserved_bytes": cols.reserved[rows]}
 
 
-def _total_allocated_check(recs: list[_Rec]) -> dict[int, dict[str, int]]:
+def _total_allocated_check(cols: _RecColumns) -> dict[int, dict[str, int]]:
     """Per device: consecutive changes of Total Allocated must equal Bytes."""
-    last_total: dict[int, int] = {}
+    rows = np.flatnonzero((cols.kind == _MEM) & (cols.total >= 0))
+    device = cols.device[rows]
+    order = np.argsort(device, kind="stable")
+    d, total, nbytes = device[order], cols.total[rows][order], cols.nbytes[rows][order]
+    first = np.ones(len(d), dtype=bool)
+    first[1:] = d[1:] != d[:-1]
+    mismatch = np.zeros(len(d), dtype=bool)
+    mismatch[1:] = (total[1:] - total[:-1]) != nbytes[1:]
+    mismatch &= ~first
     check: dict[int, dict[str, int]] = {}
-    for r in recs:
-        if r.kind != "mem" or r.total_alloc is None:
-            continue
-        stats = check.setdefault(r.device, {"checked": 0, "mismatched": 0,
-                                            "baseline_bytes": r.total_alloc - r.nbytes})
-        prev = last_total.get(r.device)
-        if prev is not None:
-            stats["checked"] += 1
-            if r.total_alloc - prev != r.nbytes:
-                stats["mismatched"] += 1
-        last_total[r.device] = r.total_alloc
+    starts = np.flatnonzero(first)
+    ends = np.append(starts[1:], len(d))
+    for a, b in zip(starts.tolist(), ends.tolist()):
+        check[int(d[a])] = {"checked": b - a - 1, "mismatched": int(mismatch[a:b].sum()),
+                            "baseline_bytes": int(total[a]) - int(nbytes[a])}
     return check
 
 

@@ -43,7 +43,13 @@ class Document(msgspec.Struct):
 
 _DOC = msgspec.json.Decoder(Document)
 _LIST = msgspec.json.Decoder(list[Event])
+_EVENT = msgspec.json.Decoder(Event)
 _ANY = msgspec.json.Decoder()
+
+
+def decode_event(text: bytes) -> Event:
+    """One event object (the text of an element of ``traceEvents``) as ``decode_events`` decodes it."""
+    return _EVENT.decode(text)
 
 
 def decode_events(data: bytes) -> tuple[list[Event], dict[str, Any], bool] | None:

@@ -275,7 +275,13 @@ def read_bytes(path: str, limits: Limits = DEFAULT_LIMITS) -> bytes:
     reader = BoundedReader(path, limits)
     try:
         parts = []
-        if not reader.compressed:
+        if reader.compressed:
+            data = _inflate_whole(reader)
+            if data is not None:
+                if not data:
+                    raise TraceFormatError(path, None, "empty file (after decompression)")
+                return data
+        else:
             # A plain file: one read of its size (and one byte more, to see the end); more only if it grew.
             first = reader._raw.read(min(reader.file_bytes, limits.decompressed_bytes) + 1)
             reader._count(len(first))
@@ -298,6 +304,29 @@ def read_bytes(path: str, limits: Limits = DEFAULT_LIMITS) -> bytes:
     if not data:
         raise TraceFormatError(path, None, "empty file (after decompression)")
     return data
+
+
+#: Compressed files up to this size are inflated in one call (a bigger one streams in chunks).
+_WHOLE_INFLATE_BYTES = 256 * MiB
+
+
+def _inflate_whole(reader: BoundedReader) -> bytes | None:
+    """A single-member gzip file inflated in one call, stopped one byte past what the caps allow;
+    None (nothing consumed) when the file is big or is more than one clean member."""
+    if reader.file_bytes > _WHOLE_INFLATE_BYTES:
+        return None
+    limits = reader.limits
+    allowed = min(limits.decompressed_bytes, max(_RATIO_FLOOR_BYTES, limits.compression_ratio * reader.file_bytes))
+    raw = reader._raw.read(reader.file_bytes + 1)
+    inflate = zlib.decompressobj(wbits=31)
+    out = inflate.decompress(raw, allowed + 1)
+    if len(raw) > reader.file_bytes or not inflate.eof or inflate.unused_data.strip(b"\x00"):
+        # Grown, over the caps, truncated, or another member follows: the streaming reader says which.
+        reader._raw.seek(0)
+        reader._inflate = zlib.decompressobj(wbits=31)
+        return None
+    reader._count(len(out))
+    return out
 
 
 def open_binary(path: str, limits: Limits = DEFAULT_LIMITS) -> io.BufferedReader:

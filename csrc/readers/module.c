@@ -9,6 +9,9 @@ uint64_t rd_hash_key[2];
 
 PyObject *rd_snapshot_scan(PyObject *self, PyObject *args);
 PyObject *rd_build_records(PyObject *self, PyObject *args);
+PyObject *rd_chrome_scan(PyObject *self, PyObject *args);
+PyObject *rd_op_sweep(PyObject *self, PyObject *args);
+PyObject *rd_intern_stacks(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"snapshot_scan", rd_snapshot_scan, METH_VARARGS,
@@ -17,6 +20,13 @@ static PyMethodDef methods[] = {
     {"build_records", rd_build_records, METH_VARARGS,
      "build_records(t_ns, op, device, stream, addr, size, stack_id, label, first_alloc_id, memory_bytes) -> "
      "tuple | None: columnar.build_columns in one pass."},
+    {"chrome_scan", rd_chrome_scan, METH_VARARGS,
+     "chrome_scan(data, memory_bytes, max_depth, max_events) -> dict | None: a Kineto / Chrome trace's [memory] "
+     "events, ops and other kept events as columns."},
+    {"op_sweep", rd_op_sweep, METH_VARARGS,
+     "op_sweep(op_start, op_end, op_groups, mem_t, mem_groups) -> (op_parent, mem_top): kineto._op_stacks' sweep."},
+    {"intern_stacks", rd_intern_stacks, METH_VARARGS,
+     "intern_stacks(parent, frame_id, max_depth, max_total) -> (stack_id, stack_frames, stack_starts) | None."},
     {NULL, NULL, 0, NULL},
 };
 
