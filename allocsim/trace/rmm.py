@@ -153,7 +153,8 @@ def _read_columnar(path: str, data: bytes, device: int, limits: Limits) -> Trace
     t_ns = cols.t_ns if cols.t_ns is not None else np.arange(n, dtype=np.int64)
     op = np.array([OP_ALLOC, OP_FREE, OP_NONE], dtype=np.uint8)[cols.action]
     stream = cols.stream if cols.stream is not None else np.zeros(n, dtype=np.int64)
-    check_count(path, "streams", len(np.unique(stream)), limits, "streams", None)
+    if len(stream) and int(stream.min()) != int(stream.max()):
+        check_count(path, "streams", len(np.unique(stream)), limits, "streams", None)
     rec = Records(t_ns=t_ns[keep], op=op[keep], device=np.full(len(keep), device, dtype=np.int64),
                   stream=stream[keep], addr=cols.pointer[keep], size=cols.size[keep],
                   stack_id=np.full(len(keep), -1, dtype=np.int32), label=np.zeros(len(keep), dtype=np.int64))

@@ -163,7 +163,36 @@ def _hex(values: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray] |
 
 
 def rmm_columns(data: bytes, columns: dict[str, int], n_columns: int, header_end: int) -> RmmColumns | None:
-    """Columns of the data lines after the header (``data[header_end:]``), or None (see module doc)."""
+    """Columns of the data lines after the header (``data[header_end:]``), or None (see module doc).
+
+    On the compiled route a one-pass parser in C (``rmm_scan``) reads the logs it models and hands
+    the others to the pyarrow reference below.
+    """
+    from . import compiled
+
+    if compiled.active():
+        got = _rmm_columns_compiled(memoryview(data)[header_end:], columns, n_columns)
+        if got is not None:
+            return got
+    return rmm_columns_reference(data, columns, n_columns, header_end)
+
+
+def _rmm_columns_compiled(body, columns: dict[str, int], n_columns: int) -> RmmColumns | None:
+    from . import compiled
+
+    scan = compiled.ext.rmm_scan(body, n_columns, columns["action"], columns["pointer"], columns["size"],
+                                 columns.get("time", -1), columns.get("stream", -1), columns.get("thread", -1))
+    if scan is None:
+        return None
+    i64 = lambda raw: np.frombuffer(raw, dtype=np.int64) if raw is not None else None
+    return RmmColumns(t_ns=i64(scan["t_ns"]), action=np.frombuffer(scan["action"], np.int8),
+                      pointer=i64(scan["pointer"]), size=i64(scan["size"]), stream=i64(scan["stream"]),
+                      time_separators=scan["time_separators"], pointer_0x=scan["pointer_0x"],
+                      stream_0x=scan["stream_0x"], threads=scan["threads"], n_columns=n_columns)
+
+
+def rmm_columns_reference(data: bytes, columns: dict[str, int], n_columns: int, header_end: int) -> RmmColumns | None:
+    """``rmm_columns`` with pyarrow and numpy: the reference the compiled parser is held to."""
     body = data[header_end:]
     try:
         table = pacsv.read_csv(

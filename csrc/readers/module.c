@@ -12,6 +12,7 @@ PyObject *rd_build_records(PyObject *self, PyObject *args);
 PyObject *rd_chrome_scan(PyObject *self, PyObject *args);
 PyObject *rd_op_sweep(PyObject *self, PyObject *args);
 PyObject *rd_intern_stacks(PyObject *self, PyObject *args);
+PyObject *rd_rmm_scan(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"snapshot_scan", rd_snapshot_scan, METH_VARARGS,
@@ -27,6 +28,9 @@ static PyMethodDef methods[] = {
      "op_sweep(op_start, op_end, op_groups, mem_t, mem_groups) -> (op_parent, mem_top): kineto._op_stacks' sweep."},
     {"intern_stacks", rd_intern_stacks, METH_VARARGS,
      "intern_stacks(parent, frame_id, max_depth, max_total) -> (stack_id, stack_frames, stack_starts) | None."},
+    {"rmm_scan", rd_rmm_scan, METH_VARARGS,
+     "rmm_scan(body, n_columns, action, pointer, size, time, stream, thread) -> dict | None: rmm_fast.rmm_columns "
+     "in one pass."},
     {NULL, NULL, 0, NULL},
 };
 
