@@ -12,7 +12,8 @@ KERNEL_SOURCES = ["csrc/module.c", "csrc/freelist.c", "csrc/live.c", "csrc/pool_
 KERNEL_HEADERS = ["csrc/btree.h", "csrc/columns.h", "csrc/freelist.h", "csrc/live.h", "csrc/u64map.h"]
 READER_SOURCES = ["csrc/readers/module.c", "csrc/readers/pvm.c", "csrc/readers/snapshot_scan.c",
                   "csrc/readers/records.c", "csrc/readers/chrome_scan.c",
-                  "csrc/readers/op_sweep.c", "csrc/readers/rmm_scan.c"]
+                  "csrc/readers/op_sweep.c", "csrc/readers/rmm_scan.c",
+                  "csrc/readers/events_check.c"]
 READER_HEADERS = ["csrc/readers/rd_common.h", "csrc/readers/pvm.h"]
 WARNINGS = ["-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
             "-Wno-cast-function-type"]

@@ -195,27 +195,40 @@ def read_parquet(path: str, *, lenient: bool = False, limits: Limits | None = No
         if col in EVENT_DTYPES and pa.types.is_floating(field.type) and meta.num_rows:
             raise TraceFormatError(path, "events", f"column {col!r} holds floating-point numbers "
                                    f"({field.type}); allocsim traces store integers only")
-    try:
-        table = pf.read(columns=[c for c in EVENT_DTYPES if c in schema.names])
-    except (pa.ArrowException, OSError) as exc:
-        raise TraceFormatError(path, None, f"not a readable Parquet file: {quote(str(exc))}") from None
-    events = _events_from_arrow(table, path, limits)
+    events = _events_from_arrow(pf, [c for c in EVENT_DTYPES if c in schema.names], path, limits)
     return _assemble(path, events, header, side, "allocsim-parquet", lenient, limits)
 
 
-def _events_from_arrow(table: pa.Table, path: str, limits: Limits) -> pd.DataFrame:
-    """The events table from Arrow columns: integer columns go to numpy without pandas in between."""
+def _read_column(pf: pq.ParquetFile, col: str, path: str) -> pa.ChunkedArray:
+    try:
+        return pf.read(columns=[col]).column(0)
+    except (pa.ArrowException, OSError) as exc:
+        raise TraceFormatError(path, None, f"not a readable Parquet file: {quote(str(exc))}") from None
+
+
+def _events_from_arrow(pf: pq.ParquetFile, names: list[str], path: str, limits: Limits) -> pd.DataFrame:
+    """The events table from the file's columns, read one at a time (so at most one column is held
+    twice): integer columns go to numpy without pandas in between."""
     columns = {}
-    for col in table.column_names:
-        data = table.column(col)
+    n = pf.metadata.num_rows
+    for col in names:
+        data = _read_column(pf, col, path)
         if pa.types.is_integer(data.type) and data.null_count == 0:
-            columns[col] = data.combine_chunks().to_numpy(zero_copy_only=False)
+            if data.num_chunks == 1:
+                columns[col] = data.chunk(0).to_numpy(zero_copy_only=False)
+            else:
+                out = np.empty(len(data), dtype=data.type.to_pandas_dtype())
+                at = 0
+                for chunk in data.chunks:
+                    out[at:at + len(chunk)] = chunk.to_numpy(zero_copy_only=False)
+                    at += len(chunk)
+                columns[col] = out
         else:
             columns[col] = data.to_pandas()
+        del data
     missing = [c for c in EVENT_DTYPES if c not in columns and c not in OPTIONAL_COLUMNS]
     if missing:
         raise TraceFormatError(path, "events", f"missing columns {missing}")
-    n = table.num_rows
     out = {}
     for col, dtype in EVENT_DTYPES.items():
         if col not in columns:

@@ -18,9 +18,15 @@ _KIND_OK[list(_KINDS)] = True
 
 
 def validate_events(trace: Trace, path: str, *, lenient: bool = False, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Raise ``TraceFormatError`` at the first bad event row; with ``lenient``, drop bad rows and report them."""
+    """Raise ``TraceFormatError`` at the first bad event row; with ``lenient``, drop bad rows and report them.
+
+    On the compiled route a one-pass check (``events_check``) answers for a clean table without the
+    reference's temporaries; anything else runs the reference checks below.
+    """
     ev = trace.events
     check_count(path, "events", len(ev), limits, "events", "events")
+    if _clean_compiled(trace, path, limits):
+        return
     devices = ev["device"].to_numpy().astype(np.int64) + (1 << 15)
     check_count(path, "devices", int(np.count_nonzero(np.bincount(devices))) if len(devices) else 0, limits,
                 "devices", "events")
@@ -83,6 +89,27 @@ def validate_events(trace: Trace, path: str, *, lenient: bool = False, limits: L
         trace.events = ev.loc[keep].reset_index(drop=True)
         if len(bad_rows) > 200:
             trace.meta.repairs.append(f"... and {len(bad_rows) - 200} more rows dropped")
+
+
+def _clean_compiled(trace: Trace, path: str, limits: Limits) -> bool:
+    """True when the compiled check finds the events clean (caps on devices and streams applied)."""
+    from . import compiled
+
+    if not compiled.active():
+        return False
+    ev = trace.events
+    c = np.ascontiguousarray
+    clean, n_devices, t_min, t_max = compiled.ext.events_check(
+        c(ev["t_ns"].to_numpy(), np.int64), c(ev["kind"].to_numpy(), np.uint8), c(ev["alloc_id"].to_numpy(), np.int64),
+        c(ev["size_bytes"].to_numpy(), np.int64), c(ev["device"].to_numpy(), np.int16),
+        c(trace.initial_allocs["alloc_id"].to_numpy(), np.int64), len(trace.labels))
+    if not clean or not -MAX_ABS_TIME_NS <= t_min <= t_max <= MAX_ABS_TIME_NS:
+        return False
+    check_count(path, "devices", n_devices, limits, "devices", "events")
+    streams = ev["stream"].to_numpy()
+    if len(streams) and int(streams.min()) != int(streams.max()):
+        check_count(path, "streams", len(np.unique(streams)), limits, "streams", "events")
+    return True
 
 
 def check_time_range(path: str, t_ns: np.ndarray) -> None:

@@ -13,6 +13,7 @@ PyObject *rd_chrome_scan(PyObject *self, PyObject *args);
 PyObject *rd_op_sweep(PyObject *self, PyObject *args);
 PyObject *rd_intern_stacks(PyObject *self, PyObject *args);
 PyObject *rd_rmm_scan(PyObject *self, PyObject *args);
+PyObject *rd_events_check(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"snapshot_scan", rd_snapshot_scan, METH_VARARGS,
@@ -31,6 +32,9 @@ static PyMethodDef methods[] = {
     {"rmm_scan", rd_rmm_scan, METH_VARARGS,
      "rmm_scan(body, n_columns, action, pointer, size, time, stream, thread) -> dict | None: rmm_fast.rmm_columns "
      "in one pass."},
+    {"events_check", rd_events_check, METH_VARARGS,
+     "events_check(t_ns, kind, alloc_id, size_bytes, device, initial_ids, n_labels) -> (clean, n_devices, t_min, "
+     "t_max): validate.validate_events' answer for a clean table, in one pass."},
     {NULL, NULL, 0, NULL},
 };
 
