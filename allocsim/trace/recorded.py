@@ -11,6 +11,7 @@ run really hit. The facts live in ``trace.meta.recorded`` (JSON-able, kept by ``
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -67,8 +68,11 @@ class RecordedRun:
     release_points: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict (inverse of ``from_dict``)."""
-        data = dataclasses.asdict(self)
+        """A JSON-serialisable dict (inverse of ``from_dict``): ``dataclasses.asdict`` without its generic walk."""
+        data = {f.name: getattr(self, f.name) for f in _RUN_FIELDS}
+        data["settings"] = copy.deepcopy(self.settings)
+        data["ooms"] = [dict(vars(o)) for o in self.ooms]
+        data["release_points"] = copy.deepcopy(self.release_points)
         if self.capacity_range is not None:
             data["capacity_range"] = list(self.capacity_range)
         return data
@@ -82,6 +86,9 @@ class RecordedRun:
         if kwargs.get("capacity_range") is not None:
             kwargs["capacity_range"] = tuple(kwargs["capacity_range"])
         return cls(**kwargs)
+
+
+_RUN_FIELDS = dataclasses.fields(RecordedRun)
 
 
 def recorded_run(trace: Trace, device: int) -> RecordedRun | None:
@@ -175,7 +182,7 @@ class _DeviceRecording:
         dec = trace.decisions
         rows = np.flatnonzero((dec["device"].to_numpy() == device) & dec["action"].isin(_DEVICE_ACTIONS).to_numpy())
         self.rows = rows
-        self.action = dec["action"].to_numpy()[rows].tolist()
+        self.action = dec["action"].iloc[rows].tolist()    # (text columns: take the few rows, then convert)
         self.addr = dec["addr"].to_numpy()[rows].tolist()
         self.size = dec["size_bytes"].to_numpy()[rows].tolist()
         self.stream = dec["stream"].to_numpy()[rows].tolist()

@@ -63,10 +63,12 @@ from .schema import (
     EVENT_DTYPES,
     FRAME_DTYPES,
     INITIAL_ALLOC_DTYPES,
+    RECORDED_SERIES_DTYPES,
     SEGMENT_DTYPES,
     STACK_DTYPES,
     Trace,
     check_schema,
+    empty_frame,
     frame_from_columns,
     text_column,
 )
@@ -161,6 +163,7 @@ class _Segment(NamedTuple):
 #: Block states of a snapshot; ``SegmentColumns.block_state`` indexes this tuple, live states first.
 BLOCK_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free", "inactive")
 _N_LIVE_STATES = 3
+_ALLOCATED, _INACTIVE = BLOCK_STATES.index("active_allocated"), BLOCK_STATES.index("inactive")
 POOLS = ("small", "large")
 
 
@@ -216,12 +219,13 @@ class _Skip(Exception):
 
 
 def read_snapshot(path: str | os.PathLike, *, lenient: bool = False, max_bytes: int | None = None,
-                  limits: Limits | None = None) -> Trace:
+                  limits: Limits | None = None, frames: bool = True) -> Trace:
     """Read a PyTorch memory snapshot pickle (plain or gzip) into a ``Trace``.
 
     Raises ``UnsafePickleError`` for pickles that reference code and ``TraceFormatError`` (naming the
     file, the record such as ``device 0 entry 17`` and the reason) for anything malformed. With
-    ``lenient=True`` malformed entries are skipped and listed in ``trace.meta.repairs``.
+    ``lenient=True`` malformed entries are skipped and listed in ``trace.meta.repairs``. With
+    ``frames=False`` stack frames are not read (every ``stack_id`` is -1, the frame tables empty).
 
     On Linux the file is parsed in a forked child process under ``limits.memory_bytes`` of address
     space and ``limits.seconds`` of wall time, first with CPython's C unpickler (refusing every
@@ -236,24 +240,24 @@ def read_snapshot(path: str | os.PathLike, *, lenient: bool = False, max_bytes: 
     trace = None
     if compiled.active():
         data = read_bytes(path, limits)
-        trace = _read_compiled(path, data, lenient, limits)
+        trace = _read_compiled(path, data, lenient, limits, frames)
     if trace is None:
         if isolate.available():
-            trace = _read_isolated(path, lenient, limits, data)
+            trace = _read_isolated(path, lenient, limits, data, frames)
         else:
-            trace = _parse(path, lenient, limits, use_c=False, phase=lambda _name: None, data=data)
+            trace = _parse(path, lenient, limits, use_c=False, phase=lambda _name: None, data=data, frames=frames)
     finish_snapshot_trace(trace)
     return trace
 
 
-def _read_compiled(path: str, data: bytes, lenient: bool, limits: Limits) -> Trace | None:
+def _read_compiled(path: str, data: bytes, lenient: bool, limits: Limits, frames: bool = True) -> Trace | None:
     """The trace from the compiled scan, or None when the file must take the reference route."""
     scan = compiled.ext.snapshot_scan(
         data, limits.memory_bytes, limits.frames, limits.string_chars, limits.segments, limits.devices,
-        limits.events, _MAX_TIME_US, SYNTHETIC_STEP_NS)
+        limits.events, _MAX_TIME_US, SYNTHETIC_STEP_NS, int(frames))
     if scan is None:
         return None
-    reader = _SnapshotReader(path, lenient, budget=len(data), limits=limits)
+    reader = _SnapshotReader(path, lenient, budget=len(data), limits=limits, frames=frames)
     return reader.read_scanned(scan)
 
 
@@ -264,7 +268,7 @@ def finish_snapshot_trace(trace: Trace) -> None:
 
 
 def _parse(path: str, lenient: bool, limits: Limits, *, use_c: bool, phase: Callable[[str], None],
-           data: bytes | None = None) -> Trace:
+           data: bytes | None = None, frames: bool = True) -> Trace:
     if data is None:
         data = read_bytes(path, limits)
     n_bytes = len(data)
@@ -282,7 +286,7 @@ def _parse(path: str, lenient: bool, limits: Limits, *, use_c: bool, phase: Call
         obj = loads_data(data, path)
     del data   # the objects are built: the file's bytes are no longer needed
     phase("parsing")
-    reader = _SnapshotReader(path, lenient, budget=n_bytes, limits=limits)
+    reader = _SnapshotReader(path, lenient, budget=n_bytes, limits=limits, frames=frames)
     return reader.read(_Holder(obj))
 
 
@@ -295,7 +299,8 @@ def _c_unpickle_seconds(path: str, limits: Limits) -> int:
     return int(min(limits.seconds, 3 + size // 2_000_000))
 
 
-def _read_isolated(path: str, lenient: bool, limits: Limits, data: bytes | None = None) -> Trace:
+def _read_isolated(path: str, lenient: bool, limits: Limits, data: bytes | None = None,
+                   frames: bool = True) -> Trace:
     c_seconds = _c_unpickle_seconds(path, limits)
 
     def work(use_c: bool) -> Callable[[Callable[[str], None]], dict]:
@@ -306,7 +311,8 @@ def _read_isolated(path: str, lenient: bool, limits: Limits, data: bytes | None 
                     signal.alarm(max(1, c_seconds))
                 elif name in ("unpickling", "parsing"):
                     signal.alarm(max(1, int(limits.seconds)))
-            return trace_to_payload(_parse(path, lenient, limits, use_c=use_c, phase=timed_phase, data=data))
+            return trace_to_payload(_parse(path, lenient, limits, use_c=use_c, phase=timed_phase, data=data,
+                                           frames=frames))
         return run
 
     for use_c in (True, False):
@@ -324,7 +330,7 @@ def _read_isolated(path: str, lenient: bool, limits: Limits, data: bytes | None 
 
 
 class _SnapshotReader:
-    def __init__(self, path: str, lenient: bool, budget: int, limits: Limits = DEFAULT_LIMITS):
+    def __init__(self, path: str, lenient: bool, budget: int, limits: Limits = DEFAULT_LIMITS, frames: bool = True):
         self.path = path
         self.lenient = lenient
         self.limits = limits
@@ -335,6 +341,7 @@ class _SnapshotReader:
         self.notes = self.b.meta.notes
         self.consistent = True  # False once the start-state reconstruction hit a contradiction
         self.frames = FrameTable(path, limits)
+        self.keep_frames = frames
 
     # ------------------------------------------------------------------ helpers
     def _bad(self, record: str, reason: str, repair: str = "skipped it") -> None:
@@ -356,7 +363,7 @@ class _SnapshotReader:
 
     def _stack(self, record: str, frames: Any) -> int:
         """Stack id of an entry's or block's frames; bad frames are an error (lenient: dropped)."""
-        if frames is None:
+        if frames is None or not self.keep_frames:
             return -1
         try:
             return self.frames.stack_id(frames, record)
@@ -429,7 +436,8 @@ class _SnapshotReader:
                               f"{SYNTHETIC_STEP_NS} ns per entry of each device; devices are "
                               "interleaved round-robin, each keeping its recorded order")
 
-        fast = entry_columns(raw_traces, has_time, SYNTHETIC_STEP_NS, _MAX_TIME_US, self.frames)
+        fast = entry_columns(raw_traces, has_time, SYNTHETIC_STEP_NS, _MAX_TIME_US,
+                             self.frames if self.keep_frames else None)
         built = self._build_fast(segments, fast, has_time) if fast is not None else None
         if built is not None:
             # Every value is in columns now: free the unpickled object graph before going on.
@@ -437,15 +445,15 @@ class _SnapshotReader:
                 holder.value = None
             del data, raw_traces, raw_segments
             self.frames.forget_objects()
-            trace = self._finish_fast(segments, fast, *built)
-        else:
-            trace = self._read_reference(segments, raw_traces, has_time)
+            return self._finish_fast(segments, fast, *built, tables=self.frames.tables())
+        trace = self._read_reference(segments, raw_traces, has_time)
         return self._with_frames(trace, self.frames.tables())
 
-    def _with_frames(self, trace: Trace, tables: dict[str, dict[str, Any]]) -> Trace:
+    @staticmethod
+    def _with_frames(trace: Trace, tables: dict[str, dict[str, Any]]) -> Trace:
+        # (finish_snapshot_trace checks the schema once the trace is complete)
         trace.frames = frame_from_columns(tables["frames"], FRAME_DTYPES)
         trace.stacks = frame_from_columns(tables["stacks"], STACK_DTYPES)
-        check_schema(trace)
         return trace
 
     def read_scanned(self, scan: dict[str, Any]) -> Trace | None:
@@ -478,11 +486,10 @@ class _SnapshotReader:
         built = self._build_fast(segments, fast, has_time)
         if built is None:
             return None
-        trace = self._finish_fast(segments, fast, *built)
         filenames, lines, names, stack_frames, stack_starts = scan["frames"]
-        return self._with_frames(trace, frame_tables(filenames, np.frombuffer(lines, np.int64), names,
-                                                     np.frombuffer(stack_frames, np.int32),
-                                                     np.frombuffer(stack_starts, np.int64)))
+        tables = frame_tables(filenames, np.frombuffer(lines, np.int64), names, np.frombuffer(stack_frames, np.int32),
+                              np.frombuffer(stack_starts, np.int64))
+        return self._finish_fast(segments, fast, *built, tables=tables)
 
     def _read_reference(self, segments: SegmentColumns, raw_traces: list, has_time: bool) -> Trace:
         """The entry-by-entry path: names the first bad record and makes the lenient repairs."""
@@ -496,8 +503,10 @@ class _SnapshotReader:
         initial_segments = self._initial_segments(segments, seg_events)
         trace = b.finish(initial_segments=self._segments_frame(initial_segments))
         allocated = [(e.device, e.addr) for tr in traces for e in tr if e.action == "alloc"]
-        self._fix_orphan_block_sizes(trace, segments, allocated)
-        trace.initial_blocks = self._initial_blocks(trace, initial_segments)
+        initial = {name: trace.initial_allocs[name].to_numpy() for name in INITIAL_ALLOC_DTYPES}
+        self._fix_orphan_block_sizes(initial, segments, allocated)
+        trace.initial_allocs["block_size_bytes"] = initial["block_size_bytes"]
+        trace.initial_blocks = self._initial_blocks(initial, initial_segments)
         return trace
 
     def _plain(self, value: Any) -> Any:
@@ -694,8 +703,8 @@ class _SnapshotReader:
         return rec, action_idx, extra, devices, declared, contradicted, dangling, built
 
     def _finish_fast(self, segments: SegmentColumns, fast: list, rec, action_idx, extra, devices, declared,
-                     contradicted: int, dangling: int, built) -> Trace:
-        """The trace from the columns ``_build_fast`` made."""
+                     contradicted: int, dangling: int, built, *, tables: dict[str, dict[str, Any]]) -> Trace:
+        """The trace from the columns ``_build_fast`` made, with the frame ``tables``."""
         is_req = rec.op <= 3
         b = self.b
         b.meta.devices = devices
@@ -723,19 +732,20 @@ class _SnapshotReader:
             "stack_id": rec.stack_id[is_dec],
         }
         labels = ["snapshot"] if bool((~is_dec).any()) else []
-        trace = Trace(
+        allocated = np.flatnonzero(rec.op == 1)
+        self._fix_orphan_block_sizes(initial, segments, np.stack([rec.device[allocated], rec.addr[allocated]], axis=1))
+        return Trace(
             events=frame_from_columns(built.events, EVENT_DTYPES),
             meta=b.meta,
             labels=labels,
             initial_allocs=frame_from_columns(initial, INITIAL_ALLOC_DTYPES),
             initial_segments=self._segments_frame(initial_segments),
+            initial_blocks=self._initial_blocks(initial, initial_segments),
             decisions=frame_from_columns(decisions, DECISION_DTYPES),
+            frames=frame_from_columns(tables["frames"], FRAME_DTYPES),
+            stacks=frame_from_columns(tables["stacks"], STACK_DTYPES),
+            recorded_series=empty_frame(RECORDED_SERIES_DTYPES),
         )
-        allocated = np.flatnonzero(rec.op == 1)
-        self._fix_orphan_block_sizes(trace, segments, list(zip(rec.device[allocated].tolist(),
-                                                               rec.addr[allocated].tolist())))
-        trace.initial_blocks = self._initial_blocks(trace, initial_segments)
-        return trace
 
     # ------------------------------------------------------------------ initial allocations
     def _declare_initial_allocs(self, segments: SegmentColumns, traces: list[list[_Entry]]) -> None:
@@ -764,25 +774,25 @@ class _SnapshotReader:
             self.notes.append(f"{n_declared} blocks live in the final segments were allocated "
                               "before the trace began; they are in the initial state")
 
-    def _fix_orphan_block_sizes(self, trace: Trace, segments: SegmentColumns,
-                                allocated: list[tuple[int, int]]) -> None:
-        """Give orphan-free initial allocations a block size (the builder leaves -1)."""
-        ia = trace.initial_allocs
-        block = ia["block_size_bytes"].to_numpy().copy()
+    def _fix_orphan_block_sizes(self, initial: dict[str, np.ndarray], segments: SegmentColumns,
+                                allocated: Any) -> None:
+        """Give orphan-free initial allocations a block size (the builder leaves -1) in the columns ``initial``;
+        ``allocated``: the (device, addr) of every allocation in the window."""
+        block = np.array(initial["block_size_bytes"], dtype=np.int64)
         todo = np.flatnonzero(block < 0)
         if not len(todo):
             return
         live = _live_blocks(segments)
         alloc_keys = np.array(allocated, dtype=np.int64).reshape(-1, 2)
-        devices = ia["device"].to_numpy()[todo].astype(np.int64)
-        addrs = ia["addr"].to_numpy()[todo]
+        devices = np.asarray(initial["device"])[todo].astype(np.int64)
+        addrs = np.asarray(initial["addr"])[todo]
         in_live = match_keys(live["device"], live["addr"], devices, addrs)
         in_window = match_keys(alloc_keys[:, 0], alloc_keys[:, 1], devices, addrs) >= 0
         exact = (in_live >= 0) & ~in_window
-        sizes = ia["size_bytes"].to_numpy()[todo]
+        sizes = np.asarray(initial["size_bytes"])[todo]
         rounded_sizes = np.maximum(K_MIN_BLOCK_SIZE, -(-sizes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE)
         block[todo] = np.where(exact, _gather(live["block_size_bytes"], in_live), rounded_sizes)
-        trace.initial_allocs["block_size_bytes"] = block
+        initial["block_size_bytes"] = block
         rounded = int((~exact).sum())
         if rounded:
             settings = self.b.meta.allocator_settings or {}
@@ -893,18 +903,17 @@ class _SnapshotReader:
         return frame_from_columns(cols, SEGMENT_DTYPES)
 
     # ------------------------------------------------------------------ initial blocks
-    def _initial_blocks(self, trace: Trace, segs: list[tuple[int, int, int, int, str, bool]]):
+    def _initial_blocks(self, initial: dict[str, np.ndarray], segs: list[tuple[int, int, int, int, str, bool]]):
+        """The blocks tiling the initial segments: live initial allocations (columns ``initial``) and free gaps."""
         cols: dict[str, list[Any]] = {name: [] for name in BLOCK_DTYPES}
-        empty = frame_from_columns(cols, BLOCK_DTYPES)
         if not self.consistent:
             self.notes.append("initial_blocks left empty because the start state is inconsistent")
-            return empty
-        ia = trace.initial_allocs
+            return empty_frame(BLOCK_DTYPES)
         allocs: dict[int, list[tuple[int, int, int, int, int]]] = {}
+        column = lambda name: np.asarray(initial[name]).tolist()
         for dev, addr, bsize, req, aid, sid in zip(
-                ia["device"].to_numpy().tolist(), ia["addr"].to_numpy().tolist(),
-                ia["block_size_bytes"].to_numpy().tolist(), ia["size_bytes"].to_numpy().tolist(),
-                ia["alloc_id"].to_numpy().tolist(), ia["stack_id"].to_numpy().tolist()):
+                column("device"), column("addr"), column("block_size_bytes"), column("size_bytes"),
+                column("alloc_id"), column("stack_id")):
             allocs.setdefault(dev, []).append((addr, bsize, req, aid, sid))
         seg_by_dev: dict[int, list[tuple[int, int]]] = {}
         for dev, addr, size, _stream, _pool, _exp in segs:
@@ -933,9 +942,9 @@ class _SnapshotReader:
             more = f" (and {len(failures) - _MAX_NOTED} more)" if len(failures) > _MAX_NOTED else ""
             self._inconsistent("; ".join(failures[:_MAX_NOTED]) + more)
             self.notes.append("initial_blocks left empty because the start state is inconsistent")
-            return empty
+            return empty_frame(BLOCK_DTYPES)
 
-        def add(dev: int, seg_addr: int, addr: int, size: int, req: int, state: str, aid: int, sid: int) -> None:
+        def add(dev: int, seg_addr: int, addr: int, size: int, req: int, state: int, aid: int, sid: int) -> None:
             cols["device"].append(dev)
             cols["segment_addr"].append(seg_addr)
             cols["addr"].append(addr)
@@ -952,11 +961,12 @@ class _SnapshotReader:
             cursor = seg_addr
             for addr, bsize, req, aid, sid in placed.get((dev, k), []):
                 if addr > cursor:
-                    add(dev, seg_addr, cursor, addr - cursor, 0, "inactive", -1, -1)
-                add(dev, seg_addr, addr, bsize, req, "active_allocated", aid, sid)
+                    add(dev, seg_addr, cursor, addr - cursor, 0, _INACTIVE, -1, -1)
+                add(dev, seg_addr, addr, bsize, req, _ALLOCATED, aid, sid)
                 cursor = addr + bsize
             if cursor < seg_addr + seg_size:
-                add(dev, seg_addr, cursor, seg_addr + seg_size - cursor, 0, "inactive", -1, -1)
+                add(dev, seg_addr, cursor, seg_addr + seg_size - cursor, 0, _INACTIVE, -1, -1)
+        cols["state"] = text_column(BLOCK_STATES, cols["state"])
         return frame_from_columns(cols, BLOCK_DTYPES)
 
 

@@ -61,7 +61,7 @@ ACTION_NAMES = _ACTION_NAMES
 
 
 def _device_columns(raw: list, has_time: bool, step_ns: int, max_time_us: int,
-                    frames: FrameTable, record: str) -> DeviceEntries | None:
+                    frames: FrameTable | None, record: str) -> DeviceEntries | None:
     n = len(raw)
     if n == 0:
         e = np.empty(0, np.int64)
@@ -114,16 +114,20 @@ def _device_columns(raw: list, has_time: bool, step_ns: int, max_time_us: int,
             if type(v) is not int or not 0 <= v <= _INT64_MAX:
                 return None
             extra[i] = v
-    try:
-        stacks = frames.stack_ids(list(map(dict.get, raw, repeat("frames"))), record)
-    except TraceFormatError:
-        return None
+    if frames is None:       # frames not wanted
+        stacks = [-1] * n
+    else:
+        try:
+            stacks = frames.stack_ids(list(map(dict.get, raw, repeat("frames"))), record)
+        except TraceFormatError:
+            return None
     return DeviceEntries(action, size, stream, addr, t_ns, np.array(stacks, dtype=np.int32), extra)
 
 
 def entry_columns(raw_traces: list, has_time: bool, step_ns: int, max_time_us: int,
-                  frames: FrameTable) -> list[DeviceEntries] | None:
-    """Columns of every device's entries, or None when any entry needs the reference path."""
+                  frames: FrameTable | None) -> list[DeviceEntries] | None:
+    """Columns of every device's entries, or None when any entry needs the reference path (``frames``
+    None: stack frames not read)."""
     out = []
     for device, raw in enumerate(raw_traces):
         if not isinstance(raw, list):

@@ -120,7 +120,7 @@ def _first_placements(trace: Trace, rows: _Rows, plain_large: set[tuple[int, int
         return {}
     freed_at = _free_completed_index(trace, {r[3] for rs in regions.values() for r in rs})
     dec = trace.decisions
-    is_alloc = dec["action"].to_numpy() == "alloc"
+    is_alloc = (dec["action"] == "alloc").to_numpy(dtype=bool)
     dec_device = dec["device"].to_numpy()[is_alloc]
     dec_index = dec["event_index"].to_numpy()[is_alloc]
     dec_addr = dec["addr"].to_numpy()[is_alloc]
@@ -205,4 +205,6 @@ def _sync_initial_alloc_sizes(trace: Trace) -> None:
     ia = trace.initial_allocs
     current = ia["block_size_bytes"].to_numpy()
     ia_ids = ia["alloc_id"].to_numpy().tolist()
-    ia["block_size_bytes"] = np.array([size_of.get(a, c) for a, c in zip(ia_ids, current.tolist())], dtype=np.int64)
+    synced = np.array([size_of.get(a, c) for a, c in zip(ia_ids, current.tolist())], dtype=np.int64)
+    if not np.array_equal(synced, current):
+        ia["block_size_bytes"] = synced

@@ -18,7 +18,8 @@ PyObject *rd_events_check(PyObject *self, PyObject *args);
 static PyMethodDef methods[] = {
     {"snapshot_scan", rd_snapshot_scan, METH_VARARGS,
      "snapshot_scan(data, memory_bytes, max_frames, max_string_chars, max_segments, max_devices, max_events, "
-     "max_time_us, step_ns) -> dict | None: a PyTorch snapshot pickle read into columns without unpickling."},
+     "max_time_us, step_ns, keep_frames) -> dict | None: a PyTorch snapshot pickle read into columns without "
+     "unpickling."},
     {"build_records", rd_build_records, METH_VARARGS,
      "build_records(t_ns, op, device, stream, addr, size, stack_id, label, first_alloc_id, memory_bytes) -> "
      "tuple | None: columnar.build_columns in one pass."},

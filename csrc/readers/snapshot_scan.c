@@ -70,6 +70,7 @@ typedef struct {
     int64_t max_frames, max_string_chars;
     /* pairs scanned so far and the most the file's size allows before the reference route takes it */
     int64_t work, work_limit;
+    int keep_frames;               /* 0: stack frames are not read (every stack id -1) */
     /* which key a string at an input offset is (pickles share key strings through the memo) */
     int64_t key_cache_off[256];
     int8_t key_cache_id[256];
@@ -215,7 +216,7 @@ static int64_t frame_id(Frames *fr, const Val *frame) {
 
 /* The stack id of an entry's or block's 'frames' value (FrameTable.stack_id); -3 to hand back. */
 static int64_t stack_id(Frames *fr, const Val *frames) {
-    if (frames->type == V_NONE) return -1;
+    if (frames->type == V_NONE || !fr->cx->keep_frames) return -1;
     if (frames->type != V_LIST) return -3;
     int64_t known = fr->stack_of_cont[frames->v];
     if (known != -2) return known;
@@ -228,11 +229,15 @@ static int64_t stack_id(Frames *fr, const Val *frames) {
     Budget *b = fr->cx->budget;
     fr->ids.len = 0;
     fr->cx->work += n;
-    if (fr->cx->work > fr->cx->work_limit) return -3;
+    if (fr->cx->work > fr->cx->work_limit || vec_reserve(b, &fr->ids, (size_t)n) < 0) return -3;
     PvmIter it = pvm_iter(fr->cx->t, frames->v);
     while (pvm_next(fr->cx->t, &it)) {
-        int64_t fid = frame_id(fr, it.item);
-        if (fid < 0 || vec_push(b, &fr->ids, (int32_t)fid) < 0) return -3;
+        const Val *item = it.item;
+        /* most frame dicts are shared through the memo and met before: one array lookup */
+        int64_t fid = item->type == V_DICT ? fr->frame_of_cont[item->v] : -1;
+        if (fid < 0) fid = frame_id(fr, item);
+        if (fid < 0) return -3;
+        fr->ids.data[fr->ids.len++] = (int32_t)fid;
     }
     int is_new;
     int64_t sid = bytesmap_get_or_insert(b, &fr->stack_by_ids, fr->ids.data, fr->ids.len * sizeof(int32_t),
@@ -587,12 +592,13 @@ static void dev_free(Budget *b, DevCols *dc) {
 }
 
 /* snapshot_scan(data, memory_bytes, max_frames, max_string_chars, max_segments, max_devices,
- *               max_events, max_time_us, step_ns) -> tuple | None (see snapshot.py _Scanned). */
+ *               max_events, max_time_us, step_ns, keep_frames) -> dict | None (see read_scanned). */
 PyObject *rd_snapshot_scan(PyObject *self, PyObject *args) {
     Py_buffer buf;
     long long memory_bytes, max_frames, max_chars, max_segments, max_devices, max_events, max_time_us, step_ns;
-    if (!PyArg_ParseTuple(args, "y*LLLLLLLL", &buf, &memory_bytes, &max_frames, &max_chars, &max_segments,
-                          &max_devices, &max_events, &max_time_us, &step_ns))
+    int keep_frames;
+    if (!PyArg_ParseTuple(args, "y*LLLLLLLLp", &buf, &memory_bytes, &max_frames, &max_chars, &max_segments,
+                          &max_devices, &max_events, &max_time_us, &step_ns, &keep_frames))
         return NULL;
     Budget budget = {0, memory_bytes > 0 ? (size_t)memory_bytes : 0};
     Tree tree;
@@ -614,6 +620,7 @@ PyObject *rd_snapshot_scan(PyObject *self, PyObject *args) {
     cx.budget = &budget;
     cx.max_frames = max_frames;
     cx.max_string_chars = max_chars;
+    cx.keep_frames = keep_frames;
     cx.work = 0;
     cx.work_limit = 2 * (int64_t)tree.items.len + 1024;
     for (int k = 0; k < K_COUNT; k++) KEY_LEN[k] = (uint8_t)strlen(KEY_NAMES[k]);
