@@ -47,11 +47,12 @@ class _VersionAction(argparse.Action):
 
 
 def version_line() -> str:
-    """``allocsim X.Y.Z (policy kernel: compiled|reference (why))``."""
+    """``allocsim X.Y.Z (policy kernel: compiled|reference (why); readers: compiled|reference (why))``."""
     from . import __version__
     from .policies.kernel import describe
+    from .trace.compiled import describe as describe_readers
 
-    return f"allocsim {__version__} ({describe()})"
+    return f"allocsim {__version__} ({describe()}; {describe_readers()})"
 
 
 def main(argv: list[str] | None = None) -> int:

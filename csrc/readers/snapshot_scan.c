@@ -392,10 +392,16 @@ static PyObject *make_value(Maker *mk, const Val *v, int depth) {
     }
     case V_STR: return py_str(t, v->v, v->n);
     case V_BIGINT: {
+        /* int.from_bytes(raw, "little", signed=True), as the unpickler reads LONG1 / LONG4 */
         PyObject *raw = PyBytes_FromStringAndSize((const char *)t->data + v->v, v->n);
-        if (!raw) return NULL;
-        PyObject *out = PyObject_CallMethod((PyObject *)&PyLong_Type, "from_bytes", "Osi", raw, "little", 1);
-        Py_DECREF(raw);
+        PyObject *method = PyObject_GetAttrString((PyObject *)&PyLong_Type, "from_bytes");
+        PyObject *call_args = raw ? Py_BuildValue("(Os)", raw, "little") : NULL;
+        PyObject *kwargs = Py_BuildValue("{s:O}", "signed", Py_True);
+        PyObject *out = method && call_args && kwargs ? PyObject_Call(method, call_args, kwargs) : NULL;
+        Py_XDECREF(raw);
+        Py_XDECREF(method);
+        Py_XDECREF(call_args);
+        Py_XDECREF(kwargs);
         return out;
     }
     default:
