@@ -425,3 +425,47 @@ def test_fuzz_kineto_never_crashes(seed, rnd, value, n_mut, raw):
             for _ in range(n_mut):
                 blob[rnd.randrange(len(blob))] = rnd.randrange(256)
         _check_reads(bytes(blob), "f.json.gz")
+
+
+# --------------------------------------------------------------------------- memory from before the window
+def test_memory_from_before_the_window_is_one_start_allocation(tmp_path):
+    """Total Allocated - Bytes at the first event, less the orphan frees' bytes, is one initial allocation."""
+    events = [mem(10, 4096, 512, dtype=1, dindex=0, total=10_000 + 512),      # 10,000 held before
+              mem(20, 8192, -2000, dtype=1, dindex=0, total=8_512),          # an orphan free of 2,000
+              mem(30, 4096, -512, dtype=1, dindex=0, total=8_000)]
+    trace = read_trace(write_json(tmp_path, {"traceEvents": events}))
+    ia = trace.initial_allocs
+    assert ia[["size_bytes", "device", "addr"]].values.tolist() == [[2000, 0, 8192], [8000, 0, -1]]
+    start = int(ia["alloc_id"].iloc[1])
+    assert start not in trace.events["alloc_id"].tolist()                    # never freed in the window
+    assert any(f"alloc_id {start}" in n and "8,000 bytes" in n for n in trace.meta.notes)
+    from allocsim.trace.stats import summarize
+
+    info = summarize(trace)
+    assert info["baseline_live_bytes"] == 10_000
+    assert info["peak_live_with_baseline_bytes"] == 10_512 == max(trace.recorded_series["allocated_bytes"])
+
+
+def test_no_start_allocation_when_the_orphans_explain_it_or_on_the_cpu(tmp_path):
+    explained = [mem(10, 8192, -2000, dtype=1, dindex=0, total=0), mem(20, 4096, 64, total=64 + 500)]
+    trace = read_trace(write_json(tmp_path, {"traceEvents": explained}))
+    assert trace.initial_allocs["size_bytes"].tolist() == [2000]             # the orphan only; CPU memory: none
+
+
+@pytest.mark.shared
+def test_shared_gpu_traces_peak_at_the_recorded_total(shared_dir):
+    """With the memory held before the window as an allocation, each GPU trace's peak live bytes
+    equals the largest Total Allocated the profiler recorded (Qwen: 0.98 GB held at the start)."""
+    from allocsim.trace.stats import summarize
+
+    paths = sorted((shared_dir / "traces" / "kineto-gpu").glob("*.json.gz"))
+    checked = 0
+    for path in paths:
+        if "resnet50" in path.name:
+            continue          # the 2021 format: refused
+        info = summarize(read_trace(path).for_device(0))
+        assert info["peak_live_with_baseline_bytes"] == info["recorded"]["0"]["peak_allocated_bytes"], path.name
+        checked += 1
+    assert checked == 5
+    qwen = read_trace(next(p for p in paths if "qwen" in p.name))
+    assert summarize(qwen)["baseline_live_bytes"] == 984_742_400

@@ -51,6 +51,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from ..errors import TraceFormatError
 from . import compiled
@@ -654,6 +655,7 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: _RecColum
                 "(Total Allocated - Bytes at that event)")
     meta.devices = sorted(set(mem_devices) | ({marker_device} if state.step_seen else set()))
     trace = built_trace if built_trace is not None else builder.finish()
+    _start_of_window_allocations(trace, check)
     trace.recorded_series = frame_from_columns(series, RECORDED_SERIES_DTYPES)
     trace.frames = frame_from_columns(frame_tables["frames"], FRAME_DTYPES)
     trace.stacks = frame_from_columns(frame_tables["stacks"], STACK_DTYPES)
@@ -837,6 +839,38 @@ def _feed(builder: TraceBuilder, cols: _RecColumns, where: str, marker_device: i
         else:
             builder.marker(where_, t, cols.labels[cols.label[i]], device=marker_device)
     return index, None
+
+
+def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]]) -> None:
+    """Memory a GPU device held before the first recorded event, as one initial allocation per device.
+
+    ``Total Allocated`` at a device's first event minus that event's own ``Bytes`` is what the
+    allocator held when recording began. The window's orphan frees (already initial allocations)
+    account for part of it; the rest was never freed in the window, so it becomes one allocation
+    alive from the start (never freed, no address): peaks, the lower bound and the verdict count it.
+    """
+    ia = trace.initial_allocs
+    added = []
+    next_id = max([int(t["alloc_id"].max()) + 1 for t in (trace.events, ia) if len(t)], default=0)
+    for device, stats in sorted(check.items()):
+        if device < 0 or stats["baseline_bytes"] <= 0:
+            continue          # the CPU allocator is not the caching allocator
+        sizes = ia["size_bytes"].to_numpy()[ia["device"].to_numpy() == device]
+        orphan_bytes = sum(sizes.tolist())
+        rest = stats["baseline_bytes"] - orphan_bytes
+        if rest <= 0 or rest > MAX_SIZE_BYTES:
+            continue
+        added.append((next_id, rest, 0, device, -1, -1, -1))
+        trace.meta.notes.append(
+            f"device {device}: {rest:,} bytes allocated before the first recorded event and not freed in the "
+            f"window (of {stats['baseline_bytes']:,} then allocated; {orphan_bytes:,} are freed in it) are one "
+            f"start-of-window allocation, alloc_id {next_id}, never freed")
+        next_id += 1
+    if added:
+        rows = {name: np.array([r[k] for r in added], dtype=dtype)
+                for k, (name, dtype) in enumerate(INITIAL_ALLOC_DTYPES.items())}
+        extra = frame_from_columns(rows, INITIAL_ALLOC_DTYPES)
+        trace.initial_allocs = pd.concat([ia, extra], ignore_index=True) if len(ia) else extra
 
 
 def _recorded_series(cols: _RecColumns, index: np.ndarray) -> dict[str, np.ndarray]:
