@@ -32,10 +32,16 @@ contain it in time on its thread, innermost first, so memory can be attributed b
 
 The 2021 format (``[memory]`` events without ``Addr``) is refused: frees cannot be matched to
 allocations without it. Frees of blocks allocated before profiling began become initial-state
-allocations of ``|Bytes|``.
+allocations of ``|Bytes|``. The rest of what a GPU device held when recording began (``Total
+Allocated`` minus ``Bytes`` at its first event, less those orphan frees) becomes one more initial
+allocation, never freed and without an address (a note names it), so peaks and lower bounds count
+the memory the window never touches.
 
-Decoding uses ``msgspec`` (only the events the reader keeps are converted; see ``kineto_fast``),
-falling back to the standard library for anything unusual, which names the problem.
+Decoding: on the compiled route (``allocsim.trace.compiled``) a strict JSON scanner in C reads the
+[memory] events into columns and keeps only the ops that can frame them; the reference route uses
+``msgspec`` (only the events the reader keeps are converted; see ``kineto_fast``), falling back to
+the standard library for anything unusual, which names the problem. Both share the columnar back
+half (``_finish``); the compiled scanner hands back any document it does not model.
 
 Bad input (not JSON, corrupt gzip, no ``traceEvents``, a memory event without a numeric integer
 ``Addr``/``Bytes``, an absurd size) raises ``TraceFormatError`` naming the file, the record
