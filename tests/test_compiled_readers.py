@@ -32,7 +32,8 @@ from allocsim.trace.columnar import (
     build_columns, build_columns_reference,
 )
 from allocsim.trace.limits import DEFAULT_LIMITS
-from allocsim.trace.schema import EVENT_DTYPES, INITIAL_ALLOC_DTYPES, TraceMeta, frame_from_columns
+from allocsim.trace.stats import live_bytes_series, live_bytes_series_reference
+from allocsim.trace.schema import EVENT_DTYPES, EventKind, INITIAL_ALLOC_DTYPES, TraceMeta, frame_from_columns
 from allocsim.trace.transport import TABLES
 
 pytestmark = pytest.mark.skipif(compiled.ext is None, reason=f"compiled readers not built: {compiled.LOAD_ERROR}")
@@ -448,3 +449,25 @@ def test_parquet_tables_agree(tmp_path_factory, rows, initial, n_labels):
     assert_routes_agree(path)
     assert_routes_agree(path, lenient=True)
 
+
+
+# ---------------------------------------------------------------------- live bytes alone
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(rows=st.lists(st.tuples(st.sampled_from(list(EventKind)), st.integers(-1, 8),
+                               st.sampled_from([0, 512, 4096, 1 << 40, 1 << 62])), max_size=30),
+       initial=st.lists(st.tuples(st.integers(-1, 8), st.sampled_from([512, 1 << 40, 1 << 62])), max_size=4,
+                        unique_by=lambda r: r[0]))
+def test_compiled_live_bytes_equals_numpy(rows, initial):
+    """Live bytes after each event (sizes as validated traces hold them): compiled equals numpy, sums past 2**63 included."""
+    events = frame_from_columns({"t_ns": list(range(len(rows))), "kind": [int(r[0]) for r in rows],
+                                 "alloc_id": [r[1] for r in rows], "size_bytes": [r[2] for r in rows],
+                                 "stream": [0] * len(rows), "device": [0] * len(rows)}, EVENT_DTYPES)
+    ia = frame_from_columns({"alloc_id": [r[0] for r in initial], "size_bytes": [r[1] for r in initial],
+                             "stream": [0] * len(initial), "device": [0] * len(initial), "addr": [-1] * len(initial),
+                             "block_size_bytes": [-1] * len(initial)}, INITIAL_ALLOC_DTYPES)
+    trace = Trace(events=events, meta=TraceMeta(format="synthetic"), initial_allocs=ia)
+    want = live_bytes_series_reference(trace)
+    with kernel.route("compiled"):
+        got = live_bytes_series(trace)
+    for g, w in zip(got, want):
+        assert [int(x) for x in g] == [int(x) for x in w]

@@ -13,8 +13,27 @@ def live_bytes_series(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """Return (window_live_bytes, total_live_bytes) after each event, memory held until free completes.
 
     ``window_live_bytes`` counts only allocations made inside the trace; ``total_live_bytes`` adds the
-    allocations alive when the trace began (the baseline), minus those freed so far.
+    allocations alive when the trace began (the baseline), minus those freed so far. On the compiled
+    route one pass in C (``live_bytes``) fills both without temporaries; sums that could pass int64
+    take the reference below (Python integers).
     """
+    from . import compiled
+
+    if compiled.active() and len(trace.events):
+        baseline_total = _exact_sum(trace.initial_allocs["size_bytes"].to_numpy())
+        if baseline_total < _INT64_LIMIT:
+            c = np.ascontiguousarray
+            got = compiled.ext.live_bytes(
+                c(trace.column("kind"), np.uint8), c(trace.column("size_bytes"), np.int64),
+                c(trace.column("alloc_id"), np.int64), c(trace.initial_allocs["alloc_id"].to_numpy(), np.int64),
+                baseline_total)
+            if got is not None:
+                return np.frombuffer(got[0], np.int64), np.frombuffer(got[1], np.int64)
+    return live_bytes_series_reference(trace)
+
+
+def live_bytes_series_reference(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """``live_bytes_series`` in numpy: the reference the compiled pass is held to."""
     kind = trace.column("kind")
     size = trace.column("size_bytes")
     ids = trace.column("alloc_id")

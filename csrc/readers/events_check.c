@@ -97,3 +97,75 @@ done:
         if (c[k].held) PyBuffer_Release(&c[k].view);
     return result;
 }
+
+/* Live bytes after each event: live_bytes(kind, size, alloc_id, initial_ids, baseline_total), the
+ * compiled twin of stats.live_bytes_series (an allocation holds its bytes from ALLOC until its free
+ * completes; frees of initial allocations lower the baseline). Returns (window, total) as int64
+ * bytearrays, or None when a sum would pass int64 or the initial ids are not dense (the numpy
+ * reference then sums in Python integers). */
+PyObject *rd_live_bytes(PyObject *self, PyObject *args) {
+    PyObject *o[4];
+    long long baseline_total;
+    if (!PyArg_ParseTuple(args, "OOOOL", &o[0], &o[1], &o[2], &o[3], &baseline_total)) return NULL;
+    Col c[4];
+    memset(c, 0, sizeof(c));
+    PyObject *result = NULL, *w_obj = NULL, *t_obj = NULL;
+    uint8_t *is_initial = NULL;
+    if (open_col(o[0], &c[0], 1, -1) < 0) goto done;
+    Py_ssize_t n = c[0].view.len;
+    if (open_col(o[1], &c[1], 8, n) < 0 || open_col(o[2], &c[2], 8, n) < 0 || open_col(o[3], &c[3], 8, -1) < 0)
+        goto done;
+    const uint8_t *kind = c[0].view.buf;
+    const int64_t *size = c[1].view.buf, *ids = c[2].view.buf, *initial = c[3].view.buf;
+    Py_ssize_t n_initial = c[3].view.len / 8;
+    int64_t id_cap = 4 * ((int64_t)n + n_initial) + 1024;
+    for (Py_ssize_t i = 0; i < n_initial; i++)
+        if (initial[i] < 0 || initial[i] >= id_cap) goto hand_back;
+    is_initial = calloc((size_t)id_cap, 1);
+    if (!is_initial) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n_initial; i++) is_initial[initial[i]] = 1;
+    void *wd, *td;
+    w_obj = rd_bytearray((size_t)n, 8, &wd);
+    t_obj = rd_bytearray((size_t)n, 8, &td);
+    if (!w_obj || !t_obj) goto done;
+    int64_t *window = wd, *total = td;
+    int overflow = 0;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t w = 0, gone = 0;     /* window bytes; baseline bytes freed so far */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t sz = size[i], id = ids[i];
+        if (kind[i] == K_ALLOC) {
+            if (__builtin_add_overflow(w, sz, &w)) { overflow = 1; break; }
+        } else if (kind[i] == K_FREE_COMPLETED) {
+            int base = id >= 0 && id < id_cap && is_initial[id];
+            if (base ? __builtin_add_overflow(gone, sz, &gone) : __builtin_sub_overflow(w, sz, &w)) {
+                overflow = 1;
+                break;
+            }
+        }
+        int64_t t;
+        if (__builtin_add_overflow(w, baseline_total, &t) || __builtin_sub_overflow(t, gone, &t)) {
+            overflow = 1;
+            break;
+        }
+        window[i] = w;
+        total[i] = t;
+    }
+    Py_END_ALLOW_THREADS
+    if (overflow) goto hand_back;
+    result = PyTuple_Pack(2, w_obj, t_obj);
+    goto done;
+hand_back:
+    result = Py_None;
+    Py_INCREF(Py_None);
+done:
+    Py_XDECREF(w_obj);
+    Py_XDECREF(t_obj);
+    free(is_initial);
+    for (int k = 0; k < 4; k++)
+        if (c[k].held) PyBuffer_Release(&c[k].view);
+    return result;
+}

@@ -14,6 +14,7 @@ PyObject *rd_op_sweep(PyObject *self, PyObject *args);
 PyObject *rd_intern_stacks(PyObject *self, PyObject *args);
 PyObject *rd_rmm_scan(PyObject *self, PyObject *args);
 PyObject *rd_events_check(PyObject *self, PyObject *args);
+PyObject *rd_live_bytes(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"snapshot_scan", rd_snapshot_scan, METH_VARARGS,
@@ -36,6 +37,9 @@ static PyMethodDef methods[] = {
     {"events_check", rd_events_check, METH_VARARGS,
      "events_check(t_ns, kind, alloc_id, size_bytes, device, initial_ids, n_labels) -> (clean, n_devices, t_min, "
      "t_max): validate.validate_events' answer for a clean table, in one pass."},
+    {"live_bytes", rd_live_bytes, METH_VARARGS,
+     "live_bytes(kind, size_bytes, alloc_id, initial_ids, baseline_total) -> (window, total) | None: "
+     "stats.live_bytes_series in one pass."},
     {NULL, NULL, 0, NULL},
 };
 
