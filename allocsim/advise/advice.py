@@ -112,23 +112,24 @@ def run_command(trace: str, preset: Preset, outcome: Outcome, capacity_bytes: in
     return " ".join(shlex.quote(a) for a in args)
 
 
-def _read(trace_path: str) -> tuple[str, Any]:
+def _read(trace_path: str, lenient: bool = False, limits: Any = None) -> tuple[str, Any]:
     if not os.path.exists(trace_path):
         raise AllocsimError(f"{trace_path}: no such file")
     if os.path.isdir(trace_path):
         raise AllocsimError(f"{trace_path}: is a directory, not a trace file")
     sha = file_sha256(trace_path)
-    return sha, cached_trace(os.path.abspath(trace_path), sha)
+    return sha, cached_trace(os.path.abspath(trace_path), sha, lenient, limits)
 
 
 def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | None = None, device: int | None = None,
            executor: Any = None, output: str | None = None, cost_model: Any = None, fast: bool = False, top: int = 3,
            progress: bool = False, log: Callable[[str], None] = lambda message: None,
-           command_args: tuple[str, ...] = ()) -> Advice:
+           command_args: tuple[str, ...] = (), lenient: bool = False, limits: Any = None) -> Advice:
     """The ``Advice`` for ``trace_path`` (see the module doc); ``ValueError`` / ``AllocsimError`` on bad input.
 
     ``command_args`` go into every printed ``allocsim run`` command (the ``--cost-model`` options that
-    built ``cost_model``, so the command replays on the same device).
+    built ``cost_model``, so the command replays on the same device; the read options). ``lenient``
+    and ``limits`` say how the trace is read (``read_trace``), here and in every run.
     """
     from ..sweep.executors import InProcessExecutor
 
@@ -137,7 +138,7 @@ def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | No
         raise ValueError(f"--top must be >= 1, got {top}")
     if policy not in PRESETS:
         preset_for(policy, None, 0)   # raises the one-line refusal before the trace is read
-    sha, trace = _read(trace_path)
+    sha, trace = _read(trace_path, lenient, limits)
     trace = select_device(trace, device)
     if is_state_only(trace):
         raise ValueError(f"{trace.meta.source} holds a final state and no history to replay: advise needs a "
@@ -158,7 +159,7 @@ def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | No
     executor = executor or InProcessExecutor()
     runs = Runs(trace=trace_path, trace_sha256=sha, policy=policy, device=device, executor=executor,
                 output=output or default_output(sha, policy, device, capacity.bytes, fast), cost_model=cost_model,
-                progress=progress)
+                lenient=lenient, limits=limits, progress=progress)
     advice.runs = runs
     workers = int(getattr(executor, "workers", 1) or 1)
     with executor:

@@ -48,6 +48,8 @@ class Runs:
     executor: Any
     output: str
     cost_model: Any = None
+    lenient: bool = False            #: how the trace is read (``--lenient``, ``--limits``)
+    limits: Any = None
     progress: bool = False
     log: Callable[[str], None] = lambda message: None
     computed: int = 0                #: runs simulated by this invocation
@@ -60,7 +62,8 @@ class Runs:
                     policy=self.policy, params=dict(config.params), params_json=config.params_json,
                     param_texts=dict(config.texts), capacity_bytes=capacity_bytes, device=self.device, fast=fast,
                     order=(0, seq), cost_model_json=cost_model_json(self.cost_model),
-                    capacity_source="given" if capacity_bytes is not None else None)
+                    capacity_source="given" if capacity_bytes is not None else None,
+                    lenient=self.lenient, limits=self.limits)
 
     def run(self, items: list[tuple[Point, int | None, bool]]) -> list[dict[str, Any]]:
         """The row of each (point, capacity, fast), running what the journal does not hold yet."""

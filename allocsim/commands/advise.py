@@ -15,7 +15,7 @@ import sys
 
 from ..errors import AllocsimError
 from ..units import parse_bytes
-from .common import add_cost_model_args, cost_model_from_args, print_json
+from .common import add_cost_model_args, add_trace_args, cost_model_from_args, print_json, read_args, trace_limits
 
 EXIT_NONE_FITS = 1
 EXIT_STATUS_HELP = "exit status: 0 = a setting fits, 1 = none does, 2 = usage or input error"
@@ -37,8 +37,7 @@ def register(subparsers) -> None:
                "runs are journaled (-o RESULTS.parquet, else a cache folder): a rerun resumes and reuses them\n"
                + EXIT_STATUS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("trace", metavar="TRACE", help="trace file (PyTorch snapshot, Kineto JSON, RMM CSV, "
-                                                        "allocsim Parquet/CSV)")
+    add_trace_args(parser)
     parser.add_argument("--policy", default="pytorch", metavar="NAME",
                         help="allocator whose settings to search: pytorch (default), paddle or cupy")
     parser.add_argument("--capacity", metavar="SIZE",
@@ -63,11 +62,11 @@ def register(subparsers) -> None:
 
 
 def cost_args(args: argparse.Namespace) -> tuple[str, ...]:
-    """The ``--cost-model`` / ``--cost`` options as given, for the ``allocsim run`` commands advise prints."""
+    """The ``--cost-model`` / ``--cost`` and read options as given, for the ``allocsim run`` commands advise prints."""
     out: list[str] = ["--cost-model", args.cost_model] if args.cost_model else []
     for item in args.cost:
         out += ["--cost", item]
-    return tuple(out)
+    return tuple(out) + read_args(args)
 
 
 def _log(message: str) -> None:
@@ -88,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
         advice = advise(args.trace, policy=args.policy, capacity_bytes=capacity, device=args.device,
                         executor=executor, output=args.output, cost_model=cost_model, fast=args.fast, top=args.top,
                         progress=interactive, log=_log if interactive else (lambda message: None),
-                        command_args=cost_args(args))
+                        command_args=cost_args(args), lenient=args.lenient, limits=trace_limits(args))
     except (AllocsimError, ValueError, OSError) as exc:
         print(f"allocsim advise: error: {exc}", file=sys.stderr)
         return 2

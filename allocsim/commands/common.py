@@ -16,6 +16,11 @@ from ..trace.limits import DEFAULT_LIMITS, Limits, parse_limit_options
 def add_trace_args(parser: argparse.ArgumentParser) -> None:
     """Add the TRACE argument and the options every trace-reading command takes."""
     parser.add_argument("trace", metavar="TRACE", help="trace file (PyTorch snapshot, Kineto JSON, RMM CSV, allocsim Parquet/CSV)")
+    add_read_args(parser)
+
+
+def add_read_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--lenient`` and the limit options (``--limits``, ``--max-events``, ``--max-decompressed``)."""
     parser.add_argument("--lenient", action="store_true",
                         help="repair what can be repaired in a bad trace (every repair is reported) instead of failing")
     parser.add_argument("--limits", action="append", metavar="KEY=VALUE",
@@ -33,6 +38,17 @@ def trace_limits(args: argparse.Namespace) -> Limits:
     if getattr(args, "max_decompressed", None) is not None:
         overrides["decompressed_bytes"] = args.max_decompressed
     return DEFAULT_LIMITS.with_overrides(overrides)
+
+
+def read_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The read options as given (``--lenient``, ``--limits``, ...), to repeat them in a printed command."""
+    out: list[str] = ["--lenient"] if getattr(args, "lenient", False) else []
+    for item in getattr(args, "limits", None) or []:
+        out += ["--limits", item]
+    for flag, name in (("--max-events", "max_events"), ("--max-decompressed", "max_decompressed")):
+        if getattr(args, name, None) is not None:
+            out += [flag, getattr(args, name)]
+    return tuple(out)
 
 
 def load_trace(args: argparse.Namespace) -> Trace:

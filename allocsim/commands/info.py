@@ -139,5 +139,34 @@ def format_summary(summary: dict, indent: str = "") -> str:
             value = f"{value:,} ns ({value / 1e9:.3f} s)"
         elif isinstance(value, list) and key in ("repairs", "notes"):
             value = "\n" + "\n".join(f"{indent}  - {line}" for line in value)
+        elif key == "recorded":
+            if not value:
+                continue
+            value = "\n" + "\n".join(f"{indent}  device {device}: {_recorded_line(run)}" for device, run in value.items())
         lines.append(f"{indent}{key:<30} {value}")
     return "\n".join(lines)
+
+
+def _recorded_line(run: dict[str, Any]) -> str:
+    """What the recording proves about one device's real run, in one line."""
+    def b(key: str) -> str:
+        return format_bytes(run[key]) if run.get(key) is not None else "-"
+
+    parts = [f"{run.get('allocator', 'unknown')} allocator; reserved at start {b('start_reserved_bytes')}, "
+             f"peak {b('peak_reserved_bytes')}, end {b('final_reserved_bytes')}"]
+    if run.get("peak_allocated_bytes") is not None:
+        parts.append(f"peak allocated {b('peak_allocated_bytes')}")
+    calls = [f"{run[k]:,} {name}" for k, name in (("segment_allocs", "cudaMalloc"), ("segment_frees", "cudaFree"),
+                                                 ("segment_maps", "page maps"), ("segment_unmaps", "page unmaps"))
+             if run.get(k)]
+    if calls:
+        parts.append(", ".join(calls))
+    if run.get("empty_cache_calls"):
+        parts.append(f"{run['empty_cache_calls']:,} empty_cache() calls")
+    if run.get("oom_path_releases"):
+        parts.append(f"{run['oom_path_releases']:,} releases on the out-of-memory path")
+    if run.get("ooms"):
+        parts.append(f"{run['ooms']:,} OOMs")
+    if run.get("capacity_bytes") is not None:
+        parts.append(f"capacity {b('capacity_bytes')} ({run.get('capacity_source')})")
+    return "; ".join(parts)

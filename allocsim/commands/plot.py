@@ -36,6 +36,7 @@ import pandas as pd
 
 from ..errors import AllocsimError
 from ..units import parse_bytes
+from .common import add_read_args, trace_limits
 from .info import add_site_args, site_options
 
 #: Tables a result directory may hold, and what they feed.
@@ -72,7 +73,7 @@ def register(subparsers) -> None:
                              "(default 1000)")
     parser.add_argument("--metric", default="peak_reserved_bytes", metavar="METRIC",
                         help="sweep heatmap metric (default peak_reserved_bytes)")
-    parser.add_argument("--lenient", action="store_true", help="repair what can be repaired in a bad trace")
+    add_read_args(parser)
     add_site_args(parser, "draw")
     parser.add_argument("-o", "--out", metavar="DIR", dest="out_dir",
                         help="output directory (required for a trace or sweep; default for a result "
@@ -185,7 +186,7 @@ def plot_trace(args: argparse.Namespace, out: Path) -> list[Path]:
     site_filter, top = site_options(args)
     params = _params_per_spec(specs, args.settings)
     given = parse_bytes(args.capacity) if args.capacity is not None else None
-    trace = select_device(read_trace(args.input, lenient=args.lenient), args.device)
+    trace = select_device(read_trace(args.input, lenient=args.lenient, limits=trace_limits(args)), args.device)
     capacity = resolve_capacity(trace, given)
     check_capacity(trace, capacity)
     labels = _labels(specs)

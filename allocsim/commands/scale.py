@@ -22,7 +22,7 @@ from fractions import Fraction
 from ..errors import AllocsimError
 from ..trace import write_trace
 from ..units import parse_bytes
-from .common import print_json
+from .common import add_read_args, print_json, trace_limits
 
 EXIT_NOTHING_FITS = 1
 
@@ -51,7 +51,7 @@ def register(subparsers) -> None:
     parser.add_argument("-o", "--output", metavar="OUT",
                         help="output trace (.parquet, .csv, .csv.gz); with --find-max, the trace at the answer")
     parser.add_argument("--device", type=int, metavar="N", help="device to use when the traces have several")
-    parser.add_argument("--lenient", action="store_true", help="repair what can be repaired in bad input traces")
+    add_read_args(parser)
     search = parser.add_argument_group("finding the largest value that fits")
     search.add_argument("--capacity", metavar="SIZE", help="device memory for --find-max, e.g. 80GiB")
     search.add_argument("--find-max", action="store_true",
@@ -90,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         _check_args(args)
-        inputs = [load_input(path, value, device=args.device, lenient=args.lenient)
+        inputs = [load_input(path, value, device=args.device, lenient=args.lenient, limits=trace_limits(args))
                   for path, value in (parse_spec(spec) for spec in args.inputs)]
         scaler = Scaler(inputs, args.name)
         if args.find_max:

@@ -19,7 +19,7 @@ import sys
 
 from ..errors import AllocsimError
 from ..units import parse_bytes
-from .common import add_cost_model_args, cost_model_from_args
+from .common import add_cost_model_args, add_read_args, cost_model_from_args, trace_limits
 
 
 def register(subparsers) -> None:
@@ -41,6 +41,7 @@ def register(subparsers) -> None:
                "\"deferred-gc\": {\"threshold\": [\"0\", \"64MiB\"]}}",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (any format allocsim reads)")
+    add_read_args(parser)
     parser.add_argument("--policy", action="append", default=[], metavar="NAME[:SETTINGS]",
                         help="policy to sweep (repeatable; default: the grid file's policies); pytorch:SETTINGS "
                              "takes PYTORCH_CUDA_ALLOC_CONF syntax, e.g. pytorch:expandable_segments:True, other "
@@ -110,7 +111,8 @@ def main(args: argparse.Namespace) -> int:
         progress = not args.json and sys.stderr.isatty()
         report = run_sweep(args.traces, configs, output=args.output, capacity_bytes=capacity, device=args.device,
                            fast=args.fast, executor=executor, retry_errors=args.retry_errors, progress=progress,
-                           cost_model=cost_model, infer_capacity=capacity is None)
+                           cost_model=cost_model, infer_capacity=capacity is None, lenient=args.lenient,
+                           limits=trace_limits(args))
     except (AllocsimError, ValueError, OSError) as exc:
         print(f"allocsim sweep: error: {exc}", file=sys.stderr)
         return 2

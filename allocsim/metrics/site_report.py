@@ -53,7 +53,7 @@ def run_sites(trace: Trace, result: Any, build_policy: Callable[[], Policy], *, 
     """The ``sites`` object of a run of ``trace`` (``result``) whose policy ``build_policy`` makes afresh."""
     index = SiteIndex(trace, site_filter or SiteFilter())
     ts, ooms, summary = result.timeseries, result.ooms, result.summary
-    peak = live_at_row(trace, ts, ooms, peak_row(ts))
+    peak = live_at_row(trace, ts, ooms, peak_row(ts), continue_on_oom=continue_on_oom)
     if peak.live_bytes != summary["peak_requested_bytes"]:
         raise SiteAccountingError(f"sites at the peak hold {peak.live_bytes} bytes, the run's peak requested "
                                   f"is {summary['peak_requested_bytes']}")
@@ -67,7 +67,7 @@ def run_sites(trace: Trace, result: Any, build_policy: Callable[[], Policy], *, 
     }
     oom = summary.get("oom")
     if oom is not None:
-        live = live_at_row(trace, ts, ooms, oom_row(ts, int(oom["event_index"])))
+        live = live_at_row(trace, ts, ooms, oom_row(ts, int(oom["event_index"])), continue_on_oom=continue_on_oom)
         out["at_oom"] = rows_by_site(index, live.stack_ids, live.size_bytes, top=top)
         out["moments"]["at_oom"] = {"event_index": int(oom["event_index"]), "bytes": live.live_bytes,
                                     "failed_request": failed_request(trace, index, oom)}

@@ -199,12 +199,14 @@ class LiveSet:
         return group_sums(np.zeros(len(self.size_bytes), dtype=np.int64), self.size_bytes, 1)[0]
 
 
-def live_at_row(trace: Trace, timeseries: Any, ooms: Any, row: int) -> LiveSet:
+def live_at_row(trace: Trace, timeseries: Any, ooms: Any, row: int, *, continue_on_oom: bool = False) -> LiveSet:
     """What a run of ``trace`` held after row ``row`` of its ``timeseries`` (``ooms``: its failed allocations).
 
     The rows executed so far are ``timeseries.event_index[1:row+1]`` (their order need not be the
     trace's); an allocation is held from its ALLOC event to its FREE_COMPLETED event, unless it
-    failed. The result's bytes equal ``timeseries.requested_bytes[row]``, checked.
+    failed. The start state is placed in ``alloc_id`` order, and a run that does not continue after
+    an out-of-memory stops there, so the start allocations after a failed one were never placed.
+    The result's bytes equal ``timeseries.requested_bytes[row]``, checked.
     """
     ev = timeseries["event_index"].to_numpy()
     executed = np.zeros(len(trace.events), dtype=bool)
@@ -216,6 +218,8 @@ def live_at_row(trace: Trace, timeseries: Any, ooms: Any, row: int) -> LiveSet:
     alloc = executed & (kind == EventKind.ALLOC)
     freed = ids[executed & (kind == EventKind.FREE_COMPLETED)]
     init = trace.initial_allocs
+    if not continue_on_oom and len(ooms) and int(ooms["event_index"].iat[0]) < 0:
+        init = init[init["alloc_id"] <= int(ooms["alloc_id"].iat[0])]
     all_ids = np.concatenate([init["alloc_id"].to_numpy(), ids[alloc]]).astype(np.int64)
     sizes = np.concatenate([init["size_bytes"].to_numpy(), trace.column("size_bytes")[alloc]]).astype(np.int64)
     stacks = np.concatenate([init["stack_id"].to_numpy(), trace.column("stack_id")[alloc]]).astype(np.int64)

@@ -27,7 +27,6 @@ from typing import Any, Mapping
 
 from ..device import DeviceOutOfMemory
 from ..errors import OutOfMemory
-from .base import Policy
 from .expandable import ExpandableSegments
 from .freelist import ADDR_BITS, ADDR_MASK, FreeList
 from .growth import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE, pytorch_allocation_size

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -99,9 +100,10 @@ def single_device(trace: Trace, device: int | None, path: str) -> Trace:
     return trace.for_device(device)
 
 
-def load_input(path: str, value: Fraction, *, device: int | None = None, lenient: bool = False) -> ScaleInput:
+def load_input(path: str, value: Fraction, *, device: int | None = None, lenient: bool = False,
+               limits: Any = None) -> ScaleInput:
     """Read ``path`` (one device of it) and prepare it."""
-    trace = single_device(read_trace(path, lenient=lenient), device, path)
+    trace = single_device(read_trace(path, lenient=lenient, limits=limits), device, path)
     return prepare_input(trace, value, path=path)
 
 

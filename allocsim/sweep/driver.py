@@ -99,34 +99,37 @@ def run_sweep(traces: list[str], configs: list[Config], *, output: str | os.Path
               capacity_bytes: int | None = None, device: int | None = None, fast: bool = False,
               executor: Any = None, retry_errors: bool = False, progress: bool = False,
               log: Callable[[str], None] = _stderr, stop_after_rows: int | None = None,
-              cost_model: Any = None, infer_capacity: bool = False) -> SweepReport:
+              cost_model: Any = None, infer_capacity: bool = False, lenient: bool = False,
+              limits: Any = None) -> SweepReport:
     """Sweep ``configs`` over ``traces``; see the module docstring. ``executor`` defaults to in-process;
     ``cost_model`` (a ``CostModel``) replaces the documented defaults, device footprint included;
-    ``infer_capacity`` (only without ``capacity_bytes``) uses the capacity each recording implies."""
+    ``infer_capacity`` (only without ``capacity_bytes``) uses the capacity each recording implies;
+    ``lenient`` and ``limits`` say how every trace is read (``read_trace``)."""
     started = time.perf_counter()
     hashed = hash_traces(list(traces), log)
     executor = executor or InProcessExecutor()
     capacities = {}
     if infer_capacity and capacity_bytes is None:
-        capacities = inferred_capacities(hashed, device)
+        capacities = inferred_capacities(hashed, device, lenient=lenient, limits=limits)
         if not isinstance(executor, InProcessExecutor):
             clear_cache()   # the rows run elsewhere: do not hold the traces here meanwhile
     tasks = make_tasks(hashed, configs, capacity_bytes=capacity_bytes, device=device, fast=fast,
-                       cost_model=cost_model, capacities=capacities)
+                       cost_model=cost_model, capacities=capacities, lenient=lenient, limits=limits)
     report = execute_tasks(tasks, output=output, executor=executor, retry_errors=retry_errors,
                            progress=progress, log=log, stop_after_rows=stop_after_rows, started=started)
     report.capacities = capacity_lines(hashed, capacities, capacity_bytes)
     return report
 
 
-def inferred_capacities(traces: list[tuple[str, str]], device: int | None) -> dict[str, Any]:
+def inferred_capacities(traces: list[tuple[str, str]], device: int | None, *, lenient: bool = False,
+                        limits: Any = None) -> dict[str, Any]:
     """sha256 -> ``runner.Capacity`` for each trace whose recording implies a capacity (read here once)."""
     from ..engine import select_device
     from ..runner import resolve_capacity
     out = {}
     for path, sha in traces:
         try:
-            trace = cached_trace(os.path.abspath(path), sha)
+            trace = cached_trace(os.path.abspath(path), sha, lenient, limits)
         except Exception:  # noqa: BLE001 - an unreadable trace: its rows say why, as without inference
             continue
         if device is not None and device not in trace.devices:

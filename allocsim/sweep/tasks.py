@@ -35,13 +35,15 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 def row_key(trace_sha256: str, policy: str, params_json: str, capacity_bytes: int | None,
             device: int | None, fast: bool, cost_model_json: str | None = None,
-            capacity_inferred: bool = False) -> str:
+            capacity_inferred: bool = False, lenient: bool = False) -> str:
     """Hex SHA-256 identifying a row; equal keys mean equal deterministic results."""
     parts: list = [__version__, trace_sha256, policy, params_json, capacity_bytes, device, bool(fast)]
     if cost_model_json is not None:   # absent for the default cost model: older journals keep their keys
         parts.append(cost_model_json)
     if capacity_inferred:             # the same for given capacities: older journals keep their keys
         parts.append("inferred")
+    if lenient:                       # a repaired trace is another trace (limits change no result)
+        parts.append("lenient")
     text = json.dumps(parts, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -80,13 +82,16 @@ class Task:
     capacity_source: str | None = None
     #: For an inferred capacity: how the recording implies it (the verdict quotes it).
     capacity_note: str = ""
+    #: How the worker reads the trace: ``--lenient`` repairs and the reader's caps (None: the defaults).
+    lenient: bool = False
+    limits: Any = None
 
     @property
     def row_key(self) -> str:
         """See ``row_key()``."""
         return row_key(self.trace_sha256, self.policy, self.params_json, self.capacity_bytes,
                        self.device, self.fast, self.cost_model_json,
-                       capacity_inferred=self.capacity_source == "inferred")
+                       capacity_inferred=self.capacity_source == "inferred", lenient=self.lenient)
 
     def key_columns(self) -> dict[str, Any]:
         """The identifying columns every row starts with (``param.<key>`` holds ``--set`` texts)."""
@@ -100,7 +105,8 @@ class Task:
 
 def make_tasks(traces: list[tuple[str, str]], configs: list[Config], *, capacity_bytes: int | None = None,
                device: int | None = None, fast: bool = False, cost_model: Any = None,
-               capacities: dict[str, Any] | None = None) -> list[Task]:
+               capacities: dict[str, Any] | None = None, lenient: bool = False,
+               limits: Any = None) -> list[Task]:
     """The trace-major product of ``traces`` ((path, sha256) pairs) and ``configs``.
 
     ``capacities`` maps a trace's sha256 to its own ``runner.Capacity`` (an inferred one); other
@@ -120,5 +126,5 @@ def make_tasks(traces: list[tuple[str, str]], configs: list[Config], *, capacity
                               params=dict(config.params), params_json=config.params_json,
                               param_texts=dict(config.texts), capacity_bytes=cap, device=device,
                               fast=fast, order=(i, config.order), cost_model_json=cost_json,
-                              capacity_source=source, capacity_note=note))
+                              capacity_source=source, capacity_note=note, lenient=lenient, limits=limits))
     return tasks

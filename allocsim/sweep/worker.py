@@ -37,11 +37,15 @@ _LOCK = threading.Lock()
 LOADS: list[str] = []
 
 
-def cached_trace(path: str, sha256: str) -> Any:
-    """The trace at ``path`` from this process's cache, reading it (and checking its hash) on a miss."""
+def cached_trace(path: str, sha256: str, lenient: bool = False, limits: Any = None) -> Any:
+    """The trace at ``path`` from this process's cache, reading it (and checking its hash) on a miss.
+
+    ``lenient`` and ``limits`` (``allocsim.trace.limits.Limits``; None: the defaults) are how the
+    user asked for the file to be read (``--lenient``, ``--limits``); they are part of the cache key.
+    """
     from ..trace import read_trace
 
-    key = (path, sha256)
+    key = (path, sha256, lenient, limits)
     with _LOCK:
         if key in _TRACES:
             _TRACES.move_to_end(key)
@@ -55,7 +59,7 @@ def cached_trace(path: str, sha256: str) -> Any:
                                    f"expected {sha256[:12]}); rerun the sweep")
         while len(_TRACES) >= TRACE_CACHE_SIZE:
             _TRACES.popitem(last=False)
-        trace = read_trace(path)
+        trace = read_trace(path, lenient=lenient, limits=limits)
         LOADS.append(path)
         _TRACES[key] = trace
         return trace
@@ -112,7 +116,7 @@ def run_task(task: Task) -> dict[str, Any]:
     row["error"] = None
     started = time.perf_counter()
     try:
-        trace = cached_trace(task.trace_path, task.trace_sha256)
+        trace = cached_trace(task.trace_path, task.trace_sha256, task.lenient, task.limits)
         started = time.perf_counter()
         summary = simulate_summary(task, trace)
     except TraceUnavailable:
