@@ -121,22 +121,18 @@ class _Tracker:
         """The request at ``addr`` made the allocator grow: its segment (or the pages its block covers) is its own."""
         if not isinstance(bottom, PoolPolicy):
             return
-        expandable = _expandable_pools(bottom)
-        for fl in bottom.pools:
-            exp = expandable.get(id(fl))
-            seg_size = fl.segment_size_at.get(addr) if exp is None else None
-            seg = (addr, seg_size) if seg_size is not None else _segment_at(fl.segment_size_at, addr)
-            if seg is None:
-                continue
-            base, seg_size = seg
-            if exp is None:
-                self.owner.assign(base, base + seg_size, stack)
-            else:
-                page = exp.page_bytes
-                begin = base + (addr - base) // page * page
-                end = base + -(-(addr + max(size, 1) - base) // page) * page
-                self.owner.assign(begin, end, stack)
+        found = _segment_holding(bottom.pools, addr)
+        if found is None:
             return
+        fl, base, seg_size = found
+        exp = _expandable_pools(bottom).get(id(fl))
+        if exp is None:
+            self.owner.assign(base, base + seg_size, stack)
+        else:
+            page = exp.page_bytes
+            begin = base + (addr - base) // page * page
+            end = base + -(-(addr + max(size, 1) - base) // page) * page
+            self.owner.assign(begin, end, stack)
 
 
 def _device_growth(bottom: Policy) -> int:
@@ -145,15 +141,24 @@ def _device_growth(bottom: Policy) -> int:
     return int(dev.n_mallocs) + int(getattr(dev, "n_maps", 0))
 
 
-def _segment_at(segment_size_at: dict[int, int], addr: int) -> tuple[int, int] | None:
-    """(start, size) of the segment holding ``addr``, or None."""
-    starts = sorted(segment_size_at)
-    i = bisect_right(starts, addr) - 1
-    if i < 0:
-        return None
-    start = starts[i]
-    size = segment_size_at[start]
-    return (start, size) if addr < start + size else None
+def _segment_holding(pools: list, addr: int) -> tuple[Any, int, int] | None:
+    """(pool, start, size) of the segment holding ``addr``, or None.
+
+    A block placed in a new segment starts it, so one lookup per pool finds it; only a block inside
+    an expandable segment's range (few segments per pool) needs the scan of ``segment_of``. Reading
+    the pools' whole segment tables here instead would cost O(segments) per growth.
+    """
+    for fl in pools:
+        size = fl.segment_size(addr)
+        if size is not None:
+            return fl, addr, size
+    for fl in pools:
+        try:
+            start = fl.segment_of(addr)
+        except KeyError:
+            continue
+        return fl, start, fl.segment_size(start)
+    return None
 
 
 # ----------------------------------------------------------------------------- charging
