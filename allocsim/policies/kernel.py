@@ -65,27 +65,40 @@ def mode() -> str:
 
 def active() -> bool:
     """Tell whether policies built now use the compiled kernel; raise ``KernelUnavailable`` if required and absent."""
-    wanted = mode()
-    if wanted == "reference":
-        return False
-    if compiled is None:
-        if wanted == "compiled":
-            raise KernelUnavailable(f"{ENV_VAR}=compiled but {LOAD_ERROR}")
-        return False
-    return True
+    return wants_compiled(compiled, LOAD_ERROR, KernelUnavailable)
 
 
 def status() -> dict[str, str]:
     """Which route new policies take and why: ``{"route": "compiled" | "reference", "reason": ...}``."""
+    return route_status(compiled, LOAD_ERROR)
+
+
+def wants_compiled(ext: Any, load_error: str, unavailable: type[AllocsimError]) -> bool:
+    """Whether code with the optional extension ``ext`` takes its compiled route now (``mode()`` decides).
+
+    Raises ``unavailable`` when the mode is ``compiled`` and ``ext`` could not be loaded (``load_error`` says why).
+    """
+    wanted = mode()
+    if wanted == "reference":
+        return False
+    if ext is None:
+        if wanted == "compiled":
+            raise unavailable(f"{ENV_VAR}=compiled but {load_error}")
+        return False
+    return True
+
+
+def route_status(ext: Any, load_error: str) -> dict[str, str]:
+    """``{"route": "compiled" | "reference" | "unavailable", "reason": ...}`` for code with the extension ``ext``."""
     try:
         wanted = mode()
     except AllocsimError as exc:
         return {"route": "reference", "reason": str(exc)}
     if wanted == "reference":
         return {"route": "reference", "reason": f"{ENV_VAR}=reference"}
-    if compiled is None:
-        return {"route": "reference" if wanted == "auto" else "unavailable", "reason": LOAD_ERROR}
-    return {"route": "compiled", "reason": f"C extension {os.path.basename(compiled.__file__)}"}
+    if ext is None:
+        return {"route": "reference" if wanted == "auto" else "unavailable", "reason": load_error}
+    return {"route": "compiled", "reason": f"C extension {os.path.basename(ext.__file__)}"}
 
 
 def describe() -> str:

@@ -15,7 +15,6 @@ The route follows the policy kernel's switch, ``ALLOCSIM_KERNEL`` (see ``allocsi
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from ..errors import AllocsimError
@@ -43,27 +42,12 @@ class ReadersUnavailable(AllocsimError):
 
 def active() -> bool:
     """Tell whether readers take their compiled route now; raise ``ReadersUnavailable`` if required and absent."""
-    wanted = kernel.mode()
-    if wanted == "reference":
-        return False
-    if ext is None:
-        if wanted == "compiled":
-            raise ReadersUnavailable(f"{kernel.ENV_VAR}=compiled but {LOAD_ERROR}")
-        return False
-    return True
+    return kernel.wants_compiled(ext, LOAD_ERROR, ReadersUnavailable)
 
 
 def status() -> dict[str, str]:
     """Which route readers take and why: ``{"route": "compiled" | "reference" | "unavailable", "reason": ...}``."""
-    try:
-        wanted = kernel.mode()
-    except AllocsimError as exc:
-        return {"route": "reference", "reason": str(exc)}
-    if wanted == "reference":
-        return {"route": "reference", "reason": f"{kernel.ENV_VAR}=reference"}
-    if ext is None:
-        return {"route": "reference" if wanted == "auto" else "unavailable", "reason": LOAD_ERROR}
-    return {"route": "compiled", "reason": f"C extension {os.path.basename(ext.__file__)}"}
+    return kernel.route_status(ext, LOAD_ERROR)
 
 
 def describe() -> str:
