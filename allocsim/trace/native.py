@@ -26,31 +26,18 @@ from .builder import MAX_SIZE_BYTES
 from .ipc_check import IpcFormatError, ipc_stream_bounds
 from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, open_binary, quote
 from .schema import (
-    BLOCK_DTYPES,
-    DECISION_DTYPES,
     EVENT_DTYPES,
-    FRAME_DTYPES,
-    INITIAL_ALLOC_DTYPES,
     OPTIONAL_COLUMNS,
-    RECORDED_SERIES_DTYPES,
-    SEGMENT_DTYPES,
-    STACK_DTYPES,
     Trace,
     TraceMeta,
     check_schema,
     empty_frame,
 )
+from .transport import TABLES
 
 FORMAT_VERSION = 1
-_SIDE_TABLES = {
-    "initial_allocs": INITIAL_ALLOC_DTYPES,
-    "initial_segments": SEGMENT_DTYPES,
-    "initial_blocks": BLOCK_DTYPES,
-    "decisions": DECISION_DTYPES,
-    "frames": FRAME_DTYPES,
-    "stacks": STACK_DTYPES,
-    "recorded_series": RECORDED_SERIES_DTYPES,
-}
+#: The tables kept beside the events (in the Parquet file's metadata, as Arrow IPC).
+_SIDE_TABLES = {name: dtypes for name, dtypes in TABLES.items() if name != "events"}
 #: Bytes one decoded row of a table may take at most, for the decompression-ratio check.
 _ROW_BYTES = 8 * 12
 _INTEGER_TEXT = re.compile(r"\s*[+-]?\d+\s*")

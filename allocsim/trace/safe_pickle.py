@@ -52,13 +52,11 @@ def _check_scalars(path: str, values: Any, what: str) -> None:
                                    "(a snapshot uses plain keys only)")
 
 
-class _DataOnlyUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
-    """An unpickler that builds builtin containers and scalars only, and calls nothing."""
-
-    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
+class _RefusesGlobals:
+    """What both unpicklers share: every global and persistent id is refused, naming the file."""
 
     def __init__(self, file: Any, path: str):
-        super().__init__(file)
+        super().__init__(file)  # type: ignore[call-arg]
         self._path = path
 
     def find_class(self, module: str, name: str) -> Any:  # noqa: D401 - pickle API
@@ -70,6 +68,12 @@ class _DataOnlyUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
     def persistent_load(self, pid: Any) -> Any:
         raise UnsafePickleError(self._path, None,
                                 f"refused persistent id {short_repr(pid)}: a snapshot holds plain data only")
+
+
+class _DataOnlyUnpickler(_RefusesGlobals, pickle._Unpickler):  # type: ignore[name-defined]
+    """An unpickler that builds builtin containers and scalars only, and calls nothing."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
 
     # -- opcodes that would call an object: never legitimate in a snapshot
     def _refuse_call(self) -> None:
@@ -121,27 +125,13 @@ def read_bounded(path: str | os.PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES)
     return read_bytes(os.fspath(path), dataclasses.replace(DEFAULT_LIMITS, decompressed_bytes=max_bytes))
 
 
-class _RefusingCUnpickler(pickle.Unpickler):
+class _RefusingCUnpickler(_RefusesGlobals, pickle.Unpickler):
     """CPython's C unpickler with every global and persistent id refused: only plain data loads.
 
     Safe from code execution (every way a pickle reaches a callable goes through ``find_class``
     or ``persistent_load``), but not from resource bombs (a huge memo index, hashing a key built
     from shared tuples): run it only where memory and time are capped (``isolate``).
     """
-
-    def __init__(self, file: Any, path: str):
-        super().__init__(file)
-        self._path = path
-
-    def find_class(self, module: str, name: str) -> Any:  # noqa: D401 - pickle API
-        raise UnsafePickleError(
-            self._path, None,
-            f"refused to load global {str(module)[:100]}.{str(name)[:100]}: a snapshot holds plain "
-            "data only, so this pickle may be hostile; nothing in it was run")
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise UnsafePickleError(self._path, None,
-                                f"refused persistent id {short_repr(pid)}: a snapshot holds plain data only")
 
 
 def loads_fast(data: bytes, path: str | os.PathLike = "<bytes>") -> object:
