@@ -117,11 +117,20 @@ def _recorded_rows(s: dict[str, Any]) -> list[str]:
                              ("  page maps", "device_maps", _count), ("  page unmaps", "device_unmaps", _count),
                              ("  OOMs", "oom_count", _count)):
         if rec.get(key) is not None:
-            same = "equal" if s.get(key) == rec[key] else "differs"
-            rows.append(_row(label, show(s.get(key)), show(rec[key]), same))
+            rows.append(_row(label, show(s.get(key)), show(rec[key]), _difference(s.get(key), rec[key], show)))
     if not rows:
         return []
     return [_rule(), _row("Simulated vs recorded", "Simulated", "Recorded", ""), *rows]
+
+
+def _difference(simulated: int | None, recorded: int, show: Any) -> str:
+    """``equal``, or simulated minus recorded with its sign (so a difference that rounds away still shows)."""
+    if simulated == recorded:
+        return "equal"
+    if simulated is None:
+        return "differs"
+    delta = int(simulated) - int(recorded)
+    return ("+" if delta > 0 else "-") + show(abs(delta))
 
 
 def _timed_rows(s: dict[str, Any]) -> list[str]:

@@ -172,6 +172,9 @@ def test_a_replay_that_disagrees_with_the_recording_says_so(tmp_path, capsys):
     code, out, _ = run_cli(capsys, "run", path, "--policy", "pytorch", "--fast")
     assert "does NOT reproduce the recording" in out
     assert "peak reserved 20.00 MiB vs 40.00 MiB recorded; cudaMalloc calls 1 vs 2 recorded" in out
+    beside = out[out.index("| Simulated vs recorded"):].splitlines()
+    rows = {cells[1].strip(): cells[4].strip() for cells in (line.split("|") for line in beside) if len(cells) == 6}
+    assert rows["peak reserved"] == "-20.00 MiB" and rows["cudaMalloc"] == "-1"   # simulated minus recorded
     code, out, _ = run_cli(capsys, "run", path, "--policy", "pytorch", "--fast", "--json")
     repro = json.loads(out)["reproduction"]
     assert repro["reproduces"] is False
