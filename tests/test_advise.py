@@ -171,6 +171,14 @@ def test_recorded_oom_capacity_is_inferred_and_below_peak_live(capsys):
     assert rows[-1] == {"site": "unattributed", "bytes": 0, "count": 0, "frames": []}
     code, out, _ = run_cli(capsys, "advise", path, "--device", "1")
     assert code == 1 and ".../src/train/models.py:174 in update_nodes" in out
+    # The site rule is the user's to change: with src/train/ skipped, the site is the frame outside it.
+    code, out, _ = run_cli(capsys, "advise", path, "--device", "1", "--site-filter", "src/train/", "--sites", "2",
+                           "--json")
+    data = json.loads(out)
+    rows = data["sites"]["rows"]
+    assert code == 1 and "src/train/" in data["sites"]["rule"] and len(rows) == 4    # 2 sites, other, unattributed
+    assert not any("src/train/models.py" in r["site"] for r in rows)
+    assert sum(r["bytes"] for r in rows) == data["lower_bound_bytes"]
 
 
 def test_nothing_fits_shows_the_closest_and_how_much_it_misses(tmp_path, capsys):

@@ -20,7 +20,8 @@ from typing import Any, Callable
 
 from ..engine import select_device
 from ..errors import AllocsimError
-from ..metrics.sites import LiveAtPeak, SiteRows, live_at_peak, site_rows
+from ..metrics.site_rule import SiteFilter
+from ..metrics.sites import DEFAULT_TOP, LiveAtPeak, SiteRows, live_at_peak, site_rows
 from ..metrics.state import HOW_TO_RECORD, is_state_only
 from ..metrics.summary import lower_bound_bytes
 from ..runner import resolve_capacity
@@ -73,6 +74,7 @@ class Advice:
     misses: list[Miss] = field(default_factory=list)
     peak: LiveAtPeak | None = None
     sites: SiteRows | None = None
+    site_filter: SiteFilter | None = None
     runs: Runs | None = None
     wall_seconds: float = 0.0
 
@@ -124,12 +126,14 @@ def _read(trace_path: str, lenient: bool = False, limits: Any = None) -> tuple[s
 def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | None = None, device: int | None = None,
            executor: Any = None, output: str | None = None, cost_model: Any = None, fast: bool = False, top: int = 3,
            progress: bool = False, log: Callable[[str], None] = lambda message: None,
-           command_args: tuple[str, ...] = (), lenient: bool = False, limits: Any = None) -> Advice:
+           command_args: tuple[str, ...] = (), lenient: bool = False, limits: Any = None,
+           site_filter: SiteFilter | None = None, top_sites: int = DEFAULT_TOP) -> Advice:
     """The ``Advice`` for ``trace_path`` (see the module doc); ``ValueError`` / ``AllocsimError`` on bad input.
 
     ``command_args`` go into every printed ``allocsim run`` command (the ``--cost-model`` options that
     built ``cost_model``, so the command replays on the same device; the read options). ``lenient``
-    and ``limits`` say how the trace is read (``read_trace``), here and in every run.
+    and ``limits`` say how the trace is read (``read_trace``), here and in every run. ``site_filter``
+    and ``top_sites`` shape the code sites shown when nothing can fit.
     """
     from ..sweep.executors import InProcessExecutor
 
@@ -153,7 +157,10 @@ def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | No
                     lower_bound_bytes=lower_bound_bytes(trace), step_bytes=step, fast=fast, preset=preset)
     if not advice.lower_bound_fits:
         advice.peak = live_at_peak(trace)
-        advice.sites = site_rows(trace, advice.peak.alloc_ids, advice.peak.size_bytes)
+        advice.site_filter = site_filter or SiteFilter()
+        if top_sites > 0:
+            advice.sites = site_rows(trace, advice.peak.alloc_ids, advice.peak.size_bytes, top=top_sites,
+                                     site_filter=advice.site_filter)
         advice.wall_seconds = time.perf_counter() - started
         return advice
     executor = executor or InProcessExecutor()

@@ -93,7 +93,8 @@ def advice_to_dict(advice: Advice) -> dict[str, Any]:
         out["live_at_peak"] = {"event_index": advice.peak.event_index, "live_bytes": advice.peak.live_bytes,
                                "allocations": int(len(advice.peak.alloc_ids)),
                                "largest": advice.peak.largest()}
-        out["sites"] = {**advice.sites.to_dict(), "rule": SiteFilter().rule()}
+        if advice.sites is not None:
+            out["sites"] = {**advice.sites.to_dict(), "rule": (advice.site_filter or SiteFilter()).rule()}
     if advice.runs is not None:
         out["runs"] = {"distinct": len(advice.runs.rows), "computed": advice.runs.computed,
                        "reused": advice.runs.reused, "executor": advice.runs.executor.name,
@@ -178,10 +179,12 @@ def format_advice(advice: Advice) -> str:
             lines.append(f"    {format_bytes(item['size_bytes']):>12}  allocation {item['alloc_id']}, {born}, "
                          f"stream {item['stream']}")
         sites = advice.sites
-        lines.append(f"by code site: the innermost frame of the program (skipped: {', '.join(SiteFilter().skip)})")
-        if sites.note:
-            lines.append(f"  note: {sites.note}")
-        lines += format_rows(sites.rows)
+        if sites is not None:
+            skipped = ", ".join((advice.site_filter or SiteFilter()).skip) or "nothing"
+            lines.append(f"by code site: the innermost frame of the program (skipped: {skipped}; change with --site-filter)")
+            if sites.note:
+                lines.append(f"  note: {sites.note}")
+            lines += format_rows(sites.rows)
         lines.append(f"NO SETTING FITS in {format_bytes(advice.capacity_bytes)}: nothing was searched")
         return "\n".join(lines)
     base = advice.grid.baseline

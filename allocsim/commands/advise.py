@@ -16,6 +16,7 @@ import sys
 from ..errors import AllocsimError
 from ..units import parse_bytes
 from .common import add_cost_model_args, add_trace_args, cost_model_from_args, print_json, read_args, trace_limits
+from .info import add_site_args, site_options
 
 EXIT_NONE_FITS = 1
 EXIT_STATUS_HELP = "exit status: 0 = a setting fits, 1 = none does, 2 = usage or input error"
@@ -57,6 +58,7 @@ def register(subparsers) -> None:
     where.add_argument("--dask", metavar="local", choices=["local"], help="start a Dask LocalCluster of --workers")
     parser.add_argument("--workers", type=int, metavar="N",
                         help="worker processes (default: CPU count; 1 = run here, no pool)")
+    add_site_args(parser, "show (when nothing can fit: what holds the memory at the peak)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=main)
 
@@ -82,12 +84,14 @@ def main(args: argparse.Namespace) -> int:
     try:
         capacity = parse_bytes(args.capacity) if args.capacity is not None else None
         cost_model = cost_model_from_args(args)
+        site_filter, top_sites = site_options(args)
         executor = executor_from_options(args.workers, args.scheduler, args.dask)
         interactive = not args.json and sys.stderr.isatty()
         advice = advise(args.trace, policy=args.policy, capacity_bytes=capacity, device=args.device,
                         executor=executor, output=args.output, cost_model=cost_model, fast=args.fast, top=args.top,
                         progress=interactive, log=_log if interactive else (lambda message: None),
-                        command_args=cost_args(args), lenient=args.lenient, limits=trace_limits(args))
+                        command_args=cost_args(args), lenient=args.lenient, limits=trace_limits(args),
+                        site_filter=site_filter, top_sites=top_sites)
     except (AllocsimError, ValueError, OSError) as exc:
         print(f"allocsim advise: error: {exc}", file=sys.stderr)
         return 2
