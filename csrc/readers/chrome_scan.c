@@ -21,6 +21,7 @@ typedef struct {
     int depth, max_depth;
     Budget *budget;
     VEC(uint8_t) text;     /* a decoded string */
+    VEC(uint8_t) closers;  /* the closing bracket of each container skip_value is inside */
 } Json;
 
 enum { T_NONE = 0, T_STR, T_NUM, T_TRUE, T_FALSE, T_NULL, T_OBJ, T_ARR };
@@ -194,36 +195,58 @@ static int scan_value(Json *j, Tok *t) {
     return -1;
 }
 
-/* Skip an object or array at pos (validated, nesting counted). */
+/* Skip an object or array at pos (validated, nesting counted). A loop with its own stack of open
+ * containers, not recursion: however deep the file nests (and whatever max_depth the caller
+ * allows) the C stack stays the same. */
 static int skip_value(Json *j) {
-    uint8_t open = j->s[j->pos];
-    if (++j->depth > j->max_depth) return -1;
-    j->pos++;
-    skip_ws(j);
-    if (j->pos < j->n && j->s[j->pos] == (open == '{' ? '}' : ']')) {
-        j->pos++;
-        j->depth--;
-        return 0;
-    }
+    size_t floor = j->closers.len;
+    enum { OPEN, MEMBER, AFTER } state = OPEN;
     for (;;) {
-        Tok t;
-        if (open == '{') {
-            skip_ws(j);
-            if (j->pos >= j->n || j->s[j->pos] != '"' || scan_string(j, &t) < 0) return -1;
-            skip_ws(j);
-            if (j->pos >= j->n || j->s[j->pos] != ':') return -1;
+        if (state == OPEN) {            /* on a '{' or '[' */
+            uint8_t close = j->s[j->pos] == '{' ? '}' : ']';
+            if (++j->depth > j->max_depth || vec_push(j->budget, &j->closers, close) < 0) return -1;
             j->pos++;
+            skip_ws(j);
+            if (j->pos < j->n && j->s[j->pos] == close) {
+                j->pos++;
+                j->closers.len--;
+                j->depth--;
+                state = AFTER;
+            } else {
+                state = MEMBER;
+            }
+        } else if (state == MEMBER) {   /* a key and its value, or an item */
+            Tok t;
+            if (j->closers.data[j->closers.len - 1] == '}') {
+                skip_ws(j);
+                if (j->pos >= j->n || j->s[j->pos] != '"' || scan_string(j, &t) < 0) return -1;
+                skip_ws(j);
+                if (j->pos >= j->n || j->s[j->pos] != ':') return -1;
+                j->pos++;
+            }
+            skip_ws(j);
+            if (j->pos >= j->n) return -1;
+            if (j->s[j->pos] == '{' || j->s[j->pos] == '[') {
+                state = OPEN;
+            } else {
+                if (scan_value(j, &t) < 0) return -1;      /* a scalar: no recursion */
+                state = AFTER;
+            }
+        } else {                        /* after a value: a comma, or the innermost container closes */
+            if (j->closers.len == floor) return 0;
+            skip_ws(j);
+            if (j->pos >= j->n) return -1;
+            uint8_t c = j->s[j->pos++];
+            if (c == ',') {
+                state = MEMBER;
+            } else if (c == j->closers.data[j->closers.len - 1]) {
+                j->closers.len--;
+                j->depth--;
+            } else {
+                return -1;
+            }
         }
-        if (scan_value(j, &t) < 0) return -1;
-        skip_ws(j);
-        if (j->pos >= j->n) return -1;
-        uint8_t c = j->s[j->pos++];
-        if (c == ',') continue;
-        if (c == (open == '{' ? '}' : ']')) break;
-        return -1;
     }
-    j->depth--;
-    return 0;
 }
 
 /* The text of a string token, escapes decoded, into j->text (UTF-8); -1 over budget. */
@@ -775,6 +798,7 @@ static PyObject *scalar_object(Json *j, const Tok *t) {
 static void scan_free(Scan *sc) {
     Budget *b = sc->j.budget;
     vec_free(b, &sc->j.text);
+    vec_free(b, &sc->j.closers);
     texts_free(&sc->threads);
     texts_free(&sc->names);
     vec_free(b, &sc->key);

@@ -122,6 +122,14 @@ PyObject *rd_rmm_scan(PyObject *self, PyObject *args) {
     const uint8_t *s = buf.buf;
     size_t n = (size_t)buf.len;
     if (n_columns < 1 || n_columns > MAX_FIELDS) goto hand_back;
+    /* The indices pick fields out of a fixed array: one past the field count would read the stack. */
+    if (c_action < 0 || c_action >= n_columns || c_pointer < 0 || c_pointer >= n_columns || c_size < 0
+            || c_size >= n_columns || c_time < -1 || c_time >= n_columns || c_stream < -1 || c_stream >= n_columns
+            || c_thread < -1 || c_thread >= n_columns) {
+        PyErr_SetString(PyExc_ValueError, "rmm_scan: a column index outside the header's fields");
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
     if (!BYTE_KIND[0]) init_byte_kinds();
 
     Py_BEGIN_ALLOW_THREADS
