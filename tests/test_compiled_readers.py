@@ -534,6 +534,24 @@ def test_snapshot_scan_hands_back_times_past_int64():
     assert compiled.ext.snapshot_scan(untimed, 1 << 30, *args, _MAX_TIME_US, 1 << 61, True) is not None
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmPeak from /proc")
+def test_rmm_scan_reserves_for_rows_not_blank_lines():
+    """A body of blank lines reserved 41 bytes of columns per newline: address space 41 times the input."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        from allocsim.trace import compiled
+        def peak():
+            return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmPeak"))
+        body = b"\\n" * (64 << 20)
+        before = peak()
+        assert compiled.ext.rmm_scan(body, 6, 2, 3, 4, 1, 5, 0) is None
+        print((peak() - before) / len(body))"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert float(out.stdout) < 8, out.stdout      # columns for the rows the body could hold: about 4 bytes a byte
+
+
 def test_policy_kernel_free_list_without_streams():
     """whole_free_segments() on a free list that never had a stream passed NULL to memcpy (UBSan)."""
     from allocsim.policies import _kernel

@@ -135,6 +135,10 @@ PyObject *rd_rmm_scan(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     size_t rows_hint = 1;
     for (const uint8_t *p = s, *end = s + n; (p = memchr(p, '\n', (size_t)(end - p))) != NULL; p++) rows_hint++;
+    /* A row holds its n_columns - 1 commas, an action of 4+ letters, a size digit and its newline:
+     * blank lines must not reserve 41 bytes of columns each. */
+    size_t rows_most = n / ((size_t)n_columns + 5) + 1;
+    if (rows_hint > rows_most) rows_hint = rows_most;
     if (vec_reserve(&budget, &action, rows_hint) < 0 || vec_reserve(&budget, &pointer, rows_hint) < 0
             || vec_reserve(&budget, &size, rows_hint) < 0
             || (c_stream >= 0 && vec_reserve(&budget, &stream, rows_hint) < 0)

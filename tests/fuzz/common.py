@@ -25,6 +25,7 @@ SHARED_TRACES = ROOT.parent / "shared" / "traces"
 REPO_TRACES = ROOT / "traces"
 SCRATCH = Path(tempfile.mkdtemp(prefix="allocsim-fuzz-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
 HANG_SECONDS = 30
+COMPARED = {"trace": 0, "error": 0}    # inputs read on both routes, by what both gave
 
 
 class Divergence(AssertionError):
@@ -74,6 +75,7 @@ def compare_routes(data: bytes, suffix: str, **kwargs) -> str:
         why = _tables_equal(got[1], ref[1])
         if why:
             raise Divergence(why)
+    COMPARED[got[0]] += 1
     return got[0]
 
 

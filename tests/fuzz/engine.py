@@ -181,8 +181,11 @@ def fuzz(name: str, target: Callable[[bytes], None], seeds: Iterable[bytes], *, 
     corpus_dir.mkdir(exist_ok=True)
     for data in corpus:
         (corpus_dir / hashlib.sha1(data).hexdigest()).write_bytes(data)
+    from tests.fuzz import common
+
     summary = {"target": name, "inputs": execs, "cpu_seconds": round(cpu_seconds() - start_cpu, 1),
-               "corpus": len(corpus), "edges": cov.edges(), "findings": len(findings)}
+               "corpus": len(corpus), "edges": cov.edges(), "findings": len(findings),
+               "same_trace_both_routes": common.COMPARED["trace"], "same_error_both_routes": common.COMPARED["error"]}
     print(f"[{name}] done: {summary}", flush=True)
     return summary
 
