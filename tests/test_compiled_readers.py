@@ -552,6 +552,13 @@ def test_rmm_scan_reserves_for_rows_not_blank_lines():
     assert float(out.stdout) < 8, out.stdout      # columns for the rows the body could hold: about 4 bytes a byte
 
 
+def test_chrome_scan_empty_first_name_and_thread():
+    """An empty op name or pid as the first text copied zero bytes from a NULL array (memcpy, UBSan)."""
+    doc = b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "", "pid": "", "tid": "", "ts": 1, "dur": 1}]}'
+    scan = compiled.ext.chrome_scan(doc, 1 << 30, 64, 1000)
+    assert scan["names"] == [""] and scan["threads"] == ["\x00"]
+
+
 def test_policy_kernel_free_list_without_streams():
     """whole_free_segments() on a free list that never had a stream passed NULL to memcpy (UBSan)."""
     from allocsim.policies import _kernel

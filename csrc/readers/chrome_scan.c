@@ -377,7 +377,7 @@ static int64_t texts_id(Texts *tx, const uint8_t *s, size_t n) {
                                         tx, &is_new);
     if (id < 0 || !is_new) return id;
     if (vec_reserve(tx->budget, &tx->bytes, n) < 0) return -1;
-    memcpy(tx->bytes.data + tx->bytes.len, s, n);
+    if (n) memcpy(tx->bytes.data + tx->bytes.len, s, n);   /* an empty first text: data is still NULL */
     tx->bytes.len += n;
     if (vec_push(tx->budget, &tx->offsets, (int64_t)tx->bytes.len) < 0) return -1;
     return id;
@@ -456,7 +456,7 @@ static int key_part(Scan *sc, const Tok *t, int present) {
             chars++;
         }
         if (vec_reserve(b, &sc->key, k) < 0) return -1;
-        memcpy(sc->key.data + sc->key.len, text, k);
+        if (k) memcpy(sc->key.data + sc->key.len, text, k);    /* "" as the first key part: data is NULL */
         sc->key.len += k;
         return 0;
     } else {
