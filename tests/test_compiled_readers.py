@@ -559,6 +559,23 @@ def test_chrome_scan_empty_first_name_and_thread():
     assert scan["names"] == [""] and scan["threads"] == ["\x00"]
 
 
+@pytest.mark.parametrize("blob", [
+    b"\x80\x04\x95" + struct.pack("<Q", 3) + b"]r\x00\x00\x00\x00.",           # LONG_BINPUT's index crosses the frame end
+    b"\x80\x04\x95" + struct.pack("<Q", 11) + b"]\x95" + struct.pack("<Q", 0) + b".",   # a frame inside a frame
+], ids=["read-across-frame-end", "frame-in-frame"])
+def test_snapshot_scan_hands_back_what_the_unpicklers_disagree_on(blob, tmp_path):
+    """Python's unpickler refuses these frames and CPython's C one reads them: the scan read them too, so
+    where the reference takes the Python unpickler (no isolation) the routes disagreed. Now handed back."""
+    import pickle as std_pickle
+
+    with pytest.raises(std_pickle.UnpicklingError, match="frame"):
+        std_pickle._loads(blob)
+    assert std_pickle.loads(blob) == []
+    assert compiled.ext.snapshot_scan(blob, 1 << 30, 10**7, 100, 10, 10, 100, _MAX_TIME_US, 1000, True) is None
+    framed = b"\x80\x04\x95" + struct.pack("<Q", 6) + b"]r\x00\x00\x00\x00."       # the same, within its frame
+    assert compiled.ext.snapshot_scan(framed, 1 << 30, 10**7, 100, 10, 10, 100, _MAX_TIME_US, 1000, True) is not None
+
+
 def test_policy_kernel_free_list_without_streams():
     """whole_free_segments() on a free list that never had a stream passed NULL to memcpy (UBSan)."""
     from allocsim.policies import _kernel
