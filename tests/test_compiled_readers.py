@@ -576,6 +576,18 @@ def test_snapshot_scan_hands_back_what_the_unpicklers_disagree_on(blob, tmp_path
     assert compiled.ext.snapshot_scan(framed, 1 << 30, 10**7, 100, 10, 10, 100, _MAX_TIME_US, 1000, True) is not None
 
 
+def test_kineto_op_times_past_int64_agree(tmp_path):
+    """An op whose start in ns is past int64 made the compiled sweep's caller fail converting the times
+    ("malformed kineto data: OverflowError") where the reference read the file. The {"tid": {}} event
+    sends the file to the decoded route, whose times are Python ints."""
+    ts = "9867988678724404"
+    path = tmp_path / "ops.json"
+    path.write_text('{"traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "f", "pid": 1, "tid": 1, '
+                    f'"ts": {ts}, "dur": 0}}, {{"name": "[memory]", "pid": 1, "tid": 1, "ts": 1, "args": '
+                    '{"Addr": 4096, "Bytes": 512, "Device Type": 1, "Device Id": 0}}, {"tid": {}}]}')
+    assert assert_routes_agree(path, format="kineto")[0] == "trace"
+
+
 def test_policy_kernel_free_list_without_streams():
     """whole_free_segments() on a free list that never had a stream passed NULL to memcpy (UBSan)."""
     from allocsim.policies import _kernel
