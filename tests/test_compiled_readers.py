@@ -588,6 +588,24 @@ def test_kineto_op_times_past_int64_agree(tmp_path):
     assert assert_routes_agree(path, format="kineto")[0] == "trace"
 
 
+@pytest.mark.parametrize("doc", [
+    '{"traceEvents": [OP, MEM, {"pid": 11e308}]}',                   # a scalar field msgspec finds out of range
+    '{"traceEvents": [OP, MEM, {"pid": {}, "pid": 1}]}',             # an object in a repeated key's first value
+    '{"schemaVersion": [], "schemaVersion": 1, "traceEvents": [OP, MEM]}',
+], ids=["float-out-of-range", "repeated-key-object", "repeated-document-key"])
+def test_chrome_scan_hands_back_what_msgspec_refuses(tmp_path, doc):
+    """msgspec refuses these documents (the reader then takes the standard library's, which keeps
+    every op); the scan read them, so the routes kept different ops and gave different stack tables."""
+    op = '{"ph": "X", "cat": "cpu_op", "name": "f", "pid": 1, "tid": 1, "ts": 7, "dur": 4}'
+    mem = '{"name": "[memory]", "pid": 1, "tid": 1, "ts": 81, "args": {"Addr": 4096, "Bytes": 512, ' \
+          '"Device Type": 1, "Device Id": 0}}'
+    text = doc.replace("OP", op).replace("MEM", mem).encode()
+    assert compiled.ext.chrome_scan(text, 1 << 30, 64, 1000) is None
+    path = tmp_path / "k.json"
+    path.write_bytes(text)
+    assert_routes_agree(path, format="kineto")
+
+
 def test_policy_kernel_free_list_without_streams():
     """whole_free_segments() on a free list that never had a stream passed NULL to memcpy (UBSan)."""
     from allocsim.policies import _kernel

@@ -590,6 +590,14 @@ static double float_of(Json *j, const Tok *t) {
     return strtod(buf, NULL);
 }
 
+/* May a value stand where msgspec decodes a scalar (an event's name, ph, cat, pid, tid; the
+ * document's schemaVersion...)? It decodes every occurrence of a repeated key, and refuses the whole
+ * document for an object, an array or a number past the double range in any of them. */
+static int scalar_ok(Json *j, const Tok *v) {
+    if (v->type == T_OBJ || v->type == T_ARR) return 0;
+    return v->type != T_NUM || v->is_int || isfinite(float_of(j, v));
+}
+
 /* Which Event field a (decoded) key is, or -1. */
 static inline int event_key(const uint8_t *t, size_t n) {
     switch (n) {
@@ -653,6 +661,7 @@ static int scan_event(Scan *sc, int64_t index) {
                 if (scan_value(j, &v) < 0) return -1;
             }
             if (field >= 0) {
+                if (field != F_TS && field != F_DUR && field != F_ARGS && !scalar_ok(j, &v)) return -1;
                 f[field] = v;
                 present |= 1u << field;
                 if (field == F_NAME) {
@@ -671,12 +680,6 @@ static int scan_event(Scan *sc, int64_t index) {
     }
     j->depth--;
     size_t ev_end = j->pos;
-    /* name, ph, cat, pid, tid are scalars for msgspec's Event */
-    static const int scalar_fields[] = {F_NAME, F_PH, F_CAT, F_PID, F_TID};
-    for (int q = 0; q < 5; q++) {
-        int fq = scalar_fields[q];
-        if ((present & (1u << fq)) && (f[fq].type == T_OBJ || f[fq].type == T_ARR)) return -1;
-    }
     if (!(present & (1u << F_NAME)) || f[F_NAME].type != T_STR) return 0;   /* no name: nothing kept */
     const uint8_t *name;
     size_t name_len;
@@ -864,6 +867,7 @@ PyObject *rd_chrome_scan(PyObject *self, PyObject *args) {
                     if (scan_value(j, &v) < 0) { ok = 0; break; }
                     for (int q = 0; q < 4; q++) {
                         if (tok_is(j, &k, DOC_KEYS[q], &eq) < 0) { ok = 0; break; }
+                        if (eq && !scalar_ok(j, &v)) ok = 0;
                         if (eq) { doc_vals[q] = v; doc_have[q] = 1; }
                     }
                     if (!ok) break;
@@ -878,8 +882,6 @@ PyObject *rd_chrome_scan(PyObject *self, PyObject *args) {
             }
         }
         if (ok && !have_events) ok = 0;
-        for (int q = 0; q < 4 && ok; q++)
-            if (doc_have[q] && (doc_vals[q].type == T_OBJ || doc_vals[q].type == T_ARR)) ok = 0;
     }
     if (ok) {
         skip_ws(j);
