@@ -54,7 +54,10 @@ def target(data: bytes) -> None:
             scan = compiled.ext.rmm_scan(body, n_columns, *idx)
         mix = zlib.crc32(data)
         wild = [(mix >> (5 * k)) % 100 - 2 for k in range(6)]      # indices from -2 to 97, whatever the header
-        compiled.ext.rmm_scan(body, n_columns, *wild)
+        try:
+            compiled.ext.rmm_scan(body, n_columns, *wild)
+        except ValueError:      # an index outside the fields: refused, as a caller's mistake should be
+            pass
     if scan is not None or zlib.crc32(data) % 32 == 0:
         common.compare_routes(data, ".csv", format="rmm-csv")
 
