@@ -48,7 +48,7 @@ def build_sanitized(coverage: bool) -> None:
 
 def build_normal() -> None:
     """Rebuild the extensions with setup.py's own flags (what ``pip install -e .`` makes)."""
-    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace", "--force"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", "."], check=True)
 
 
 if __name__ == "__main__":
