@@ -362,7 +362,8 @@ static PyObject *FreeList_whole_free_segments(FreeListObject *fl, PyObject *args
         PyErr_NoMemory();
         goto error;
     }
-    memcpy(keys, fl->stream_keys, (size_t)fl->n_streams * sizeof(int64_t));
+    if (fl->n_streams)    /* no streams yet: stream_keys may be NULL, which memcpy must never get */
+        memcpy(keys, fl->stream_keys, (size_t)fl->n_streams * sizeof(int64_t));
     qsort(keys, (size_t)fl->n_streams, sizeof(int64_t), cmp_int64);
     for (Py_ssize_t k = 0; k < fl->n_streams; k++) {
         if (walk_stream(fl, keys[k], &ctx) < 0) {

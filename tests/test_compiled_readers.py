@@ -471,3 +471,143 @@ def test_compiled_live_bytes_equals_numpy(rows, initial):
         got = live_bytes_series(trace)
     for g, w in zip(got, want):
         assert [int(x) for x in g] == [int(x) for x in w]
+
+
+# ---------------------------------------------------------------------- sanitizer findings (tests/fuzz)
+# Each is the smallest input that made the AddressSanitizer / UBSan build fail before its fix.
+_MAX_TIME_US = (1 << 63) // 1000
+
+
+def test_rmm_scan_refuses_column_indices_past_the_fields():
+    """A column index past the header's fields read a pointer off the stack (stack-buffer-overflow)."""
+    for wild in ([0, 1, 2, 100, -1, -1], [0, 1, 2, 3, -1, -1], [-1, 1, 2, -1, -1, -1], [0, 1, 2, -2, -1, -1],
+                 [0, 1, 2, -1, -1, 64]):
+        with pytest.raises(ValueError, match="column index"):
+            compiled.ext.rmm_scan(b"allocate,1,1\n", 3, *wild)
+    assert compiled.ext.rmm_scan(b"allocate,1,1\n", 3, 0, 1, 2, -1, -1, -1) is not None
+
+
+def test_chrome_scan_nests_deep_without_recursion():
+    """Nesting as deep as the caller allows overflowed the C stack (the scan recursed once per level)."""
+    depth = 99_990
+    doc = b'{"traceEvents": [], "x": ' + b"[" * depth + b'{"a": [1, {}]}' + b"]" * depth + b"}"
+    assert compiled.ext.chrome_scan(doc, 1 << 30, 1 << 40, 1000) is not None       # within the 100,000 ceiling
+    assert compiled.ext.chrome_scan(doc, 1 << 30, depth + 3, 1000) is None          # one level short
+    assert compiled.ext.chrome_scan(doc, 1 << 30, depth + 4, 1000) is not None
+    deeper = b'{"traceEvents": [], "x": ' + b"[" * 300_000 + b"]" * 300_000 + b"}"
+    assert compiled.ext.chrome_scan(deeper, 1 << 30, 1 << 40, 1000) is None
+
+
+def _records_args(n: int, device: int = 0):
+    z = np.zeros(n, np.int64)
+    return (np.arange(n, dtype=np.int64), np.full(n, OP_ALLOC, np.uint8), z + device, z,
+            512 * np.arange(1, n + 1, dtype=np.int64), z + 512, np.zeros(n, np.int32), z)
+
+
+def test_build_records_hands_back_ids_past_int64_and_devices_past_int16():
+    """first_alloc_id near 2**63 overflowed the id counter (signed overflow); a device outside int16 was
+    stored wrapped, so its address never matched its own slot again."""
+    assert compiled.ext.build_records(*_records_args(3), (1 << 63) - 1, 0) is None
+    assert compiled.ext.build_records(*_records_args(3), (1 << 63) - 3, 0) is None
+    assert compiled.ext.build_records(*_records_args(3), (1 << 63) - 4, 0) is not None
+    assert compiled.ext.build_records(*_records_args(3, device=40_000), 0, 0) is None
+    assert compiled.ext.build_records(*_records_args(3, device=-3), 0, 0) is not None
+
+
+def test_op_sweep_fills_rows_outside_every_group():
+    """Groups that did not cover every op and [memory] row left those outputs uninitialised."""
+    i64 = lambda *v: np.array(v, dtype=np.int64)
+    parent, top = compiled.ext.op_sweep(i64(0, 1, 2), i64(5, 5, 5), i64(1, 2), i64(1, 3), i64(1, 1))
+    assert np.frombuffer(parent, np.int64).tolist() == [-2, -2, -2]
+    assert np.frombuffer(top, np.int64).tolist() == [-1, -1]
+
+
+def test_snapshot_scan_hands_back_times_past_int64():
+    """time_us * 1000 and index * step_ns overflowed int64 (signed overflow) when the caller's limits allowed."""
+    timed = pickle.dumps({"segments": [], "device_traces": [[
+        {"action": "alloc", "addr": 512, "size": 512, "stream": 0, "time_us": 1 << 62}]]}, protocol=4)
+    args = (DEFAULT_LIMITS.frames, 100, 10, 10, 100)
+    assert compiled.ext.snapshot_scan(timed, 1 << 30, *args, (1 << 63) - 1, 1000, True) is None
+    untimed = pickle.dumps({"segments": [], "device_traces": [[
+        {"action": "alloc", "addr": 512 * k, "size": 512, "stream": 0} for k in range(1, 4)]]}, protocol=4)
+    assert compiled.ext.snapshot_scan(untimed, 1 << 30, *args, _MAX_TIME_US, 1 << 62, True) is None
+    assert compiled.ext.snapshot_scan(untimed, 1 << 30, *args, _MAX_TIME_US, 1 << 61, True) is not None
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmPeak from /proc")
+def test_rmm_scan_reserves_for_rows_not_blank_lines():
+    """A body of blank lines reserved 41 bytes of columns per newline: address space 41 times the input."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        from allocsim.trace import compiled
+        def peak():
+            return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmPeak"))
+        body = b"\\n" * (64 << 20)
+        before = peak()
+        assert compiled.ext.rmm_scan(body, 6, 2, 3, 4, 1, 5, 0) is None
+        print((peak() - before) / len(body))"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert float(out.stdout) < 8, out.stdout      # columns for the rows the body could hold: about 4 bytes a byte
+
+
+def test_chrome_scan_empty_first_name_and_thread():
+    """An empty op name or pid as the first text copied zero bytes from a NULL array (memcpy, UBSan)."""
+    doc = b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "", "pid": "", "tid": "", "ts": 1, "dur": 1}]}'
+    scan = compiled.ext.chrome_scan(doc, 1 << 30, 64, 1000)
+    assert scan["names"] == [""] and scan["threads"] == ["\x00"]
+
+
+@pytest.mark.parametrize("blob", [
+    b"\x80\x04\x95" + struct.pack("<Q", 3) + b"]r\x00\x00\x00\x00.",           # LONG_BINPUT's index crosses the frame end
+    b"\x80\x04\x95" + struct.pack("<Q", 11) + b"]\x95" + struct.pack("<Q", 0) + b".",   # a frame inside a frame
+], ids=["read-across-frame-end", "frame-in-frame"])
+def test_snapshot_scan_hands_back_what_the_unpicklers_disagree_on(blob, tmp_path):
+    """Python's unpickler refuses these frames and CPython's C one reads them: the scan read them too, so
+    where the reference takes the Python unpickler (no isolation) the routes disagreed. Now handed back."""
+    import pickle as std_pickle
+
+    with pytest.raises(std_pickle.UnpicklingError, match="frame"):
+        std_pickle._loads(blob)
+    assert std_pickle.loads(blob) == []
+    assert compiled.ext.snapshot_scan(blob, 1 << 30, 10**7, 100, 10, 10, 100, _MAX_TIME_US, 1000, True) is None
+    framed = b"\x80\x04\x95" + struct.pack("<Q", 6) + b"]r\x00\x00\x00\x00."       # the same, within its frame
+    assert compiled.ext.snapshot_scan(framed, 1 << 30, 10**7, 100, 10, 10, 100, _MAX_TIME_US, 1000, True) is not None
+
+
+def test_kineto_op_times_past_int64_agree(tmp_path):
+    """An op whose start in ns is past int64 made the compiled sweep's caller fail converting the times
+    ("malformed kineto data: OverflowError") where the reference read the file. The {"tid": {}} event
+    sends the file to the decoded route, whose times are Python ints."""
+    ts = "9867988678724404"
+    path = tmp_path / "ops.json"
+    path.write_text('{"traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "f", "pid": 1, "tid": 1, '
+                    f'"ts": {ts}, "dur": 0}}, {{"name": "[memory]", "pid": 1, "tid": 1, "ts": 1, "args": '
+                    '{"Addr": 4096, "Bytes": 512, "Device Type": 1, "Device Id": 0}}, {"tid": {}}]}')
+    assert assert_routes_agree(path, format="kineto")[0] == "trace"
+
+
+@pytest.mark.parametrize("doc", [
+    '{"traceEvents": [OP, MEM, {"pid": 11e308}]}',                   # a scalar field msgspec finds out of range
+    '{"traceEvents": [OP, MEM, {"pid": {}, "pid": 1}]}',             # an object in a repeated key's first value
+    '{"schemaVersion": [], "schemaVersion": 1, "traceEvents": [OP, MEM]}',
+], ids=["float-out-of-range", "repeated-key-object", "repeated-document-key"])
+def test_chrome_scan_hands_back_what_msgspec_refuses(tmp_path, doc):
+    """msgspec refuses these documents (the reader then takes the standard library's, which keeps
+    every op); the scan read them, so the routes kept different ops and gave different stack tables."""
+    op = '{"ph": "X", "cat": "cpu_op", "name": "f", "pid": 1, "tid": 1, "ts": 7, "dur": 4}'
+    mem = '{"name": "[memory]", "pid": 1, "tid": 1, "ts": 81, "args": {"Addr": 4096, "Bytes": 512, ' \
+          '"Device Type": 1, "Device Id": 0}}'
+    text = doc.replace("OP", op).replace("MEM", mem).encode()
+    assert compiled.ext.chrome_scan(text, 1 << 30, 64, 1000) is None
+    path = tmp_path / "k.json"
+    path.write_bytes(text)
+    assert_routes_agree(path, format="kineto")
+
+
+def test_policy_kernel_free_list_without_streams():
+    """whole_free_segments() on a free list that never had a stream passed NULL to memcpy (UBSan)."""
+    from allocsim.policies import _kernel
+
+    assert _kernel.FreeList().whole_free_segments() == []

@@ -718,6 +718,13 @@ def _op_stacks(cols: _RecColumns, ops: _OpColumns, thread_names: list[str], fram
     return out
 
 
+def _negatable_int64(values) -> bool:
+    """Whether every value is an int64 whose negation is one too (the sweep sorts ops by -end)."""
+    if isinstance(values, np.ndarray):
+        return values.dtype == np.int64 and (not len(values) or int(values.min()) > -(1 << 63))
+    return not len(values) or (min(values) > -(1 << 63) and max(values) < (1 << 63))
+
+
 def _op_stacks_compiled(cols: _RecColumns, ops: _OpColumns, thread_names: list[str], limits: Limits
                         ) -> tuple[list[int] | None, dict, int] | None:
     """``_op_stacks`` and the frame tables it fills, with the sweep and the interning in C
@@ -725,6 +732,8 @@ def _op_stacks_compiled(cols: _RecColumns, ops: _OpColumns, thread_names: list[s
     Python route then raises it, naming the thread)."""
     if not len(ops.thread):
         return None, frame_tables([], np.empty(0, np.int64), [], np.empty(0, np.int32), np.zeros(1, np.int64)), 0
+    if not (_negatable_int64(ops.start) and _negatable_int64(ops.end)):
+        return None     # times past int64 (a file's ts can be any integer): the Python sweep takes them
     mem_rows = np.flatnonzero(cols.kind == _MEM)
     mem_thread = cols.thread[mem_rows]
     # Threads in the order their first [memory] event comes (the Python sweep's dict order).

@@ -21,6 +21,7 @@ typedef struct {
     int depth, max_depth;
     Budget *budget;
     VEC(uint8_t) text;     /* a decoded string */
+    VEC(uint8_t) closers;  /* the closing bracket of each container skip_value is inside */
 } Json;
 
 enum { T_NONE = 0, T_STR, T_NUM, T_TRUE, T_FALSE, T_NULL, T_OBJ, T_ARR };
@@ -194,36 +195,58 @@ static int scan_value(Json *j, Tok *t) {
     return -1;
 }
 
-/* Skip an object or array at pos (validated, nesting counted). */
+/* Skip an object or array at pos (validated, nesting counted). A loop with its own stack of open
+ * containers, not recursion: however deep the file nests (and whatever max_depth the caller
+ * allows) the C stack stays the same. */
 static int skip_value(Json *j) {
-    uint8_t open = j->s[j->pos];
-    if (++j->depth > j->max_depth) return -1;
-    j->pos++;
-    skip_ws(j);
-    if (j->pos < j->n && j->s[j->pos] == (open == '{' ? '}' : ']')) {
-        j->pos++;
-        j->depth--;
-        return 0;
-    }
+    size_t floor = j->closers.len;
+    enum { OPEN, MEMBER, AFTER } state = OPEN;
     for (;;) {
-        Tok t;
-        if (open == '{') {
-            skip_ws(j);
-            if (j->pos >= j->n || j->s[j->pos] != '"' || scan_string(j, &t) < 0) return -1;
-            skip_ws(j);
-            if (j->pos >= j->n || j->s[j->pos] != ':') return -1;
+        if (state == OPEN) {            /* on a '{' or '[' */
+            uint8_t close = j->s[j->pos] == '{' ? '}' : ']';
+            if (++j->depth > j->max_depth || vec_push(j->budget, &j->closers, close) < 0) return -1;
             j->pos++;
+            skip_ws(j);
+            if (j->pos < j->n && j->s[j->pos] == close) {
+                j->pos++;
+                j->closers.len--;
+                j->depth--;
+                state = AFTER;
+            } else {
+                state = MEMBER;
+            }
+        } else if (state == MEMBER) {   /* a key and its value, or an item */
+            Tok t;
+            if (j->closers.data[j->closers.len - 1] == '}') {
+                skip_ws(j);
+                if (j->pos >= j->n || j->s[j->pos] != '"' || scan_string(j, &t) < 0) return -1;
+                skip_ws(j);
+                if (j->pos >= j->n || j->s[j->pos] != ':') return -1;
+                j->pos++;
+            }
+            skip_ws(j);
+            if (j->pos >= j->n) return -1;
+            if (j->s[j->pos] == '{' || j->s[j->pos] == '[') {
+                state = OPEN;
+            } else {
+                if (scan_value(j, &t) < 0) return -1;      /* a scalar: no recursion */
+                state = AFTER;
+            }
+        } else {                        /* after a value: a comma, or the innermost container closes */
+            if (j->closers.len == floor) return 0;
+            skip_ws(j);
+            if (j->pos >= j->n) return -1;
+            uint8_t c = j->s[j->pos++];
+            if (c == ',') {
+                state = MEMBER;
+            } else if (c == j->closers.data[j->closers.len - 1]) {
+                j->closers.len--;
+                j->depth--;
+            } else {
+                return -1;
+            }
         }
-        if (scan_value(j, &t) < 0) return -1;
-        skip_ws(j);
-        if (j->pos >= j->n) return -1;
-        uint8_t c = j->s[j->pos++];
-        if (c == ',') continue;
-        if (c == (open == '{' ? '}' : ']')) break;
-        return -1;
     }
-    j->depth--;
-    return 0;
 }
 
 /* The text of a string token, escapes decoded, into j->text (UTF-8); -1 over budget. */
@@ -354,7 +377,7 @@ static int64_t texts_id(Texts *tx, const uint8_t *s, size_t n) {
                                         tx, &is_new);
     if (id < 0 || !is_new) return id;
     if (vec_reserve(tx->budget, &tx->bytes, n) < 0) return -1;
-    memcpy(tx->bytes.data + tx->bytes.len, s, n);
+    if (n) memcpy(tx->bytes.data + tx->bytes.len, s, n);   /* an empty first text: data is still NULL */
     tx->bytes.len += n;
     if (vec_push(tx->budget, &tx->offsets, (int64_t)tx->bytes.len) < 0) return -1;
     return id;
@@ -433,7 +456,7 @@ static int key_part(Scan *sc, const Tok *t, int present) {
             chars++;
         }
         if (vec_reserve(b, &sc->key, k) < 0) return -1;
-        memcpy(sc->key.data + sc->key.len, text, k);
+        if (k) memcpy(sc->key.data + sc->key.len, text, k);    /* "" as the first key part: data is NULL */
         sc->key.len += k;
         return 0;
     } else {
@@ -567,6 +590,14 @@ static double float_of(Json *j, const Tok *t) {
     return strtod(buf, NULL);
 }
 
+/* May a value stand where msgspec decodes a scalar (an event's name, ph, cat, pid, tid; the
+ * document's schemaVersion...)? It decodes every occurrence of a repeated key, and refuses the whole
+ * document for an object, an array or a number past the double range in any of them. */
+static int scalar_ok(Json *j, const Tok *v) {
+    if (v->type == T_OBJ || v->type == T_ARR) return 0;
+    return v->type != T_NUM || v->is_int || isfinite(float_of(j, v));
+}
+
 /* Which Event field a (decoded) key is, or -1. */
 static inline int event_key(const uint8_t *t, size_t n) {
     switch (n) {
@@ -630,6 +661,7 @@ static int scan_event(Scan *sc, int64_t index) {
                 if (scan_value(j, &v) < 0) return -1;
             }
             if (field >= 0) {
+                if (field != F_TS && field != F_DUR && field != F_ARGS && !scalar_ok(j, &v)) return -1;
                 f[field] = v;
                 present |= 1u << field;
                 if (field == F_NAME) {
@@ -648,12 +680,6 @@ static int scan_event(Scan *sc, int64_t index) {
     }
     j->depth--;
     size_t ev_end = j->pos;
-    /* name, ph, cat, pid, tid are scalars for msgspec's Event */
-    static const int scalar_fields[] = {F_NAME, F_PH, F_CAT, F_PID, F_TID};
-    for (int q = 0; q < 5; q++) {
-        int fq = scalar_fields[q];
-        if ((present & (1u << fq)) && (f[fq].type == T_OBJ || f[fq].type == T_ARR)) return -1;
-    }
     if (!(present & (1u << F_NAME)) || f[F_NAME].type != T_STR) return 0;   /* no name: nothing kept */
     const uint8_t *name;
     size_t name_len;
@@ -775,6 +801,7 @@ static PyObject *scalar_object(Json *j, const Tok *t) {
 static void scan_free(Scan *sc) {
     Budget *b = sc->j.budget;
     vec_free(b, &sc->j.text);
+    vec_free(b, &sc->j.closers);
     texts_free(&sc->threads);
     texts_free(&sc->names);
     vec_free(b, &sc->key);
@@ -840,6 +867,7 @@ PyObject *rd_chrome_scan(PyObject *self, PyObject *args) {
                     if (scan_value(j, &v) < 0) { ok = 0; break; }
                     for (int q = 0; q < 4; q++) {
                         if (tok_is(j, &k, DOC_KEYS[q], &eq) < 0) { ok = 0; break; }
+                        if (eq && !scalar_ok(j, &v)) ok = 0;
                         if (eq) { doc_vals[q] = v; doc_have[q] = 1; }
                     }
                     if (!ok) break;
@@ -854,8 +882,6 @@ PyObject *rd_chrome_scan(PyObject *self, PyObject *args) {
             }
         }
         if (ok && !have_events) ok = 0;
-        for (int q = 0; q < 4 && ok; q++)
-            if (doc_have[q] && (doc_vals[q].type == T_OBJ || doc_vals[q].type == T_ARR)) ok = 0;
     }
     if (ok) {
         skip_ws(j);

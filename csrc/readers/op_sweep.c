@@ -50,6 +50,10 @@ PyObject *rd_op_sweep(PyObject *self, PyObject *args) {
         goto done;
     }
     int64_t *parent = pdata, *top = tdata;
+    /* Rows outside every group (groups that do not cover 0 .. n) stay never pushed / without an op,
+     * never uninitialised memory. */
+    for (Py_ssize_t k = 0; k < n_ops; k++) parent[k] = -2;
+    for (Py_ssize_t r = 0; r < n_mem; r++) top[r] = -1;
     for (Py_ssize_t g = 0; g < n_groups; g++) {
         int64_t k = og[g], b = og[g + 1], c = mg[g], d = mg[g + 1];
         if (k < 0 || b < k || b > n_ops || c < 0 || d < c || d > n_mem) {

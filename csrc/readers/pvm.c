@@ -145,6 +145,17 @@ static inline uint64_t le(const uint8_t *p, int n) {
     return u;
 }
 
+/* May a read of k bytes start at pos? Python's unpickler refuses a read that starts inside a frame
+ * and ends past it (CPython's C unpickler does not look): such files go to the reference route,
+ * where both unpicklers are tried. A read that starts at the frame's end leaves the frame. */
+static inline int frame_allows(size_t *frame_end, size_t pos, size_t k) {
+    if (pos >= *frame_end) {
+        *frame_end = 0;
+        return 1;
+    }
+    return k <= *frame_end - pos;
+}
+
 int pvm_load(Tree *t, const uint8_t *data, size_t size, Budget *budget) {
     Vm vm;
     memset(&vm, 0, sizeof(vm));
@@ -153,10 +164,11 @@ int pvm_load(Tree *t, const uint8_t *data, size_t size, Budget *budget) {
     t->size = size;
     t->budget = budget;
     int rc = -1;
-    size_t pos = 0;
-#define NEED(k) do { if (size - pos < (size_t)(k)) goto done; } while (0)
+    size_t pos = 0, frame_end = 0;     /* frame_end: 0, or where the current frame ends */
+#define NEED(k) do { if (size - pos < (size_t)(k) || !frame_allows(&frame_end, pos, (size_t)(k))) goto done; } while (0)
 #define PUSH(val) do { if (vec_push(budget, &vm.stack, (val)) < 0) goto done; } while (0)
     while (pos < size) {
+        NEED(1);
         uint8_t op = data[pos++];
         Val v = {V_NONE, {0}, 0, 0};
         size_t x;
@@ -166,11 +178,12 @@ int pvm_load(Tree *t, const uint8_t *data, size_t size, Budget *budget) {
             if (data[pos] > MAX_PROTOCOL) goto done;
             pos += 1;
             break;
-        case 0x95: { /* FRAME: only its length is checked, as the unpickler does */
+        case 0x95: { /* FRAME: its length checked, and no new frame before the current one ends */
             NEED(8);
             uint64_t n = le(data + pos, 8);
             pos += 8;
-            if (n > size - pos) goto done;
+            if (n > size - pos || (frame_end && pos < frame_end)) goto done;
+            frame_end = pos + (size_t)n;
             break;
         }
         case '.': /* STOP */
@@ -217,12 +230,14 @@ int pvm_load(Tree *t, const uint8_t *data, size_t size, Budget *budget) {
             NEED(4);
             x = (size_t)le(data + pos, 4);
             pos += 4;
+            NEED(x);
             if (push_str(&vm, pos, x) < 0) goto done;
             pos += x;
             break;
         case 0x8c: /* SHORT_BINUNICODE */
             NEED(1);
             x = data[pos++];
+            NEED(x);
             if (push_str(&vm, pos, x) < 0) goto done;
             pos += x;
             break;
@@ -230,6 +245,8 @@ int pvm_load(Tree *t, const uint8_t *data, size_t size, Budget *budget) {
             NEED(8);
             uint64_t n = le(data + pos, 8);
             pos += 8;
+            if (n > size - pos) goto done;
+            NEED(n);
             if (push_str(&vm, pos, n) < 0) goto done;
             pos += (size_t)n;
             break;
@@ -257,6 +274,7 @@ int pvm_load(Tree *t, const uint8_t *data, size_t size, Budget *budget) {
         case 0x8a: /* LONG1 */
             NEED(1);
             x = data[pos++];
+            NEED(x);
             if (push_long(&vm, pos, x) < 0) goto done;
             pos += x;
             break;
@@ -264,7 +282,9 @@ int pvm_load(Tree *t, const uint8_t *data, size_t size, Budget *budget) {
             NEED(4);
             int32_t n = (int32_t)(uint32_t)le(data + pos, 4);
             pos += 4;
-            if (n < 0 || push_long(&vm, pos, (uint64_t)n) < 0) goto done;
+            if (n < 0) goto done;
+            NEED(n);
+            if (push_long(&vm, pos, (uint64_t)n) < 0) goto done;
             pos += (size_t)n;
             break;
         }

@@ -94,7 +94,7 @@ static inline void emit(Events *ev, int64_t t, uint8_t kind, int64_t id, int64_t
     ev->id[k] = id;
     ev->size[k] = size;
     ev->stream[k] = stream;
-    ev->device[k] = (int16_t)device;   /* readers check devices fit int16 (numpy's cast wraps the same way) */
+    ev->device[k] = (int16_t)device;   /* checked to fit int16 before the pass */
     ev->stack[k] = stack;
 }
 
@@ -130,9 +130,13 @@ PyObject *rd_build_records(PyObject *self, PyObject *args) {
 
     /* At most one event per micro-op plus one per completion that turns out to be an orphan. */
     size_t n_events_max = 0, n_orphans_max = 0;
+    /* Ids run from first_id to at most first_id + n: they must stay within int64. */
+    if (first_id > INT64_MAX - (int64_t)n) goto hand_back;
     for (size_t i = 0; i < n; i++) {
         uint8_t code = op[i];
         if (code < OP_ALLOC || code > OP_NONE) goto hand_back;
+        /* A slot keeps the device as int16: another device would never match its own slot again. */
+        if (dev[i] < INT16_MIN || dev[i] > INT16_MAX) goto hand_back;
         n_events_max += code == OP_FREE ? 3 : (code == OP_FREE_COMPLETED ? 2 : (code == OP_NONE ? 0 : 1));
         n_orphans_max += code == OP_FREE_REQUESTED || code == OP_FREE_COMPLETED || code == OP_FREE;
     }

@@ -122,11 +122,23 @@ PyObject *rd_rmm_scan(PyObject *self, PyObject *args) {
     const uint8_t *s = buf.buf;
     size_t n = (size_t)buf.len;
     if (n_columns < 1 || n_columns > MAX_FIELDS) goto hand_back;
+    /* The indices pick fields out of a fixed array: one past the field count would read the stack. */
+    if (c_action < 0 || c_action >= n_columns || c_pointer < 0 || c_pointer >= n_columns || c_size < 0
+            || c_size >= n_columns || c_time < -1 || c_time >= n_columns || c_stream < -1 || c_stream >= n_columns
+            || c_thread < -1 || c_thread >= n_columns) {
+        PyErr_SetString(PyExc_ValueError, "rmm_scan: a column index outside the header's fields");
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
     if (!BYTE_KIND[0]) init_byte_kinds();
 
     Py_BEGIN_ALLOW_THREADS
     size_t rows_hint = 1;
     for (const uint8_t *p = s, *end = s + n; (p = memchr(p, '\n', (size_t)(end - p))) != NULL; p++) rows_hint++;
+    /* A row holds its n_columns - 1 commas, an action of 4+ letters, a size digit and its newline:
+     * blank lines must not reserve 41 bytes of columns each. */
+    size_t rows_most = n / ((size_t)n_columns + 5) + 1;
+    if (rows_hint > rows_most) rows_hint = rows_most;
     if (vec_reserve(&budget, &action, rows_hint) < 0 || vec_reserve(&budget, &pointer, rows_hint) < 0
             || vec_reserve(&budget, &size, rows_hint) < 0
             || (c_stream >= 0 && vec_reserve(&budget, &stream, rows_hint) < 0)

@@ -565,12 +565,14 @@ static int read_device(Ctx *cx, Frames *fr, const Val *raw, DevCols *dc, EntrySt
 static int finish_times(DevCols *dc, const EntryState *es) {
     int64_t last = INT64_MIN;
     for (size_t i = 0; i < dc->t_ns.len; i++) {
+        int64_t t;
+        /* max_time_us and step_ns come from the caller: a product past int64 hands the file back */
         if (es->has_time) {
-            int64_t t = dc->t_ns.data[i] * 1000;
-            if (t < last) return -1;
+            if (__builtin_mul_overflow(dc->t_ns.data[i], (int64_t)1000, &t) || t < last) return -1;
             dc->t_ns.data[i] = last = t;
         } else {
-            dc->t_ns.data[i] = (int64_t)i * es->step_ns;
+            if (__builtin_mul_overflow((int64_t)i, es->step_ns, &t)) return -1;
+            dc->t_ns.data[i] = t;
         }
     }
     return 0;
