@@ -16,7 +16,7 @@ GC-batch count) before and after the call, so it is O(1) and needs no log:
 - each GC batch (deferred GC, ``garbage_collection_threshold``): ``gc_batch_ns`` of bookkeeping;
 - each failed cudaMalloc or map (the device said out of memory): ``malloc_base_ns``.
 
-Defaults and their sources (``/work/shared/research/papers.md`` §4.1). No modern (Ampere/Hopper)
+Defaults and their sources (``../shared/research/papers.md`` §4.1, beside the repository). No modern (Ampere/Hopper)
 per-size table of cudaMalloc/cudaFree latency has been published, so the device-call constants are
 placeholders of the right order of magnitude until the GPU harness writes a calibration file:
 
