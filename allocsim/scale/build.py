@@ -9,8 +9,9 @@ tie) with every size replaced by its fitted law evaluated at the target:
 * order -- the reference's events, in its order: lifetimes keep their order;
 * times -- ``t0 + (t - t0) * D(target) / D(reference)``, where ``D(v)`` is the least-squares line
   through the inputs' mean step durations (ratio 1 when that is not positive);
-* start-of-window state -- the reference's initial allocations, aligned with the other inputs' by
-  their order per stream when the counts agree, scaled by the same laws; the real allocator's
+* start-of-window state -- the reference's initial allocations, paired with the other inputs' by
+  what they are (``initial``: stream and site, equal sizes, then size class -- never by position),
+  scaled by the same laws; the real allocator's
   recorded start layout (segments, blocks) and decisions describe the reference run only and are
   dropped.
 """
@@ -28,6 +29,7 @@ from ..errors import AllocsimError
 from ..trace.builder import MAX_SIZE_BYTES
 from ..trace.schema import EventKind, Trace, TraceMeta, check_schema, empty_frame, INITIAL_ALLOC_DTYPES
 from .align import Alignment, align, choose_keyer, for_keyer
+from .initial import initial_partners
 from .inputs import ScaleInput
 from .laws import LAW_KINDS, SizeLaw, fit_law
 from .report import InputSummary, ScaleReport
@@ -35,6 +37,8 @@ from .sites import frame_origin
 from .steps import live_bytes
 
 UNALIGNED_RULE = "kept at the reference input's size (assumed constant)"
+INITIAL_RULE = ("paired by stream and code site, equal sizes first, then the same size class (c*v^k), in order; "
+                "unpaired ones kept at the reference size")
 TIME_RULE = "reference times scaled by D(target)/D(reference), D = least-squares line through mean step durations"
 
 
@@ -119,24 +123,16 @@ def _points(reference: ScaleInput, others: Sequence[ScaleInput], alignment: Alig
 
 
 def _initial_points(reference: ScaleInput, others: Sequence[ScaleInput]) -> tuple[list[list[tuple[Fraction, int]]], int]:
-    """Points for each initial allocation of the reference: k-th of a stream <-> k-th of that stream."""
-    ref = reference.trace.initial_allocs
-    ref_streams = ref["stream"].to_numpy()
-    ref_sizes = ref["size_bytes"].to_numpy()
+    """Points for each start-of-window allocation of the reference, paired by what it is (``initial``)."""
+    ref_sizes = reference.trace.initial_allocs["size_bytes"].to_numpy()
     points = [[(reference.value, int(s))] for s in ref_sizes]
-    aligned = np.zeros(len(ref), dtype=bool)
+    aligned = np.zeros(len(ref_sizes), dtype=bool)
     for other in others:
-        init = other.trace.initial_allocs
-        streams = init["stream"].to_numpy()
-        sizes = init["size_bytes"].to_numpy()
-        for stream in np.unique(ref_streams):
-            mine = np.flatnonzero(ref_streams == stream)
-            theirs = np.flatnonzero(streams == stream)
-            if len(mine) != len(theirs):
-                continue  # positions mean nothing once the counts differ
-            for a, b in zip(mine, theirs):
-                points[a].append((other.value, int(sizes[b])))
-                aligned[a] = True
+        sizes = other.trace.initial_allocs["size_bytes"].to_numpy()
+        partner = initial_partners(reference.trace, reference.value, other.trace, other.value)
+        for a in np.flatnonzero(partner >= 0).tolist():
+            points[a].append((other.value, int(sizes[partner[a]])))
+            aligned[a] = True
     return points, int(aligned.sum())
 
 
@@ -320,8 +316,7 @@ def _report(inputs, ref_index, others, alignment: Alignment, fits: _Fits, init_f
         assumed={term: int(assumed.get(term, 0)) for term in ("b", "c")},
         rounded=fits.rounded, clamped=fits.clamped, per_input=per_input,
         initial={"allocations": len(init_fits.sizes) if init_fits else 0, "aligned": init_aligned,
-                 "rule": "k-th initial allocation of a stream <-> k-th of that stream, when the counts agree; "
-                         "others kept at the reference size"},
+                 "rule": INITIAL_RULE},
         time_rule=TIME_RULE, time_ratio=ratio, unaligned_rule=UNALIGNED_RULE,
         output_events=0, output_peak_live_bytes=0, notes=notes,
         extrapolation=float(target / max(item.value for item in inputs)),
