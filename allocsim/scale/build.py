@@ -126,13 +126,12 @@ def _initial_points(reference: ScaleInput, others: Sequence[ScaleInput]) -> tupl
     """Points for each start-of-window allocation of the reference, paired by what it is (``initial``)."""
     ref_sizes = reference.trace.initial_allocs["size_bytes"].to_numpy()
     points = [[(reference.value, int(s))] for s in ref_sizes]
-    aligned = np.zeros(len(ref_sizes), dtype=bool)
-    for other in others:
+    partner = initial_partners(reference.trace, reference.value, [(o.trace, o.value) for o in others])
+    for j, other in enumerate(others):
         sizes = other.trace.initial_allocs["size_bytes"].to_numpy()
-        partner = initial_partners(reference.trace, reference.value, other.trace, other.value)
-        for a in np.flatnonzero(partner >= 0).tolist():
-            points[a].append((other.value, int(sizes[partner[a]])))
-            aligned[a] = True
+        for a in np.flatnonzero(partner[:, j] >= 0).tolist():
+            points[a].append((other.value, int(sizes[partner[a, j]])))
+    aligned = (partner >= 0).any(axis=1) if len(ref_sizes) else np.zeros(0, dtype=bool)
     return points, int(aligned.sum())
 
 

@@ -7,11 +7,13 @@ what they are, never by position:
 
 1. *group* -- the same stream and the same code site (the block's stack, when the recording kept
    one; the empty site otherwise);
-2. *same size* -- within a group, blocks of equal size pair first, in order: a block whose size does
-   not depend on the scale (a weight) stays constant, whatever else grows around it;
-3. *size class* -- the rest pair, in order, only with a block of the same size class: sizes ``s`` at
-   ``v`` and ``s'`` at ``v'`` with ``s' = s * (v'/v)**k`` for k = 1 or 2 (the same monomial
-   ``c * v**k``, see ``laws``). A block with no such partner is unpaired and keeps its size.
+2. *size class* -- within a group, a block pairs only with one of the same size class: sizes ``s``
+   at ``v`` and ``s'`` at ``v'`` with ``s' = s * (v'/v)**k`` for k = 0, 1 or 2 (the same monomial
+   ``c * v**k``, see ``laws``); k = 0 (equal sizes) is a block that does not depend on the scale
+   (a weight), and stays constant whatever grows around it;
+3. *then order* -- classes are filled by how many blocks every input holds for them (so a block that
+   grew into a weight's size does not take the weight's partner), and within a class blocks pair in
+   each input's listing order. A block with no partner is unpaired and keeps its size.
 """
 
 from __future__ import annotations
@@ -42,48 +44,67 @@ def initial_sites(trace: Trace) -> list[str]:
     return [site_of.get(int(s), "") for s in stack_ids]
 
 
-def same_class(size_a: int, value_a: Fraction, size_b: int, value_b: Fraction) -> bool:
-    """True when ``size_b`` at ``value_b`` is ``size_a`` at ``value_a`` grown as ``c * v**k``, k in ``GROWING_POWERS``."""
-    if size_a <= 0 or value_a == value_b:
-        return False
-    ratio = Fraction(size_b, size_a)
-    return any(ratio == (value_b / value_a) ** k for k in GROWING_POWERS)
+def initial_partners(reference: Trace, ref_value: Fraction, others: list[tuple[Trace, Fraction]]) -> np.ndarray:
+    """``partner[row, j]``: the row in ``others[j]``'s start-of-window allocations of reference row ``row``, or -1.
 
-
-def initial_partners(reference: Trace, ref_value: Fraction, other: Trace, other_value: Fraction) -> np.ndarray:
-    """For each start-of-window allocation of ``reference``, its row in ``other``'s, or -1 (see module doc)."""
+    See the module doc: every input at once first (a family present in all of them), then each
+    other input alone for what is left.
+    """
     ref_groups = _groups(reference)
-    other_groups = _groups(other)
+    other_groups = [_groups(trace) for trace, _ in others]
     ref_sizes = reference.initial_allocs["size_bytes"].to_numpy()
-    other_sizes = other.initial_allocs["size_bytes"].to_numpy()
-    partner = np.full(len(ref_sizes), -1, dtype=np.int64)
+    partner = np.full((len(ref_sizes), len(others)), -1, dtype=np.int64)
     for key, mine in ref_groups.items():
-        theirs = other_groups.get(key, [])
-        if not theirs:
-            continue
-        # Same size first, in order of each input's listing.
-        free_by_size: dict[int, list[int]] = defaultdict(list)
-        for row in theirs:
-            free_by_size[int(other_sizes[row])].append(row)
-        taken: set[int] = set()
-        left = []
-        for row in mine:
-            pool = free_by_size.get(int(ref_sizes[row]))
-            if pool:
-                hit = pool.pop(0)
-                partner[row] = hit
-                taken.add(hit)
-            else:
-                left.append(row)
-        rest = [row for row in theirs if row not in taken]
-        for row in left:
-            size = int(ref_sizes[row])
-            for i, cand in enumerate(rest):
-                if same_class(size, ref_value, int(other_sizes[cand]), other_value):
-                    partner[row] = cand
-                    del rest[i]
-                    break
+        free = [_rows_by_size(mine, ref_sizes)]
+        for j, (trace, _) in enumerate(others):
+            free.append(_rows_by_size(other_groups[j].get(key, []), trace.initial_allocs["size_bytes"].to_numpy()))
+        values = [ref_value] + [value for _, value in others]
+        _pair_families(free, values, list(range(len(others))), partner)
+        for j in range(len(others)):
+            _pair_families(free, values, [j], partner)
     return partner
+
+
+def _rows_by_size(rows: list[int], sizes: np.ndarray) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = defaultdict(list)
+    for row in rows:
+        out[int(sizes[row])].append(row)
+    return out
+
+
+def _pair_families(free: list[dict[int, list[int]]], values: list[Fraction], among: list[int],
+                   partner: np.ndarray) -> None:
+    """Pair the reference's free rows (``free[0]``) with those of the inputs ``among`` (``free[1 + j]``).
+
+    A *family* is a reference size and a power k: the sizes ``s * (v/v_ref)**k`` expected in each
+    input. Families are taken greedily by how many rows every input in ``among`` holds for them
+    (constants first on a tie), so a size that matches by coincidence (a block that grew into
+    another's size) does not take the rows of the family that really holds them.
+    """
+    ref_value = values[0]
+    while True:
+        best = None
+        for size, rows in free[0].items():
+            if not rows:
+                continue
+            for k in (0, *GROWING_POWERS):
+                wanted = []
+                for j in among:
+                    exact = Fraction(size) * (values[1 + j] / ref_value) ** k
+                    if exact.denominator != 1:
+                        break
+                    wanted.append(int(exact))
+                else:
+                    support = min([len(rows)] + [len(free[1 + j].get(w, ())) for j, w in zip(among, wanted)])
+                    if support and (best is None or support > best[0]):
+                        best = (support, size, wanted)
+        if best is None:
+            return
+        support, size, wanted = best
+        for _ in range(support):
+            row = free[0][size].pop(0)
+            for j, w in zip(among, wanted):
+                partner[row, j] = free[1 + j][w].pop(0)
 
 
 def _groups(trace: Trace) -> dict[tuple[int, str], list[int]]:
