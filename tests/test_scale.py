@@ -128,9 +128,17 @@ def test_prediction_is_byte_for_byte_the_program_at_the_target(series, tmp_path)
     assert (report.aligned_all, report.aligned_some, report.unaligned) == (report.allocations, 0, 0)
     per_step = 1 + 4 * LAYERS + 1
     assert report.allocations == 2 * per_step
-    assert report.laws["quadratic"] == 2 * 2 * LAYERS          # bmm and softmax, every layer, both steps
-    assert report.laws["linear"] == 2 * (1 + LAYERS)             # embedding, addmm
+    # Monomials first: bmm is c*v^2, the embedding c*v; softmax (40 v^2 + 8 v) and addmm (96 + 3072 v)
+    # follow no monomial and get the polynomial through their points.
+    assert report.laws["quadratic-only"] == 2 * LAYERS          # bmm, every layer, both steps
+    assert report.laws["quadratic"] == 2 * LAYERS               # softmax
+    assert report.laws["proportional"] == 2                      # embedding
+    assert report.laws["linear"] == 2 * LAYERS                  # addmm
     assert report.laws["constant"] == 2 * (LAYERS + 1)
+    assert report.no_monomial == 2 * 2 * LAYERS and report.shrinking == 0
+    # Three or more points determine every law: the range is the point.
+    rng = report.prediction_range
+    assert rng["determined"] and rng["peak_live_bytes"]["low"] == rng["peak_live_bytes"]["high"]
     assert report.rounded == report.clamped == 0
     assert result.trace.meta.format == "allocsim-scale"
 
@@ -149,9 +157,16 @@ def test_times_keep_their_order_and_stretch_with_the_step_duration(series):
 def test_two_inputs_state_their_assumptions(series, tmp_path):
     inputs = series([2, 4])
     as_seq = scale_inputs(inputs, Fraction(8), "seq")
-    # bmm (48 v^2) fits a pure square; softmax (40 v^2 + 8 v) cannot be told from a + b v: c assumed 0.
+    # bmm (48 v^2) is a monomial, determined by two points; softmax (40 v^2 + 8 v) and addmm (96 + 3072 v)
+    # follow none, and two points cannot tell a + b v from a + c v^2: c assumed 0, both in the range.
     assert as_seq.report.laws["quadratic-only"] == 2 * LAYERS
-    assert as_seq.report.assumed == {"b": 2 * LAYERS, "c": 2 * (1 + LAYERS) + 2 * LAYERS + 2 * (LAYERS + 1)}
+    assert as_seq.report.assumed == {"b": 0, "c": 2 * LAYERS + 2 * LAYERS}
+    truth = read_trace(write_kineto(tmp_path / "p8.json.gz", program_events(8)))
+    from allocsim.scale.evaluate import peaks
+    true_live = peaks(truth)["peak_live_bytes"]
+    rng = as_seq.report.prediction_range
+    assert not rng["determined"] and as_seq.report.undetermined == 2 * 2 * LAYERS
+    assert rng["peak_live_bytes"]["low"] < true_live <= rng["peak_live_bytes"]["high"]
     text = as_seq.report.format_text()
     assert "assumed zero" in text and "two points cannot determine" in text
     assert "record a third input" in text.split("check:", 1)[1].split("limits:", 1)[0]
@@ -234,10 +249,15 @@ def test_ring_buffer_windows_align_by_step_not_by_file(tmp_path):
     assert in_window.sum() > 0.8 * len(in_window)
     got, want = kinds_and_sizes(result.trace), kinds_and_sizes(truth)
     assert [g for g, keep in zip(got, in_window) if keep] == [w for w, keep in zip(want, in_window) if keep]
-    # Start-of-window allocations (freed in the window) align only with a window cut at the same
-    # point; otherwise they keep the reference size, as the report says.
-    assert report.initial["aligned"] == 0
-    assert result.trace.initial_allocs["size_bytes"].tolist() == reference.trace.initial_allocs["size_bytes"].tolist()
+    # Start-of-window allocations (freed in the window) pair by size class, never by position: those
+    # whose class every window holds get their law (and the size the program has at 8); the rest keep
+    # the reference size, as the report says.
+    predicted = result.trace.initial_allocs["size_bytes"].tolist()
+    kept = reference.trace.initial_allocs["size_bytes"].tolist()
+    true_sizes = truth.initial_allocs["size_bytes"].tolist()
+    grown = [k for k, (p, r) in enumerate(zip(predicted, kept)) if p != r]
+    assert 0 < report.initial["aligned"] < len(kept) and len(grown) <= report.initial["aligned"]
+    assert all(predicted[k] == true_sizes[k] for k in grown)
     same_cut = [load_input(write_kineto(tmp_path / f"s{v}.json.gz", window(v, 0.2)), Fraction(v)) for v in (2, 3, 4)]
     exact = scale_inputs(same_cut, Fraction(8), "seq")
     assert exact.report.initial["aligned"] == len(truth.initial_allocs) > 0

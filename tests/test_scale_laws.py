@@ -37,16 +37,17 @@ def test_any_integer_quadratic_is_reproduced_byte_for_byte(a, b, c, values, targ
 
 
 def test_two_points_state_the_assumed_term():
-    # A pure seq^2 tensor (attention scores) with two points: b assumed zero, exact at 512.
+    # A pure seq^2 tensor (attention scores) with two points: the monomial is determined, exact at 512.
     q = fit_law(pts(lambda v: 48 * v * v, [128, 256]), "seq")
-    assert (q.kind, q.assumed_zero) == ("quadratic-only", ("b",))
+    assert (q.kind, q.assumed_zero) == ("quadratic-only", ())
+    assert q.bounds(Fraction(512)) == (48 * 512 * 512,) * 2
     assert q.predict(Fraction(512))[0] == 48 * 512 * 512
     # The same sizes under "batch": per-sample memory is linear, so c is assumed zero instead.
     lin = fit_law(pts(lambda v: 48 * v * v, [128, 256]), "batch")
     assert (lin.kind, lin.assumed_zero) == ("linear", ("c",))
     assert lin.predict(Fraction(512))[0] != 48 * 512 * 512
     prop = fit_law(pts(lambda v: 3072 * v, [3, 4]), "batch")
-    assert (prop.kind, prop.assumed_zero, prop.predict(Fraction(8))[0]) == ("proportional", ("c",), 3072 * 8)
+    assert (prop.kind, prop.assumed_zero, prop.predict(Fraction(8))[0]) == ("proportional", (), 3072 * 8)
     affine = fit_law(pts(lambda v: 96 + 3072 * v, [3, 4]), "seq")
     assert (affine.kind, affine.assumed_zero) == ("linear", ("c",))
     assert fit_law([(Fraction(4), 10)], "batch").assumed_zero == ("b", "c")

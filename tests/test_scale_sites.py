@@ -102,7 +102,8 @@ def test_prediction_from_snapshots_is_byte_for_byte_and_keyed_by_code_site(tmp_p
     assert report.keyer == "code-site"
     assert report.aligned_all == report.allocations == 3 * (2 + 3 * LAYERS)
     assert report.laws["quadratic"] == 3 * LAYERS            # attention, every layer, three steps
-    assert report.laws["linear"] == 3 * (1 + LAYERS)          # embed, mlp
+    assert report.laws["linear"] == 3 * LAYERS                # mlp (96 + 3072 v: no monomial)
+    assert report.laws["proportional"] == 3                   # embed (512 v)
     # The frames travel with the prediction, so the scaled trace names its sites too.
     assert allocation_sites(result.trace)[1] == allocation_sites(inputs[-1].trace)[1]
 

@@ -32,6 +32,7 @@ from .align import Alignment, align, choose_keyer, for_keyer
 from .initial import initial_partners
 from .inputs import ScaleInput
 from .laws import LAW_KINDS, SizeLaw, fit_law
+from .ranges import encode_range, prediction_range
 from .report import InputSummary, ScaleReport
 from .sites import frame_origin
 from .steps import live_bytes
@@ -63,6 +64,14 @@ class _Fits:
     assumed: Counter
     rounded: int = 0
     clamped: int = 0
+    #: Least and most size any law consistent with the points allows (``SizeLaw.bounds``).
+    low: np.ndarray | None = None
+    high: np.ndarray | None = None
+    #: Aligned allocations whose size falls as the value grows, and those no monomial fits.
+    shrinking: int = 0
+    no_monomial: int = 0
+    #: (path-independent) example of a shrinking allocation: its points, for the refusal line.
+    shrinking_example: tuple | None = None
 
 
 def pick_reference(inputs: Sequence[ScaleInput], target: Fraction) -> int:
@@ -81,8 +90,10 @@ def _check(inputs: Sequence[ScaleInput]) -> None:
 
 def _fit_sizes(points_per_alloc: list[list[tuple[Fraction, int]]], scale_name: str, target: Fraction) -> _Fits:
     """Fit and evaluate one law per allocation (allocations with the same points share the fit)."""
-    fits = _Fits(np.zeros(len(points_per_alloc), dtype=np.int64), Counter(), Counter())
-    memo: dict[tuple, tuple[SizeLaw, int, bool, bool]] = {}
+    n = len(points_per_alloc)
+    fits = _Fits(np.zeros(n, dtype=np.int64), Counter(), Counter(), low=np.zeros(n, dtype=np.int64),
+                 high=np.zeros(n, dtype=np.int64))
+    memo: dict[tuple, tuple[SizeLaw, int, bool, bool, int, int]] = {}
     for k, points in enumerate(points_per_alloc):
         signature = tuple(points)
         hit = memo.get(signature)
@@ -96,15 +107,22 @@ def _fit_sizes(points_per_alloc: list[list[tuple[Fraction, int]]], scale_name: s
             clamped = size < 1   # no allocation has fewer than one byte
             if clamped:
                 size = min(s for _, s in points)
-            hit = memo[signature] = (law, size, rounded, clamped)
-        law, size, rounded, clamped = hit
+            low, high = law.bounds(target)
+            low, high = min(low, size), min(max(high, size), MAX_SIZE_BYTES)
+            hit = memo[signature] = (law, size, rounded, clamped, low, high)
+        law, size, rounded, clamped, low, high = hit
         fits.sizes[k] = size
+        fits.low[k], fits.high[k] = low, high
         if len(points) == 1:
             fits.laws["unaligned"] += 1   # nothing to fit: the unaligned rule
         else:
             fits.laws[law.kind] += 1
             for term in law.assumed_zero:
                 fits.assumed[term] += 1
+            fits.no_monomial += law.follows_no_monomial
+            if law.shrinking:
+                fits.shrinking += 1
+                fits.shrinking_example = fits.shrinking_example or tuple(sorted(points))
         fits.rounded += rounded
         fits.clamped += clamped
     return fits
@@ -122,17 +140,28 @@ def _points(reference: ScaleInput, others: Sequence[ScaleInput], alignment: Alig
     return out
 
 
-def _initial_points(reference: ScaleInput, others: Sequence[ScaleInput]) -> tuple[list[list[tuple[Fraction, int]]], int]:
+def _initial_points(reference: ScaleInput, others: Sequence[ScaleInput]
+                    ) -> tuple[list[list[tuple[Fraction, int]]], int, dict[int, tuple[int, ...]]]:
     """Points for each start-of-window allocation of the reference, paired by what it is (``initial``)."""
     ref_sizes = reference.trace.initial_allocs["size_bytes"].to_numpy()
     points = [[(reference.value, int(s))] for s in ref_sizes]
-    partner = initial_partners(reference.trace, reference.value, [(o.trace, o.value) for o in others])
+    partner, open_powers = initial_partners(reference.trace, reference.value, [(o.trace, o.value) for o in others])
     for j, other in enumerate(others):
         sizes = other.trace.initial_allocs["size_bytes"].to_numpy()
         for a in np.flatnonzero(partner[:, j] >= 0).tolist():
             points[a].append((other.value, int(sizes[partner[a, j]])))
     aligned = (partner >= 0).any(axis=1) if len(ref_sizes) else np.zeros(0, dtype=bool)
-    return points, int(aligned.sum())
+    return points, int(aligned.sum()), open_powers
+
+
+def _widen_open(fits: _Fits, prepared: _Prepared, reference: ScaleInput, target: Fraction) -> None:
+    """Widen the range of start-of-window rows whose size class is open to every class they allow."""
+    sizes = reference.trace.initial_allocs["size_bytes"].to_numpy()
+    for row, powers in prepared.init_open.items():
+        ends = [min(MAX_SIZE_BYTES, max(1, int((Fraction(int(sizes[row])) * (target / reference.value) ** k
+                                                + Fraction(1, 2)) // 1))) for k in powers]
+        fits.low[row] = min(int(fits.low[row]), *ends)
+        fits.high[row] = max(int(fits.high[row]), *ends)
 
 
 def _time_ratio(inputs: Sequence[ScaleInput], reference: ScaleInput, target: Fraction) -> float:
@@ -188,6 +217,8 @@ class _Prepared:
     points: list[list[tuple[Fraction, int]]]
     init_points: list[list[tuple[Fraction, int]]]
     init_aligned: int
+    #: Start-of-window rows whose size class the inputs' sizes leave open: the powers k they allow.
+    init_open: dict[int, tuple[int, ...]]
 
 
 class Scaler:
@@ -209,19 +240,22 @@ class Scaler:
             reference = self.inputs[ref_index]
             others = [item for i, item in enumerate(self.inputs) if i != ref_index]
             alignment = align(reference, others)
-            init_points, init_aligned = _initial_points(reference, others)
+            init_points, init_aligned, init_open = _initial_points(reference, others)
             found = self._prepared[ref_index] = _Prepared(ref_index, others, alignment,
                                                           _points(reference, others, alignment),
-                                                          init_points, init_aligned)
+                                                          init_points, init_aligned, init_open)
         return found
 
-    def at(self, target: Fraction | int) -> ScaleResult:
-        """The trace at ``target`` (see module doc), with its report."""
+    def at(self, target: Fraction | int, with_range: bool = True) -> ScaleResult:
+        """The trace at ``target`` (see module doc), with its report (and its range unless ``with_range`` is False)."""
         target = Fraction(target)
         if target <= 0:
             raise AllocsimError(f"target value must be > 0, got {target}")
         prepared = self._prepare(pick_reference(self.inputs, target))
-        return _build(self.inputs, prepared, target, self.scale_name)
+        result = _build(self.inputs, prepared, target, self.scale_name)
+        if with_range:
+            result.report.prediction_range = prediction_range(result.trace)
+        return result
 
 
 def scale_inputs(inputs: Sequence[ScaleInput], target: Fraction, scale_name: str = "batch") -> ScaleResult:
@@ -234,6 +268,8 @@ def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, 
     reference = inputs[ref_index]
     fits = _fit_sizes(prepared.points, scale_name, target)
     init_fits = _fit_sizes(prepared.init_points, scale_name, target) if prepared.init_points else None
+    if init_fits is not None:
+        _widen_open(init_fits, prepared, reference, target)
     init_ids = reference.trace.initial_allocs["alloc_id"].to_numpy()
 
     events = reference.trace.events.copy()
@@ -241,6 +277,9 @@ def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, 
     ids = np.concatenate([reference.alloc_id, init_ids]).astype(np.int64)
     sizes = np.concatenate([fits.sizes, init_fits.sizes if init_fits else np.zeros(0, dtype=np.int64)])
     events["size_bytes"] = _new_sizes(events["alloc_id"].to_numpy(), kind, events["size_bytes"].to_numpy(), ids, sizes)
+    empty = np.zeros(0, dtype=np.int64)
+    low = np.concatenate([fits.low, init_fits.low if init_fits else empty])
+    high = np.concatenate([fits.high, init_fits.high if init_fits else empty])
     ratio = _time_ratio(inputs, reference, target)
     events["t_ns"] = _scaled_times(events["t_ns"].to_numpy(), ratio)
 
@@ -261,7 +300,8 @@ def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, 
                                  "reference": f"{reference.path}@{reference.value}", "keyer": alignment.keyer,
                                  "frames": frame_origin(reference.trace),
                                  "aligned_share": round(report.aligned_share, 6),
-                                 "aligned_bytes_share": round(report.aligned_bytes_share, 6)}},
+                                 "aligned_bytes_share": round(report.aligned_bytes_share, 6),
+                                 "range": encode_range(ids, low, high)}},
         allocator_settings=reference.trace.meta.allocator_settings,
         notes=[f"synthesized by allocsim scale at {scale_name}={target} from "
                + ", ".join(f"{item.path}@{item.value}" for item in inputs),
@@ -321,6 +361,10 @@ def _report(inputs, ref_index, others, alignment: Alignment, fits: _Fits, init_f
         extrapolation=float(target / max(item.value for item in inputs)),
         checks=_checks(inputs, reference, target, scale_name, laws, assumed, int(none.sum()),
                        int(ref_sizes[none].sum()), int(ref_sizes.sum()), fits.clamped),
+        shrinking=fits.shrinking + (init_fits.shrinking if init_fits else 0),
+        no_monomial=fits.no_monomial + (init_fits.no_monomial if init_fits else 0),
+        undetermined=int((fits.low != fits.high).sum()) + (int((init_fits.low != init_fits.high).sum())
+                                                            if init_fits else 0),
     )
 
 

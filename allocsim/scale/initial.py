@@ -13,7 +13,9 @@ what they are, never by position:
    (a weight), and stays constant whatever grows around it;
 3. *then order* -- classes are filled by how many blocks every input holds for them (so a block that
    grew into a weight's size does not take the weight's partner), and within a class blocks pair in
-   each input's listing order. A block with no partner is unpaired and keeps its size.
+   each input's listing order. What is left of a group pairs in listing order only where both inputs
+   have as many left (sizes that follow no monomial, e.g. ``a + b*v``). A block with no partner is
+   unpaired and keeps its size.
 """
 
 from __future__ import annotations
@@ -44,8 +46,12 @@ def initial_sites(trace: Trace) -> list[str]:
     return [site_of.get(int(s), "") for s in stack_ids]
 
 
-def initial_partners(reference: Trace, ref_value: Fraction, others: list[tuple[Trace, Fraction]]) -> np.ndarray:
-    """``partner[row, j]``: the row in ``others[j]``'s start-of-window allocations of reference row ``row``, or -1.
+def initial_partners(reference: Trace, ref_value: Fraction,
+                     others: list[tuple[Trace, Fraction]]) -> tuple[np.ndarray, dict[int, tuple[int, ...]]]:
+    """``(partner, open_powers)``: ``partner[row, j]`` is the row in ``others[j]``'s start-of-window allocations
+    of reference row ``row``, or -1; ``open_powers[row]`` lists the powers k of every size class the
+    row could belong to by the inputs' sizes, for rows where that is more than one (the counts chose
+    one; the range spans them all).
 
     See the module doc: every input at once first (a family present in all of them), then each
     other input alone for what is left.
@@ -54,15 +60,26 @@ def initial_partners(reference: Trace, ref_value: Fraction, others: list[tuple[T
     other_groups = [_groups(trace) for trace, _ in others]
     ref_sizes = reference.initial_allocs["size_bytes"].to_numpy()
     partner = np.full((len(ref_sizes), len(others)), -1, dtype=np.int64)
+    open_powers: dict[int, tuple[int, ...]] = {}
     for key, mine in ref_groups.items():
         free = [_rows_by_size(mine, ref_sizes)]
         for j, (trace, _) in enumerate(others):
             free.append(_rows_by_size(other_groups[j].get(key, []), trace.initial_allocs["size_bytes"].to_numpy()))
         values = [ref_value] + [value for _, value in others]
-        _pair_families(free, values, list(range(len(others))), partner)
+        _pair_families(free, values, list(range(len(others))), partner, open_powers)
         for j in range(len(others)):
-            _pair_families(free, values, [j], partner)
-    return partner
+            _pair_families(free, values, [j], partner, open_powers)
+            _pair_in_order(free, j, partner)
+    return partner, open_powers
+
+
+def _pair_in_order(free: list[dict[int, list[int]]], j: int, partner: np.ndarray) -> None:
+    """What no size class paired, paired in listing order -- only when both sides have as many left."""
+    mine = sorted(row for rows in free[0].values() for row in rows)
+    theirs = sorted(row for rows in free[1 + j].values() for row in rows)
+    if mine and len(mine) == len(theirs):
+        for a, b in zip(mine, theirs):
+            partner[a, j] = b
 
 
 def _rows_by_size(rows: list[int], sizes: np.ndarray) -> dict[int, list[int]]:
@@ -73,17 +90,24 @@ def _rows_by_size(rows: list[int], sizes: np.ndarray) -> dict[int, list[int]]:
 
 
 def _pair_families(free: list[dict[int, list[int]]], values: list[Fraction], among: list[int],
-                   partner: np.ndarray) -> None:
+                   partner: np.ndarray, open_powers: dict[int, tuple[int, ...]]) -> None:
     """Pair the reference's free rows (``free[0]``) with those of the inputs ``among`` (``free[1 + j]``).
 
     A *family* is a reference size and a power k: the sizes ``s * (v/v_ref)**k`` expected in each
     input. Families are taken greedily by how many rows every input in ``among`` holds for them
     (constants first on a tie), so a size that matches by coincidence (a block that grew into
-    another's size) does not take the rows of the family that really holds them.
+    another's size) does not take the rows of the family that really holds them. Where another
+    power of the same size has as much support, the counts cannot tell them apart: the rows taken
+    get both powers in ``open_powers``.
     """
     ref_value = values[0]
+    # Sizes of the other inputs that a tie left to either of two families: whoever takes them later
+    # could as well have been the other family.
+    contested: list[set[int]] = [set() for _ in among]
     while True:
         best = None
+        support_of: dict[tuple[int, int], int] = {}
+        wanted_of: dict[tuple[int, int], list[int]] = {}
         for size, rows in free[0].items():
             if not rows:
                 continue
@@ -96,13 +120,25 @@ def _pair_families(free: list[dict[int, list[int]]], values: list[Fraction], amo
                     wanted.append(int(exact))
                 else:
                     support = min([len(rows)] + [len(free[1 + j].get(w, ())) for j, w in zip(among, wanted)])
+                    support_of[(size, k)] = support
+                    wanted_of[(size, k)] = wanted
                     if support and (best is None or support > best[0]):
                         best = (support, size, wanted)
         if best is None:
             return
         support, size, wanted = best
+        ties = tuple(k for k in (0, *GROWING_POWERS) if support_of.get((size, k), 0) >= support)
+        if len(ties) > 1:
+            for k in ties:
+                for i, w in enumerate(wanted_of[(size, k)]):
+                    contested[i].add(w)
+        elif any(w in contested[i] for i, w in enumerate(wanted)):
+            ties = tuple(k for k in (0, *GROWING_POWERS) if (size, k) in wanted_of and all(
+                w in contested[i] for i, w in enumerate(wanted_of[(size, k)])))
         for _ in range(support):
             row = free[0][size].pop(0)
+            if len(ties) > 1:
+                open_powers[row] = tuple(sorted(set(open_powers.get(row, ())) | set(ties)))
             for j, w in zip(among, wanted):
                 partner[row, j] = free[1 + j][w].pop(0)
 

@@ -79,6 +79,17 @@ class ScaleReport:
     #: What to check in this prediction: where it goes beyond what the inputs show.
     checks: list[str] = dataclasses.field(default_factory=list)
     limits: tuple[str, ...] = LIMITS
+    #: Aligned allocations whose size falls as the value grows (a configuration change).
+    shrinking: int = 0
+    #: Aligned allocations no monomial ``c * v**k`` fits (their polynomial law is reported instead).
+    no_monomial: int = 0
+    #: Allocations (start-of-window ones included) whose size at the target the inputs leave open.
+    undetermined: int = 0
+    #: Peak live / peak reserved at the point and both ends of the range (``ranges.prediction_range``).
+    prediction_range: dict[str, Any] | None = None
+    #: Whether the inputs look like one program in one configuration, and how they differ if not.
+    consistent: bool = True
+    differences: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def aligned_share(self) -> float:
@@ -124,6 +135,7 @@ class ScaleReport:
         if any(self.assumed.values()):
             lines.append("  assumed zero: " + ", ".join(f"{term} in {count}" for term, count in self.assumed.items() if count)
                          + " (two points cannot determine a + b*v + c*v^2)")
+        lines.append(f"  no monomial c*v^k fits: {self.no_monomial}; shrinking as the value grows: {self.shrinking}")
         if self.rounded or self.clamped:
             lines.append(f"  rounded to whole bytes: {self.rounded}; clamped: {self.clamped}")
         lines += [
@@ -134,6 +146,19 @@ class ScaleReport:
             "",
             f"output: {self.output_events} events, peak live {format_bytes(self.output_peak_live_bytes)}",
         ]
+        rng = self.prediction_range
+        if rng is not None:
+            live, res = rng["peak_live_bytes"], rng["peak_reserved_bytes"]
+            if rng["determined"]:
+                lines.append("range: every law is determined by the inputs: the range is the point")
+            else:
+                lines.append(f"range ({self.undetermined} allocations the inputs leave open, every law consistent "
+                             "with them):")
+            lines.append(f"  peak live     {format_bytes(live['low'])} .. {format_bytes(live['high'])}")
+            lines.append(f"  peak reserved {format_bytes(res['low'])} .. {format_bytes(res['high'])} "
+                         f"({rng['policy']} policy)")
+        if not self.consistent:
+            lines.append("NOT ONE CONFIGURATION (--allow-mixed): " + "; ".join(self.differences))
         lines += [f"note: {note}" for note in self.notes]
         if self.checks:
             lines += ["", "check:"] + [f"  - {text}" for text in self.checks]

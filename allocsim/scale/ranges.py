@@ -1,0 +1,98 @@
+"""How sure a prediction is: the trace at each end of the range its inputs leave open.
+
+Each allocation's law has a least and a most size at the target (``SizeLaw.bounds``: equal when the
+inputs determine the law). A scaled trace carries, in ``meta.version_hints["scale"]["range"]``, the
+allocations whose ends differ (``encode_range``); ``end_traces(trace)`` rebuilds the trace with every
+size at its low end and at its high end. Live bytes are a sum of sizes, so the low trace's peak live
+bytes are the least any consistent set of laws gives, and the high trace's the most; peak reserved
+is replayed at both ends (``prediction_range``). ``allocsim run`` and ``--find-max`` judge both ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import AllocsimError
+from ..trace.builder import MAX_SIZE_BYTES
+from ..trace.schema import EventKind, Trace
+
+
+class BadRange(AllocsimError):
+    """A scaled trace's recorded range is malformed (the file was edited or is not what it says)."""
+
+
+def encode_range(ids: np.ndarray, low: np.ndarray, high: np.ndarray) -> dict[str, list[int]]:
+    """The allocations whose low and high ends differ, as JSON-ready lists."""
+    differ = np.flatnonzero(low != high)
+    return {"alloc_id": [int(i) for i in ids[differ]], "low": [int(x) for x in low[differ]],
+            "high": [int(x) for x in high[differ]]}
+
+
+def recorded_range(trace: Trace) -> dict[str, np.ndarray] | None:
+    """The range a scaled trace carries (None for any other trace); ``BadRange`` when malformed."""
+    hints = trace.meta.version_hints or {}
+    scale = hints.get("scale")
+    if not isinstance(scale, dict) or "range" not in scale:
+        return None
+    raw = scale["range"]
+    where = f"{trace.meta.source}: version_hints.scale.range"
+    if not isinstance(raw, dict) or any(not isinstance(raw.get(k), list) for k in ("alloc_id", "low", "high")):
+        raise BadRange(f"{where} is not three lists alloc_id, low, high")
+    if not len(raw["alloc_id"]) == len(raw["low"]) == len(raw["high"]):
+        raise BadRange(f"{where}: alloc_id, low and high differ in length")
+    if any(type(x) is not int for k in ("alloc_id", "low", "high") for x in raw[k]):
+        raise BadRange(f"{where} holds a value that is not a whole number")
+    out = {k: np.array(raw[k], dtype=object) for k in ("alloc_id", "low", "high")}
+    low, high = out["low"], out["high"]
+    if len(low) and (min(low) < 1 or max(high) > MAX_SIZE_BYTES or any(lo > hi for lo, hi in zip(low, high))):
+        raise BadRange(f"{where} holds a size outside 1..{MAX_SIZE_BYTES:,} or a low end above its high end")
+    return {k: v.astype(np.int64) for k, v in out.items()}
+
+
+def with_sizes(trace: Trace, ids: np.ndarray, sizes: np.ndarray) -> Trace:
+    """A copy of ``trace`` with allocation ``ids[i]`` (its events and start-of-window row) resized to ``sizes[i]``."""
+    from .build import _new_sizes
+
+    events = trace.events.copy()
+    events["size_bytes"] = _new_sizes(events["alloc_id"].to_numpy(), events["kind"].to_numpy(),
+                                      events["size_bytes"].to_numpy(), ids, sizes)
+    initial = trace.initial_allocs.copy()
+    if len(initial) and len(ids):
+        lookup = dict(zip(ids.tolist(), sizes.tolist()))
+        initial["size_bytes"] = [lookup.get(int(i), int(s)) for i, s in
+                                 zip(initial["alloc_id"].tolist(), initial["size_bytes"].tolist())]
+    return Trace(events=events, meta=trace.meta, labels=list(trace.labels), initial_allocs=initial,
+                 frames=trace.frames, stacks=trace.stacks)
+
+
+def end_traces(trace: Trace) -> tuple[Trace, Trace] | None:
+    """(low end, high end) of a scaled trace, or None when it carries no range or its range is a point."""
+    rng = recorded_range(trace)
+    if rng is None or not len(rng["alloc_id"]):
+        return None
+    known = set(trace.initial_allocs["alloc_id"].tolist()) | set(
+        trace.events["alloc_id"].to_numpy()[trace.events["kind"].to_numpy() == EventKind.ALLOC].tolist())
+    missing = next((int(i) for i in rng["alloc_id"] if int(i) not in known), None)
+    if missing is not None:
+        raise BadRange(f"{trace.meta.source}: version_hints.scale.range names allocation {missing}, "
+                       "which the trace does not hold")
+    return with_sizes(trace, rng["alloc_id"], rng["low"]), with_sizes(trace, rng["alloc_id"], rng["high"])
+
+
+def prediction_range(trace: Trace, policy: str = "pytorch") -> dict[str, Any]:
+    """Peak live and peak reserved at the point and at both ends (``low <= high``; equal when determined)."""
+    from .evaluate import peaks
+
+    point = peaks(trace, policy)
+    ends = end_traces(trace)
+    low, high = (point, point) if ends is None else (peaks(ends[0], policy), peaks(ends[1], policy))
+    out: dict[str, Any] = {"policy": policy, "determined": ends is None,
+                           "allocations_undetermined": len(recorded_range(trace)["alloc_id"])
+                           if recorded_range(trace) is not None else 0}
+    for key in ("peak_live_bytes", "peak_reserved_bytes"):
+        values = (low[key], point[key], high[key])
+        # Reserved bytes need not be monotone in the sizes: the range spans all three replays.
+        out[key] = {"low": min(values), "point": point[key], "high": max(values)}
+    return out
