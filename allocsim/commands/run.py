@@ -20,7 +20,9 @@ innermost frame of the program (``allocsim.metrics.site_report``; JSON ``sites``
 
 Capacity: ``--capacity SIZE``, else the capacity the recording implies (said in the output), else
 unlimited. The last line is the verdict. Exit status: 0 when it fits (or no capacity), 3 on a
-simulated out-of-memory, 2 on a usage or input error (one line on stderr). With ``--json`` the
+simulated out-of-memory, 2 on a usage or input error (one line on stderr). A trace predicted by
+``allocsim scale`` whose inputs leave sizes open is replayed at both ends of its range too: the
+last line then says which ends fit, and exit 3 unless both do. With ``--json`` the
 output is one object: the deterministic summary plus ``sim_seconds`` and ``events_per_second``.
 """
 
@@ -268,6 +270,9 @@ def main(args: argparse.Namespace) -> int:
         trace = load_trace(args)
         state = state_only(args, trace) if is_state_only(trace) else None
         result = execute(args, trace) if state is None else None
+        ends = _judge_ends(args, trace) if result is not None else None
+        if ends is not None:
+            result.summary["prediction_range"] = ends
         if args.out_dir and result is not None:
             result.save(args.out_dir)
     except (AllocsimError, ValueError, OSError) as exc:
@@ -282,4 +287,14 @@ def main(args: argparse.Namespace) -> int:
         print_json(result.to_dict(include_perf=True))
     else:
         print(format_run(result))
-    return exit_status(result.summary)
+        if ends is not None:
+            print(ends["line"])
+    status = exit_status(result.summary)
+    return EXIT_OOM if status == 0 and ends is not None and ends["fits"] is False else status
+
+
+def _judge_ends(args: argparse.Namespace, trace: Any) -> dict[str, Any] | None:
+    """A trace predicted by ``allocsim scale`` carries a range: replay both ends (``scale.ranges``)."""
+    from ..scale.ranges import judge_ends
+
+    return judge_ends(lambda end: execute(args, end).summary, trace)

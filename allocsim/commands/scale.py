@@ -8,7 +8,12 @@ says whether it fits.
 
 ``--capacity SIZE --find-max`` instead searches the largest value that fits (``scale.findmax``):
 with the recorded allocator settings, and with the best setting ``allocsim advise`` finds. Exit
-status then: 0 some value fits, 1 none does; 2 on a usage or input error.
+status then: 0 some value fits at both ends of the range, 3 it fits only at the low end, 1 none
+does; 2 on a usage or input error.
+
+Inputs that are not one program in one configuration (``scale.consistency``) are refused with one
+line (exit 2) unless ``--allow-mixed`` is given; the report then says ``consistent: false`` and
+lists the differences.
 """
 
 from __future__ import annotations
@@ -40,8 +45,17 @@ def register(subparsers) -> None:
                "  allocsim run b8.parquet --policy pytorch --capacity 80GiB\n"
                "  allocsim scale s128.pickle@128 s256.pickle@256 s512.pickle@512 --name seq \\\n"
                "      --capacity 80GiB --find-max --multiple-of 128\n"
-               "exit status: 0 = done (with --find-max: some value fits), 1 = with --find-max: nothing fits, "
-               "2 = usage or input error",
+               "refusal: inputs that are not one program in one configuration (autocast or cast ops in some\n"
+               "  inputs only, sizes that shrink as the value grows, another driver line or allocator setting,\n"
+               "  under 90% of the allocations aligned) are refused with one line naming the difference and\n"
+               "  what to record; --allow-mixed predicts anyway (JSON: consistent false, differences).\n"
+               "range: sizes are monomials c*v^k (k = 0, 1, 2; batch: 0, 1), fixed by two inputs; what the inputs\n"
+               "  leave open (an allocation seen in one input, a size no monomial fits) spans every consistent\n"
+               "  law: prediction_range gives peak live and peak reserved, low and high (equal when every law is\n"
+               "  determined). allocsim run on the output judges both ends (exit 3 unless both fit).\n"
+               "exit status: 0 = done (with --find-max: some value fits at both ends), 1 = with --find-max: "
+               "nothing fits, 3 = with --find-max: the answer fits only at the low end of the range, "
+               "2 = usage or input error (a refused mix of inputs too)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("inputs", nargs="+", metavar="TRACE@VALUE",
                         help="a trace and the scale value it was recorded at, e.g. bert_b4.json.gz@4 (two or more)")
@@ -51,6 +65,9 @@ def register(subparsers) -> None:
     parser.add_argument("-o", "--output", metavar="OUT",
                         help="output trace (.parquet, .csv, .csv.gz); with --find-max, the trace at the answer")
     parser.add_argument("--device", type=int, metavar="N", help="device to use when the traces have several")
+    parser.add_argument("--allow-mixed", action="store_true",
+                        help="predict even from inputs that are not one configuration (refused otherwise); the "
+                             "report lists the differences")
     add_read_args(parser)
     search = parser.add_argument_group("finding the largest value that fits")
     search.add_argument("--capacity", metavar="SIZE", help="device memory for --find-max, e.g. 80GiB")
@@ -92,7 +109,7 @@ def main(args: argparse.Namespace) -> int:
         _check_args(args)
         inputs = [load_input(path, value, device=args.device, lenient=args.lenient, limits=trace_limits(args))
                   for path, value in (parse_spec(spec) for spec in args.inputs)]
-        scaler = Scaler(inputs, args.name)
+        scaler = Scaler(inputs, args.name, allow_mixed=args.allow_mixed)
         if args.find_max:
             return _find_max(args, scaler)
         result = scaler.at(parse_value(args.target))

@@ -30,6 +30,7 @@ from ..trace.builder import MAX_SIZE_BYTES
 from ..trace.schema import EventKind, Trace, TraceMeta, check_schema, empty_frame, INITIAL_ALLOC_DTYPES
 from .align import Alignment, align, choose_keyer, for_keyer
 from .initial import initial_partners
+from .consistency import MixedInputs, fit_differences, input_differences
 from .inputs import ScaleInput
 from .laws import LAW_KINDS, SizeLaw, fit_law
 from .ranges import encode_range, prediction_range
@@ -38,8 +39,8 @@ from .sites import frame_origin
 from .steps import live_bytes
 
 UNALIGNED_RULE = "kept at the reference input's size (assumed constant)"
-INITIAL_RULE = ("paired by stream and code site, equal sizes first, then the same size class (c*v^k), in order; "
-                "unpaired ones kept at the reference size")
+INITIAL_RULE = ("paired by stream and code site, then size class c*v^k (classes every input holds most of first), "
+                "in order, never by position; unpaired ones kept at the reference size")
 TIME_RULE = "reference times scaled by D(target)/D(reference), D = least-squares line through mean step durations"
 
 
@@ -122,7 +123,7 @@ def _fit_sizes(points_per_alloc: list[list[tuple[Fraction, int]]], scale_name: s
             fits.no_monomial += law.follows_no_monomial
             if law.shrinking:
                 fits.shrinking += 1
-                fits.shrinking_example = fits.shrinking_example or tuple(sorted(points))
+                fits.shrinking_example = fits.shrinking_example or tuple((str(v), s) for v, s in sorted(points))
         fits.rounded += rounded
         fits.clamped += clamped
     return fits
@@ -228,10 +229,15 @@ class Scaler:
     reference and reused: building at many targets (``find_max``) costs a law evaluation each.
     """
 
-    def __init__(self, inputs: Sequence[ScaleInput], scale_name: str = "batch"):
+    def __init__(self, inputs: Sequence[ScaleInput], scale_name: str = "batch", *, allow_mixed: bool = False):
         _check(inputs)
         self.inputs = for_keyer(inputs, choose_keyer(inputs))
         self.scale_name = scale_name
+        self.allow_mixed = allow_mixed
+        #: How the inputs differ in more than the scale value (``consistency``); refused unless ``allow_mixed``.
+        self.differences = input_differences(self.inputs)
+        if self.differences and not allow_mixed:
+            raise MixedInputs(self.differences)
         self._prepared: dict[int, _Prepared] = {}
 
     def _prepare(self, ref_index: int) -> _Prepared:
@@ -253,14 +259,24 @@ class Scaler:
             raise AllocsimError(f"target value must be > 0, got {target}")
         prepared = self._prepare(pick_reference(self.inputs, target))
         result = _build(self.inputs, prepared, target, self.scale_name)
+        report = result.report
+        n_ref = max(len(prepared.alignment.partner), 1)
+        shares = [float((prepared.alignment.partner[:, j] >= 0).sum()) / n_ref for j in range(len(prepared.others))]
+        differences = self.differences + fit_differences(self.inputs[prepared.ref_index], prepared.others, shares,
+                                                         report.shrinking, report.shrinking_example, self.scale_name)
+        if differences and not self.allow_mixed:
+            raise MixedInputs(differences)
+        report.consistent = not differences
+        report.differences = [d.text for d in differences]
         if with_range:
             result.report.prediction_range = prediction_range(result.trace)
         return result
 
 
-def scale_inputs(inputs: Sequence[ScaleInput], target: Fraction, scale_name: str = "batch") -> ScaleResult:
+def scale_inputs(inputs: Sequence[ScaleInput], target: Fraction, scale_name: str = "batch", *,
+                 allow_mixed: bool = False) -> ScaleResult:
     """The trace at ``target`` built from ``inputs`` (see module doc), with its report."""
-    return Scaler(inputs, scale_name).at(target)
+    return Scaler(inputs, scale_name, allow_mixed=allow_mixed).at(target)
 
 
 def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, scale_name: str) -> ScaleResult:
@@ -362,6 +378,7 @@ def _report(inputs, ref_index, others, alignment: Alignment, fits: _Fits, init_f
         checks=_checks(inputs, reference, target, scale_name, laws, assumed, int(none.sum()),
                        int(ref_sizes[none].sum()), int(ref_sizes.sum()), fits.clamped),
         shrinking=fits.shrinking + (init_fits.shrinking if init_fits else 0),
+        shrinking_example=fits.shrinking_example or (init_fits.shrinking_example if init_fits else None),
         no_monomial=fits.no_monomial + (init_fits.no_monomial if init_fits else 0),
         undetermined=int((fits.low != fits.high).sum()) + (int((init_fits.low != init_fits.high).sum())
                                                             if init_fits else 0),

@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import AllocsimError
 from ..trace.builder import MAX_SIZE_BYTES
 from ..trace.schema import EventKind, Trace
+from ..units import format_bytes
 
 
 class BadRange(AllocsimError):
@@ -95,4 +96,33 @@ def prediction_range(trace: Trace, policy: str = "pytorch") -> dict[str, Any]:
         values = (low[key], point[key], high[key])
         # Reserved bytes need not be monotone in the sizes: the range spans all three replays.
         out[key] = {"low": min(values), "point": point[key], "high": max(values)}
+    return out
+
+
+def judge_ends(run_end: Any, trace: Trace) -> dict[str, Any] | None:
+    """The verdicts of a scaled trace's two ends: ``run_end(end_trace)`` gives each end's run summary.
+
+    None when the trace carries no open range. ``fits`` is True only when both ends fit (False when
+    either does not, None without a capacity); ``line`` says which end fits.
+    """
+    ends = end_traces(trace)
+    if ends is None:
+        return None
+    out: dict[str, Any] = {}
+    for name, end in zip(("low", "high"), ends):
+        summary = run_end(end)
+        verdict = summary.get("verdict") or {}
+        out[name] = {"fits": verdict.get("fits"), "line": verdict.get("line", ""),
+                     "peak_live_bytes": int(summary.get("peak_live_lower_bound_bytes", 0)),
+                     "peak_reserved_bytes": int(summary.get("peak_reserved_bytes", 0))}
+    low, high = out["low"]["fits"], out["high"]["fits"]
+    if low is None or high is None:
+        out["fits"], out["line"] = None, "prediction range: no capacity to judge its ends"
+    else:
+        out["fits"] = bool(low and high)
+        both = {(True, True): "fits at both ends", (True, False): "fits at the low end, not at the high end",
+                (False, False): "fits at neither end", (False, True): "fits at the high end, not at the low end"}
+        out["line"] = (f"prediction range: {both[(bool(low), bool(high))]} "
+                       f"(peak reserved {format_bytes(out['low']['peak_reserved_bytes'])} .. "
+                       f"{format_bytes(out['high']['peak_reserved_bytes'])})")
     return out

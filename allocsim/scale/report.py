@@ -81,6 +81,8 @@ class ScaleReport:
     limits: tuple[str, ...] = LIMITS
     #: Aligned allocations whose size falls as the value grows (a configuration change).
     shrinking: int = 0
+    #: One shrinking allocation's points ``((value, size_bytes), ...)``, for the refusal line.
+    shrinking_example: tuple | None = None
     #: Aligned allocations no monomial ``c * v**k`` fits (their polynomial law is reported instead).
     no_monomial: int = 0
     #: Allocations (start-of-window ones included) whose size at the target the inputs leave open.
@@ -154,9 +156,10 @@ class ScaleReport:
             else:
                 lines.append(f"range ({self.undetermined} allocations the inputs leave open, every law consistent "
                              "with them):")
-            lines.append(f"  peak live     {format_bytes(live['low'])} .. {format_bytes(live['high'])}")
+            lines.append(f"  peak live     {format_bytes(live['low'])} .. {format_bytes(live['high'])} "
+                         f"(spread {format_bytes(live['high'] - live['low'])})")
             lines.append(f"  peak reserved {format_bytes(res['low'])} .. {format_bytes(res['high'])} "
-                         f"({rng['policy']} policy)")
+                         f"(spread {format_bytes(res['high'] - res['low'])}, {rng['policy']} policy)")
         if not self.consistent:
             lines.append("NOT ONE CONFIGURATION (--allow-mixed): " + "; ".join(self.differences))
         lines += [f"note: {note}" for note in self.notes]
