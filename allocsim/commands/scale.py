@@ -30,6 +30,8 @@ from ..units import parse_bytes
 from .common import add_read_args, print_json, trace_limits
 
 EXIT_NOTHING_FITS = 1
+#: With --find-max: the answer fits at the low end of the prediction's range only (as ``run``'s out-of-memory).
+EXIT_LOW_END_ONLY = 3
 
 
 def register(subparsers) -> None:
@@ -151,4 +153,6 @@ def _find_max(args: argparse.Namespace, scaler) -> int:
             command = ["allocsim", "run", args.output, *best.at_value.run_args, "--capacity", args.capacity]
             print(f"\nwrote {args.output} ({found.scale_name} {best.value}); replay it: "
                   + " ".join(shlex.quote(a) for a in command))
-    return 0 if best.value is not None else EXIT_NOTHING_FITS
+    if best.value is None:
+        return EXIT_NOTHING_FITS
+    return 0 if found.fits_both_ends else EXIT_LOW_END_ONLY

@@ -15,6 +15,10 @@ The search (``SEARCH_RULE``, printed with every answer):
 * then, between that answer and the bound, whether *any* setting fits: ``allocsim advise`` at
   each probed value (the recorded settings are among those it tries, so it never does worse).
 
+Where the inputs leave sizes open (``ranges``), the search is done again on the high end of the
+range with the recorded settings (``high_end``: the value that fits whatever the open laws are),
+and the best answer is replayed at both ends (``ends``: "fits at the low end, not at the high end").
+
 The answer is a prediction at a value nobody ran; how far it lies beyond the largest input is
 reported (``extrapolation``), with the limits of the prediction (``report.LIMITS``).
 """
@@ -34,6 +38,7 @@ from ..runner import Capacity, simulate_trace
 from ..trace.builder import MAX_SIZE_BYTES
 from ..units import format_bytes
 from .build import Scaler, TargetTooFar
+from .ranges import end_traces, judge_ends
 
 #: Search at most this many times the largest input value when nothing else bounds it.
 DEFAULT_MAX_FACTOR = 1024
@@ -52,6 +57,7 @@ class Probe:
     peak_reserved_bytes: int | None = None      #: recorded settings' replay
     line: str = ""                              #: the verdict line, or the best setting's paste line
     run_args: list[str] = dataclasses.field(default_factory=list)   #: ``allocsim run`` options of the best setting
+    params: dict[str, Any] | None = None       #: the policy settings of ``run_args`` (None: the recorded ones)
 
 
 @dataclasses.dataclass
@@ -80,6 +86,16 @@ class FindMax:
     advised: Answer | None
     probes: dict[str, list[Probe]]
     search_rule: str
+    #: The largest value whose high end of the range fits with the recorded settings (None: the range is a
+    #: point at every probed value, so this is ``recorded``).
+    high_end: Answer | None = None
+    #: Both ends of the range at the best answer (``ranges.judge_ends``; None when the range is a point).
+    ends: dict[str, Any] | None = None
+
+    @property
+    def fits_both_ends(self) -> bool:
+        """True when the best answer fits at both ends of its range (or its range is a point)."""
+        return self.ends is None or self.ends.get("fits") is not False
 
     @property
     def best(self) -> Answer:
@@ -116,6 +132,10 @@ class FindMax:
         lines += self._answer_lines(self.recorded, "recorded settings")
         if self.advised is not None:
             lines += self._answer_lines(self.advised, "best setting (advise)")
+        if self.high_end is not None:
+            lines += self._answer_lines(self.high_end, "recorded settings, high end of the range")
+        if self.ends is not None:
+            lines.append(f"  at {name} {self.best.value}: {self.ends['line']}")
         ratio = self.extrapolation()
         if ratio is not None:
             lines.append(f"  extrapolation: {self.best.value} is {ratio:.3g}x the largest input ({self.largest_input})"
@@ -191,8 +211,17 @@ def find_max(scaler: Scaler, capacity_bytes: int, *, policy: str = "pytorch", mu
     def trace_at(k: int):
         if k not in traces:
             traces.clear()    # one trace at a time: each is the size of the reference input
-            traces[k] = scaler.at(Fraction(k * multiple)).trace
+            traces[k] = scaler.at(Fraction(k * multiple), with_range=False).trace
         return traces[k]
+
+    def high_replay(k: int) -> Probe:
+        ends = end_traces(trace_at(k))
+        if ends is None:
+            return replay(k)
+        summary = simulate_trace(ends[1], policy, capacity=capacity, fast=True).summary
+        verdict = summary["verdict"]
+        return Probe(k * multiple, bool(verdict["fits"]), int(summary["peak_live_lower_bound_bytes"]),
+                     int(summary["peak_reserved_bytes"]), verdict["line"], ["--policy", policy])
 
     def live(k: int) -> Probe:
         try:
@@ -238,8 +267,22 @@ def find_max(scaler: Scaler, capacity_bytes: int, *, policy: str = "pytorch", mu
         adv_fit, adv_fail = adv_search.largest(rec_fit, beyond, bound_fit)
         advised = answer("best setting (advise)", [adv_search, rec_search, bound_search], adv_fit, fail_of(adv_fail))
         probes["advise searches"] = list(adv_search.seen.values())
-    return FindMax(scaler.scale_name, capacity_bytes, policy, multiple, max_value, largest_input, bound, recorded,
-                   advised, probes, SEARCH_RULE.format(multiple=multiple, max_value=max_value))
+    high_end = None
+    if rec_fit and any(end_traces(trace_at(k)) is not None for k in (rec_fit,)):
+        log("searching the largest value whose high end of the range fits with the recorded settings")
+        high_search = _Search(high_replay)
+        high_fit, high_fail = high_search.largest(0, rec_fit + 1, rec_fit)
+        high_end = answer("recorded settings, high end of the range", [high_search, rec_search], high_fit,
+                          rec_fail if high_fail == rec_fit + 1 else high_fail)
+        probes["high-end replays"] = list(high_search.seen.values())
+    found = FindMax(scaler.scale_name, capacity_bytes, policy, multiple, max_value, largest_input, bound, recorded,
+                    advised, probes, SEARCH_RULE.format(multiple=multiple, max_value=max_value), high_end)
+    best = found.best
+    if best.value is not None:
+        params = best.at_value.params if best.at_value is not None else None
+        found.ends = judge_ends(lambda end: simulate_trace(end, policy, params, capacity=capacity, fast=True).summary,
+                                trace_at(best.value // multiple))
+    return found
 
 
 def _advise_probe(trace, value: int, capacity_bytes: int, policy: str, executor: Any) -> Probe:
@@ -262,4 +305,4 @@ def _advise_probe(trace, value: int, capacity_bytes: int, policy: str, executor:
     best = advice.recommendations[0]
     return Probe(value, True, peak, best.outcome.peak_reserved_bytes,
                  f"{best.line} (peak reserved {format_bytes(best.outcome.peak_reserved_bytes)})",
-                 advice.preset.run_args(best.outcome.params))
+                 advice.preset.run_args(best.outcome.params), dict(best.outcome.params))
