@@ -33,7 +33,7 @@ from .initial import initial_partners
 from .consistency import MixedInputs, fit_differences, input_differences
 from .inputs import ScaleInput
 from .laws import LAW_KINDS, SizeLaw, fit_law
-from .ranges import encode_range, prediction_range
+from .ranges import encode_range, layout_effect_bytes, prediction_range
 from .report import InputSummary, ScaleReport
 from .sites import frame_origin
 from .steps import live_bytes
@@ -239,6 +239,17 @@ class Scaler:
         if self.differences and not allow_mixed:
             raise MixedInputs(self.differences)
         self._prepared: dict[int, _Prepared] = {}
+        self._layout_effects: dict[str, int] | None = None
+
+    def layout_effects(self) -> dict[str, int]:
+        """Per input (``path@value``) with a recorded start layout: ``ranges.layout_effect_bytes`` (computed once)."""
+        if self._layout_effects is None:
+            self._layout_effects = {}
+            for item in self.inputs:
+                effect = layout_effect_bytes(item.trace)
+                if effect is not None:
+                    self._layout_effects[f"{item.path}@{item.value}"] = effect
+        return self._layout_effects
 
     def _prepare(self, ref_index: int) -> _Prepared:
         found = self._prepared.get(ref_index)
@@ -269,7 +280,15 @@ class Scaler:
         report.consistent = not differences
         report.differences = [d.text for d in differences]
         if with_range:
-            result.report.prediction_range = prediction_range(result.trace)
+            rng = result.report.prediction_range = prediction_range(result.trace)
+            rng["start_layout_effect_bytes"] = effects = self.layout_effects()
+            if any(effects.values()):
+                low, high = min(effects.values()), max(effects.values())
+                report.checks.append(
+                    f"the inputs' recorded start-of-window layout moves their peak reserved by {low:+,} .. {high:+,} "
+                    "bytes against the same state placed anew, as the prediction places it (the layout at the target "
+                    "is unknown; cached segments of an earlier run in the same process show here): peak reserved is "
+                    "that much less certain than its range")
         return result
 
 

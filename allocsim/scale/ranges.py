@@ -126,3 +126,25 @@ def judge_ends(run_end: Any, trace: Trace) -> dict[str, Any] | None:
                        f"(peak reserved {format_bytes(out['low']['peak_reserved_bytes'])} .. "
                        f"{format_bytes(out['high']['peak_reserved_bytes'])})")
     return out
+
+
+def fresh_start(trace: Trace) -> Trace:
+    """``trace`` with its start-of-window allocations to be placed anew (its recorded layout dropped), as a prediction is."""
+    initial = trace.initial_allocs.copy()
+    initial["addr"] = -1
+    initial["block_size_bytes"] = -1
+    return Trace(events=trace.events, meta=trace.meta, labels=list(trace.labels), initial_allocs=initial,
+                 frames=trace.frames, stacks=trace.stacks)
+
+
+def layout_effect_bytes(trace: Trace, policy: str = "pytorch") -> int | None:
+    """Peak reserved with the recorded start-of-window layout minus placed anew (None: no layout recorded).
+
+    A prediction places its start-of-window state anew (the layout at the target is unknown); what the
+    recorded layout changes in each input says how much that can move peak reserved.
+    """
+    from .evaluate import peaks
+
+    if not len(trace.initial_segments) or not len(trace.initial_allocs):
+        return None
+    return peaks(trace, policy)["peak_reserved_bytes"] - peaks(fresh_start(trace), policy)["peak_reserved_bytes"]
