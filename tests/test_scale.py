@@ -17,6 +17,7 @@ import pytest
 
 from allocsim.scale import load_input, prepare_input, scale_inputs
 from allocsim.scale.align import align
+from allocsim.scale.consistency import MixedInputs
 from allocsim.scale.sites import MAX_OP_DEPTH, allocation_sites, innermost
 from allocsim.scale.steps import find_steps
 from allocsim.trace import EventKind, read_trace
@@ -283,8 +284,11 @@ def test_position_keys_refuse_steps_of_different_length(tmp_path):
     alignment = align(b, [a])
     assert alignment.keyer == "position"
     assert (alignment.partner == -1).all()
-    report = scale_inputs([a, b], Fraction(8), "batch").report
-    assert report.unaligned == report.allocations
+    # Nothing aligned is not one program: refused, unless allowed (then every size is kept, and said so).
+    with pytest.raises(MixedInputs, match="only 0.0% of the allocations of b.json are found in a.json"):
+        scale_inputs([a, b], Fraction(8), "batch")
+    report = scale_inputs([a, b], Fraction(8), "batch", allow_mixed=True).report
+    assert report.unaligned == report.allocations and not report.consistent
 
 
 def test_steps_come_from_markers_with_a_prologue_for_events_before_the_first(tmp_path):

@@ -49,7 +49,7 @@ def register(subparsers) -> None:
                "      --capacity 80GiB --find-max --multiple-of 128\n"
                "refusal: inputs that are not one program in one configuration (autocast or cast ops in some\n"
                "  inputs only, sizes that shrink as the value grows, another driver line or allocator setting,\n"
-               "  under 90% of the allocations aligned) are refused with one line naming the difference and\n"
+               "  under 50% of the allocations aligned) are refused with one line naming the difference and\n"
                "  what to record; --allow-mixed predicts anyway (JSON: consistent false, differences).\n"
                "range: sizes are monomials c*v^k (k = 0, 1, 2; batch: 0, 1), fixed by two inputs; what the inputs\n"
                "  leave open (an allocation seen in one input, a size no monomial fits) spans every consistent\n"

@@ -26,8 +26,9 @@ from ..errors import AllocsimError
 from .inputs import ScaleInput
 from .sites import SEPARATOR
 
-#: Below this share of the reference's allocations found in an input, the runs are not one program.
-MIN_ALIGNED_SHARE = 0.9
+#: Below this share of the reference's allocations found in an input, the runs are not one program (kernels
+#: that take workspaces past some size leave a few unmatched; two programs share almost none).
+MIN_ALIGNED_SHARE = 0.5
 #: Frame text that marks mixed precision, and the ops that cast.
 AUTOCAST_MARK = "autocast"
 CAST_MARKS = ("_to_copy",)

@@ -122,9 +122,11 @@ def judge_ends(run_end: Any, trace: Trace) -> dict[str, Any] | None:
         out["fits"] = bool(low and high)
         both = {(True, True): "fits at both ends", (True, False): "fits at the low end, not at the high end",
                 (False, False): "fits at neither end", (False, True): "fits at the high end, not at the low end"}
-        out["line"] = (f"prediction range: {both[(bool(low), bool(high))]} "
-                       f"(peak reserved {format_bytes(out['low']['peak_reserved_bytes'])} .. "
-                       f"{format_bytes(out['high']['peak_reserved_bytes'])})")
+        def end_text(name: str) -> str:
+            end = out[name]
+            return (f"{name} end peak reserved {format_bytes(end['peak_reserved_bytes'])}" if end["fits"] else
+                    f"{name} end out of memory")
+        out["line"] = f"prediction range: {both[(bool(low), bool(high))]} ({end_text('low')}, {end_text('high')})"
     return out
 
 
