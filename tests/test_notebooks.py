@@ -5,7 +5,7 @@ here instead of silently contradicting the prose. Each runs from a temporary cop
 with its outputs, is never rewritten by the tests). The kernel is this interpreter (``sys.executable``),
 registered under a private name in a temporary ``JUPYTER_PATH``, so the test works in a fresh CI venv
 where ``pip install -e '.[test]'`` installed ipykernel and nbclient, whatever kernels the machine has.
-Notebook 04 needs the shared snapshots (``../shared``) and is skipped without them.
+Notebooks 04 and 05 need the shared snapshots (``../shared``) and are skipped without them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = ["01_where_did_my_memory_go.ipynb", "02_paddle_articles_checked.ipynb",
              "03_tuning_pytorch_on_a_snapshot.ipynb", "04_fixing_an_oom.ipynb", "05_will_it_fit.ipynb"]
 #: Notebooks that need ../shared (the others fall back to the project's own traces).
-NEEDS_SHARED = {"04_fixing_an_oom.ipynb"}
+NEEDS_SHARED = {"04_fixing_an_oom.ipynb", "05_will_it_fit.ipynb"}
 KERNEL = "allocsim-test-python"
 #: Seconds one cell may take; a whole notebook must stay under 2 minutes on 2 cores.
 CELL_TIMEOUT_S = 120
