@@ -150,6 +150,12 @@ def test_a_tampered_range_is_one_clean_error(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1 and "range" in proc.stderr
 
 
+def test_help_explains_refusal_allow_mixed_and_the_range():
+    text = _cli("scale", "--help").stdout
+    assert "--allow-mixed" in text and "refused with one line" in text
+    assert "prediction_range" in text and "low and high" in text and "exit 3 unless both fit" in text
+
+
 # ---------------------------------------------------------------- real GPU series
 
 

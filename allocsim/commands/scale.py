@@ -39,9 +39,11 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "scale", help="predict the trace at a batch size / sequence length nobody has run, or the largest that fits",
         description="Align the allocations of traces recorded at different values of one scale parameter "
-                    "(by code site, operator or order within each training step), fit each allocation's size as a "
-                    "constant / linear / quadratic law of the value, and write the trace at --to; or, with "
-                    "--capacity and --find-max, search the largest value that fits.",
+                    "(by code site, operator or order within each training step; the start-of-window state by code site "
+                    "and size class), fit each allocation's size as a monomial c*v^k of the value, and write the "
+                    "trace at --to with the range the inputs leave open; or, with --capacity and --find-max, search "
+                    "the largest value that fits. Inputs that are not one program in one configuration are "
+                    "refused.",
         epilog="examples:\n"
                "  allocsim scale b1.json.gz@1 b2.json.gz@2 b4.json.gz@4 --to 8 -o b8.parquet\n"
                "  allocsim run b8.parquet --policy pytorch --capacity 80GiB\n"
@@ -55,15 +57,15 @@ def register(subparsers) -> None:
                "  leave open (an allocation seen in one input, a size no monomial fits) spans every consistent\n"
                "  law: prediction_range gives peak live and peak reserved, low and high (equal when every law is\n"
                "  determined). allocsim run on the output judges both ends (exit 3 unless both fit).\n"
-               "exit status: 0 = done (with --find-max: some value fits at both ends), 1 = with --find-max: "
-               "nothing fits, 3 = with --find-max: the answer fits only at the low end of the range, "
-               "2 = usage or input error (a refused mix of inputs too)",
+               "exit status: 0 = done (with --find-max: some value fits at both ends of the range),\n"
+               "  1 = with --find-max: nothing fits, 3 = with --find-max: the answer fits only at the low end,\n"
+               "  2 = usage or input error (a refused mix of inputs too)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("inputs", nargs="+", metavar="TRACE@VALUE",
                         help="a trace and the scale value it was recorded at, e.g. bert_b4.json.gz@4 (two or more)")
     parser.add_argument("--to", metavar="VALUE", dest="target", help="the scale value to predict")
     parser.add_argument("--name", choices=("batch", "seq"), default="batch",
-                        help="what the value is (default batch); with two inputs, seq allows a pure seq^2 law")
+                        help="what the value is (default batch): seq allows c*v^2 laws (attention scores), batch only c and c*v")
     parser.add_argument("-o", "--output", metavar="OUT",
                         help="output trace (.parquet, .csv, .csv.gz); with --find-max, the trace at the answer")
     parser.add_argument("--device", type=int, metavar="N", help="device to use when the traces have several")
