@@ -6,6 +6,8 @@ series of ``../shared/traces/scale-series`` check that it holds where it was bui
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -16,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from allocsim.cli import main as allocsim_main
 from allocsim.scale import load_input, scale_inputs
 from allocsim.scale.build import Scaler
 from allocsim.scale.consistency import MixedInputs
@@ -31,7 +34,14 @@ SERIES = "traces/scale-series"
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "allocsim", *args], capture_output=True, text=True, timeout=300)
+    """``allocsim ARGS`` in this process (a subprocess would add its start-up to every call)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = allocsim_main(list(args))
+        except SystemExit as exc:       # --help
+            status = int(exc.code or 0)
+    return subprocess.CompletedProcess(args, status, out.getvalue(), err.getvalue())
 
 
 # ---------------------------------------------------------------- laws
