@@ -67,7 +67,10 @@ def initial_partners(reference: Trace, ref_value: Fraction,
             free.append(_rows_by_size(other_groups[j].get(key, []), trace.initial_allocs["size_bytes"].to_numpy()))
         values = [ref_value] + [value for _, value in others]
         _pair_families(free, values, list(range(len(others))), partner, open_powers)
+        # What every input does not hold, input by input: each starts from the same reference rows.
+        left = free[0]
         for j in range(len(others)):
+            free[0] = {size: list(rows) for size, rows in left.items()}
             _pair_families(free, values, [j], partner, open_powers)
             _pair_in_order(free, j, partner)
     return partner, open_powers
