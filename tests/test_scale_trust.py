@@ -148,6 +148,17 @@ def test_run_judges_both_ends_of_a_prediction(tmp_path):
     assert json.loads(both.stdout)["prediction_range"]["fits"] is True
 
 
+def test_find_max_searches_the_high_end_and_judges_its_answer_at_both_ends(tmp_path):
+    specs = [f"{write_kineto(tmp_path / f'p{v}.json.gz', program_events(v))}@{v}" for v in (256, 512)]
+    proc = _cli("scale", *specs, "--name", "seq", "--capacity", str(256 << 20), "--find-max", "--multiple-of", "64",
+                "--no-advise")
+    # The point fits up to 1152; whatever the open laws are, 1088: at 1152 the high end runs out of memory.
+    assert proc.returncode == 3, proc.stderr
+    assert "  recorded settings: seq 1152 fits" in proc.stdout
+    assert "  recorded settings, high end of the range: seq 1088 fits" in proc.stdout
+    assert "  at seq 1152: prediction range: fits at the low end, not at the high end" in proc.stdout
+
+
 def test_a_tampered_range_is_one_clean_error(tmp_path):
     inputs = [load_input(write_kineto(tmp_path / f"p{v}.json.gz", program_events(v)), Fraction(v)) for v in (2, 4)]
     trace = scale_inputs(inputs, Fraction(8), "seq").trace
