@@ -213,3 +213,42 @@ def test_crafted_file_reads_the_same_on_each_route(tmp_path, route):
     with kernel.route(route):
         trace = read_trace(path)
     assert peak_live_with_start(trace) == max(e["args"]["current_allocated"] for e in rec.events)
+
+
+# ----------------------------------------------------------------------------- hostile input
+_ODD_VALUES = [None, True, -1, 0, 1 << 70, 1.5, "1e3", "", "Place(gpu:999)", "Place(gpu:0", "-0", "0x10", [], {},
+               "9" * 50, "NaN"]
+
+
+def _mutated(seed: int) -> list[dict]:
+    """A small valid Paddle trace with a few fields replaced by odd values (deterministic by seed)."""
+    rng = np.random.default_rng(seed)
+    rec = Recorder(allocated={"Place(gpu:0)": 512})
+    for k in range(8):
+        rec.mem("Allocate", 0x1000 + 0x100 * k, 256 * (k + 1))
+    for k in range(0, 8, 3):
+        rec.mem("Free", 0x1000 + 0x100 * k, -256 * (k + 1))
+    for _ in range(int(rng.integers(1, 4))):
+        ev = rec.events[int(rng.integers(len(rec.events)))]
+        target = ev["args"] if rng.random() < 0.7 else ev
+        key = list(target)[int(rng.integers(len(target)))]
+        if rng.random() < 0.2:
+            del target[key]
+        else:
+            target[key] = _ODD_VALUES[int(rng.integers(len(_ODD_VALUES)))]
+    return rec.events
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_odd_fields_give_a_trace_or_one_line_on_both_routes(tmp_path, seed):
+    path = write_paddle(tmp_path / f"odd{seed}.json", _mutated(seed))
+    outcomes = []
+    for route in (["reference", "compiled"] if compiled.ext is not None else ["reference"]):
+        with kernel.route(route):
+            try:
+                trace = read_trace(path)
+                outcomes.append(("trace", len(trace.events), sorted(trace.meta.devices)))
+            except TraceFormatError as exc:
+                assert "\n" not in str(exc) and "Traceback" not in str(exc)
+                outcomes.append(("error", str(exc)))
+    assert all(o == outcomes[0] for o in outcomes)

@@ -207,7 +207,7 @@ def _memory_rec(builder: TraceBuilder, record: str, cat: Any, ts: Any, args: Any
         builder.problem(record, f"[memory] event: {reason}", "skipped the event")
         return None
 
-    if cat not in (ALLOCATE, FREE) and cat not in RESERVED_CATS:
+    if not isinstance(cat, str) or (cat not in (ALLOCATE, FREE) and cat not in RESERVED_CATS):
         return bad(f"cat {quote(cat)} is none of Allocate, Free, ReservedAllocate, ReservedFree")
     t_ns = ts_to_ns(ts)
     if t_ns is None or not _INT64_MIN <= t_ns <= _INT64_MAX:
