@@ -217,17 +217,18 @@ def execute(args: argparse.Namespace, trace: Any = None):
     With ``--sites N`` (N > 0) the summary gets the run's code sites (``sites``) and the verdict's
     first OOM the site of the failed request.
     """
-    from ..runner import check_capacity, resolve_capacity, simulate_trace
+    from ..runner import GIVEN, Capacity, check_capacity, resolve_capacity, simulate_trace
 
     given = parse_bytes(args.capacity) if args.capacity is not None else None
     cost_model = cost_model_from_args(args)
     name, params = resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf, paddle_flags(args))
     limit = flags_limit_bytes(args)
-    if limit is not None:
-        given = limit if given is None else min(given, limit)   # FLAGS_gpu_memory_limit_mb caps cudaMalloc'd bytes
     site_filter, top = site_options(args) if hasattr(args, "sites") else (None, 0)
     trace = select_device(load_trace(args) if trace is None else trace, args.device)
     capacity = resolve_capacity(trace, given)
+    if limit is not None and (capacity.bytes is None or limit < capacity.bytes):
+        # FLAGS_gpu_memory_limit_mb caps the bytes Paddle cudaMallocs, below whatever the device has.
+        capacity = Capacity(limit, GIVEN, f"FLAGS_gpu_memory_limit_mb={limit >> 20}")
     check_capacity(trace, capacity)
     result = simulate_trace(trace, name, params, capacity=capacity, cost_model=cost_model, fast=args.fast,
                             continue_on_oom=args.continue_on_oom)
