@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import os
-import re
 
 from ..errors import TraceFormatError
 from .limits import check_regular_file, read_head
 
 FORMATS = ("pytorch-snapshot", "kineto", "paddle", "rmm-csv", "allocsim-parquet", "allocsim-csv")
 
-# Chrome traces come from several profilers; their [memory] events' args tell them apart.
-_PADDLE_FIELDS = re.compile(rb'"(?:increase_bytes|current_allocated)"\s*:')
-_KINETO_FIELDS = re.compile(rb'"(?:Bytes|Total Allocated)"\s*:')
+# Chrome traces come from several profilers; their [memory] events' args tell them apart. Plain
+# substring tests (memchr speed) over the whole file: a regular expression would crawl over every '"'.
+_PADDLE_FIELDS = (b'"increase_bytes"', b'"current_allocated"')
+_KINETO_FIELDS = (b'"Bytes"', b'"Total Allocated"')
 
 
 def chrome_framework(data: bytes) -> str:
@@ -22,9 +22,9 @@ def chrome_framework(data: bytes) -> str:
     (Kineto) ``Bytes`` / ``Total Allocated``. A file with Paddle's fields and none of Kineto's is
     Paddle's; everything else goes to the Kineto reader, which names what it finds.
     """
-    if _PADDLE_FIELDS.search(data) and not _KINETO_FIELDS.search(data):
-        return "paddle"
-    return "kineto"
+    if any(f in data for f in _KINETO_FIELDS):    # Kineto's fields come early in its files: cheap
+        return "kineto"
+    return "paddle" if any(f in data for f in _PADDLE_FIELDS) else "kineto"
 
 
 def detect_format(path: str | os.PathLike) -> str:
