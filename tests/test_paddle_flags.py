@@ -4,25 +4,26 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from allocsim.alloc_conf import parse_policy_spec
+from allocsim.cli import main as cli_main
 from allocsim.device import SimulatedDevice
 from allocsim.paddle_flags import FLAGS, env_flags, format_flags, parse_flags
 from allocsim.policies.registry import build_policy
 
 REPO = Path(__file__).resolve().parents[1]
-PADDLE_TRACE = REPO / "traces" / "paddle" / "ernie_fp32.json.gz"
+PADDLE_TRACE = REPO / "traces" / "paddle" / "resnet_fp32.json.gz"   # the smaller real Paddle trace
 MiB, GiB = 1 << 20, 1 << 30
 
 
-def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "allocsim", *map(str, args)], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, **(env or {})})
+def run_here(capsys, *args: str) -> tuple[int, str, str]:
+    """The command line in this process (no interpreter start-up): exit status, stdout, stderr."""
+    code = cli_main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def test_defaults_select_auto_growth_with_no_parameters():
@@ -114,42 +115,51 @@ def test_policy_spec_keeps_allocsim_names_without_flags():
 
 
 # ----------------------------------------------------------------------------- the command line, on a real trace
-def test_run_flags_equal_the_same_settings_by_name():
-    by_flags = cli("run", PADDLE_TRACE, "--policy", "paddle", "--flags",
-                   "FLAGS_auto_growth_chunk_size_in_mb=64", "--fast", "--json", "--sites", "0")
-    by_name = cli("run", PADDLE_TRACE, "--policy", "paddle:chunk_size:64MiB", "--fast", "--json", "--sites", "0")
-    assert by_flags.returncode == by_name.returncode == 0, by_flags.stderr + by_name.stderr
-    a, b = json.loads(by_flags.stdout), json.loads(by_name.stdout)
+def test_run_flags_equal_the_same_settings_by_name(capsys):
+    code_a, out_a, err_a = run_here(capsys, "run", PADDLE_TRACE, "--policy", "paddle", "--flags",
+                                    "FLAGS_auto_growth_chunk_size_in_mb=64", "--fast", "--json", "--sites", "0")
+    code_b, out_b, err_b = run_here(capsys, "run", PADDLE_TRACE, "--policy", "paddle:chunk_size:64MiB", "--fast",
+                                    "--json", "--sites", "0")
+    assert code_a == code_b == 0, err_a + err_b
+    a, b = json.loads(out_a), json.loads(out_b)
     assert a["peak_reserved_bytes"] == b["peak_reserved_bytes"] and a["params"] == b["params"]
 
 
-def test_run_env_flags_and_the_memory_limit():
-    limit_mb = 2048          # below the trace's 2.79 GiB peak: the cap must make the run fail
-    out = cli("run", PADDLE_TRACE, "--policy", "paddle", "--env-flags", "--fast", "--json", "--sites", "0",
-              env={"FLAGS_gpu_memory_limit_mb": str(limit_mb), "FLAGS_cudnn_deterministic": "1"})
-    data = json.loads(out.stdout)
-    assert data["capacity_bytes"] == limit_mb * MiB and data["verdict"]["fits"] is False and out.returncode in (1, 3)
+def test_run_env_flags_and_the_memory_limit(capsys, monkeypatch):
+    limit_mb = 160           # below the trace's 180 MiB peak live, above its largest request: it must fail
+    monkeypatch.setenv("FLAGS_gpu_memory_limit_mb", str(limit_mb))
+    monkeypatch.setenv("FLAGS_cudnn_deterministic", "1")        # not the allocator's: left alone
+    code, out, _ = run_here(capsys, "run", PADDLE_TRACE, "--policy", "paddle", "--env-flags", "--fast", "--json",
+                            "--sites", "0")
+    data = json.loads(out)
+    assert data["capacity_bytes"] == limit_mb * MiB and data["verdict"]["fits"] is False and code in (1, 3)
     assert data["verdict"]["capacity_note"] == f"FLAGS_gpu_memory_limit_mb={limit_mb}"
 
 
 @pytest.mark.parametrize("args", [["--flags", "FLAGS_nope=1"], ["--env-flags"],
                                   ["--flags", "FLAGS_free_idle_chunk=true", "--alloc-conf", "expandable_segments:True"]])
-def test_bad_flags_exit_2_with_one_line(args):
-    out = cli("run", PADDLE_TRACE, "--policy", "paddle", *args, "--fast")
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1 or out.stderr.startswith("usage:")
+def test_bad_flags_exit_2_with_one_line(capsys, monkeypatch, args):
+    for name in [n for n in os.environ if n.startswith("FLAGS_")]:
+        monkeypatch.delenv(name)
+    try:
+        code, _out, err = run_here(capsys, "run", PADDLE_TRACE, "--policy", "paddle", *args, "--fast")
+    except SystemExit as exc:           # argparse: the two options are mutually exclusive
+        code, err = exc.code, capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 or err.startswith("usage:")
 
 
-def test_advise_prints_export_lines_and_json_flags(tmp_path):
-    out = cli("advise", PADDLE_TRACE, "--policy", "paddle", "--capacity", "3GiB", "--fast", "--json",
-              "--workers", "1", "-o", tmp_path / "runs.parquet")
-    assert out.returncode == 0, out.stderr
-    data = json.loads(out.stdout)
-    assert data["recommendations"]
+def test_advise_prints_export_lines_and_json_flags(tmp_path, capsys):
+    code, out, err = run_here(capsys, "advise", PADDLE_TRACE, "--policy", "paddle", "--capacity", "256MiB", "--fast",
+                              "--json", "--workers", "1", "-o", tmp_path / "runs.parquet")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["recommendations"] and any(rec["flags"] for rec in data["recommendations"])
     for rec in data["recommendations"]:
         assert rec["alloc_conf"] is None and isinstance(rec["flags"], list)
         if rec["flags"]:
             assert rec["line"] == "export " + " ".join(rec["flags"])
             assert "--flags " + ",".join(rec["flags"]) in rec["command"]
-        replay = cli(*rec["command"].split()[1:], "--fast", "--json", "--sites", "0")
-        assert json.loads(replay.stdout)["peak_reserved_bytes"] == rec["peak_reserved_bytes"]
+    best = data["recommendations"][0]          # the printed command replays the advice
+    code, out, _ = run_here(capsys, *best["command"].split()[1:], "--fast", "--json", "--sites", "0")
+    assert json.loads(out)["peak_reserved_bytes"] == best["peak_reserved_bytes"]
