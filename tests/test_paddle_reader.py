@@ -252,3 +252,15 @@ def test_odd_fields_give_a_trace_or_one_line_on_both_routes(tmp_path, seed):
                 assert "\n" not in str(exc) and "Traceback" not in str(exc)
                 outcomes.append(("error", str(exc)))
     assert all(o == outcomes[0] for o in outcomes)
+
+
+def test_event_cap_counts_every_trace_event(tmp_path):
+    from allocsim.trace.limits import LimitExceeded, Limits
+
+    rec = Recorder()
+    rec.mem("Allocate", 0x1000, 4096)
+    ops = [{"name": "x", "ph": "M", "pid": 1, "tid": 1}] * 20
+    path = write_paddle(tmp_path / "many.json", ops + rec.events)
+    with pytest.raises(LimitExceeded, match="events"):
+        read_trace(path, limits=Limits(events=10))
+    assert len(read_trace(path, limits=Limits(events=21)).events) == 1

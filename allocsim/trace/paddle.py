@@ -112,14 +112,16 @@ def thread_key(pid: Any, tid: Any) -> str:
 
 
 # --------------------------------------------------------------------------- decoding
-def _events(path: str, data: bytes) -> tuple[list[tuple], str]:
-    """(pos, name, ph, cat, ts, dur, pid, tid, args) of the events the reader may use, and the record format."""
+def _events(path: str, data: bytes, limits: Limits) -> tuple[list[tuple], str]:
+    """(pos, name, ph, cat, ts, dur, pid, tid, args) of the events the reader may use, and the record format;
+    the whole ``traceEvents`` count is held to ``limits.events`` first."""
     from .kineto_fast import decode_events, raw_args, raw_value
 
     fast = decode_events(data)
     out: list[tuple] = []
     if fast is not None:
         events, _top, is_object = fast
+        check_count(path, "events", len(events), limits, "trace events", "traceEvents")
         for pos, e in enumerate(events):
             name, cat = e.name, e.cat
             if name == MEMORY_EVENT or (cat in FRAME_CATEGORIES and e.ph == "X") or cat == "ProfileStep":
@@ -138,6 +140,7 @@ def _events(path: str, data: bytes) -> tuple[list[tuple], str]:
         events, where = doc, "[{}]"
     if not isinstance(events, list):
         raise TraceFormatError(path, None, "no 'traceEvents' list: not a Chrome trace")
+    check_count(path, "events", len(events), limits, "trace events", "traceEvents")
     for pos, e in enumerate(events):
         if not isinstance(e, dict):
             continue
@@ -162,8 +165,7 @@ def read_paddle(path, *, lenient: bool = False, limits: Limits | None = None) ->
 def read_paddle_data(path: str, data: bytes, *, lenient: bool = False, limits: Limits | None = None) -> Trace:
     """``read_paddle`` on the file's (decompressed) bytes, already read."""
     limits = limits or DEFAULT_LIMITS
-    selected, where = _events(path, data)
-    check_count(path, "events", len(selected), limits, "trace events", "traceEvents")
+    selected, where = _events(path, data, limits)
     builder = TraceBuilder(path, "paddle", lenient=lenient)
     recs: list[_Rec] = []
     ops: list[tuple[str, int, int, str]] = []
