@@ -167,8 +167,9 @@ def test_unknown_framework_gets_one_line_naming_its_fields(tmp_path):
 
 def test_paddle_trace_without_memory_events_says_how_to_record(tmp_path):
     ops = [{"name": "matmul dygraph[1.0 us]", "pid": 1, "tid": "1(C++)", "ts": 1, "dur": 1, "ph": "X",
-            "cat": "Operator", "args": {"current_allocated": 0, "increase_bytes": 0}}]
-    path = write_paddle(tmp_path / "nomem.json", ops)
+            "cat": "Operator", "args": {"input_shapes": {}, "callstack": ""}}]
+    path = write_paddle(tmp_path / "nomem.json", ops)      # Paddle's top-level span_index / ExtraInfo
+    assert detect_format(path) == "paddle"
     with pytest.raises(TraceFormatError, match="profile_memory=True"):
         read_trace(path)
 

@@ -13,18 +13,21 @@ FORMATS = ("pytorch-snapshot", "kineto", "paddle", "rmm-csv", "allocsim-parquet"
 # substring tests (memchr speed) over the whole file: a regular expression would crawl over every '"'.
 _PADDLE_FIELDS = (b'"increase_bytes"', b'"current_allocated"')
 _KINETO_FIELDS = (b'"Bytes"', b'"Total Allocated"')
+#: Paddle's top-level keys (``ChromeTracingLogger``): they tell a Paddle file recorded without memory.
+_PADDLE_TOP_KEYS = (b'"span_index"', b'"ExtraInfo"')
 
 
 def chrome_framework(data: bytes) -> str:
     """Which profiler wrote a Chrome trace, by its memory fields: ``"paddle"`` or ``"kineto"``.
 
     PaddlePaddle's ``[memory]`` args carry ``increase_bytes`` / ``current_allocated``, PyTorch's
-    (Kineto) ``Bytes`` / ``Total Allocated``. A file with Paddle's fields and none of Kineto's is
-    Paddle's; everything else goes to the Kineto reader, which names what it finds.
+    (Kineto) ``Bytes`` / ``Total Allocated``. A file with Paddle's fields (or, recorded without
+    memory, Paddle's top-level ``span_index`` / ``ExtraInfo``) and none of Kineto's is Paddle's;
+    everything else goes to the Kineto reader, which names what it finds.
     """
     if any(f in data for f in _KINETO_FIELDS):    # Kineto's fields come early in its files: cheap
         return "kineto"
-    return "paddle" if any(f in data for f in _PADDLE_FIELDS) else "kineto"
+    return "paddle" if any(f in data for f in _PADDLE_FIELDS + _PADDLE_TOP_KEYS) else "kineto"
 
 
 def detect_format(path: str | os.PathLike) -> str:
