@@ -265,3 +265,15 @@ def test_event_cap_counts_every_trace_event(tmp_path):
     with pytest.raises(LimitExceeded, match="events"):
         read_trace(path, limits=Limits(events=10))
     assert len(read_trace(path, limits=Limits(events=21)).events) == 1
+
+
+def test_no_shared_or_shipped_kineto_trace_is_taken_for_paddle(shared_dir):
+    from allocsim.trace.detect import chrome_framework
+    from allocsim.trace.limits import DEFAULT_LIMITS, read_bytes
+
+    paths = sorted((shared_dir / "traces" / "kineto-gpu").glob("*.json.gz")) + sorted((REPO / "traces").glob("*.json.gz"))
+    assert len(paths) >= 8
+    for path in paths:
+        assert detect_format(path) == "kineto" and chrome_framework(read_bytes(str(path), DEFAULT_LIMITS)) == "kineto"
+    for path in PADDLE_TRACES:
+        assert chrome_framework(read_bytes(str(path), DEFAULT_LIMITS)) == "paddle"
