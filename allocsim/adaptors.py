@@ -38,6 +38,7 @@ class DeferredGC(Policy):
         self.n_deferred_frees = 0
         self._queue: list[int] = []            # upstream ids waiting for the batch
         self._upstream_id: dict[int, int] = {}  # our alloc_id -> upstream alloc_id
+        self.queued_alloc_id: dict[int, int] = {}  # upstream id of a queued block -> the alloc_id it had
         # Fresh upstream ids: the program may reuse an id while its old block still sits in the queue.
         self._next_upstream_id = 0
 
@@ -54,6 +55,7 @@ class DeferredGC(Policy):
             self.upstream.free(upstream_id)
             return
         self._queue.append(upstream_id)
+        self.queued_alloc_id[upstream_id] = alloc_id
         self.queued_bytes += allocated_bytes
         self.n_deferred_frees += 1
         if self.queued_bytes >= self.threshold_bytes:
@@ -65,6 +67,7 @@ class DeferredGC(Policy):
             return
         queue, self._queue = self._queue, []
         self.queued_bytes = 0
+        self.queued_alloc_id.clear()
         for upstream_id in queue:
             self.upstream.free(upstream_id)
         self.n_gc_batches += 1

@@ -365,6 +365,7 @@ class PolicySpec:
     name: str
     params: dict[str, Any]
     text: str
+    limit_bytes: int | None = None     #: a device cap the settings set (Paddle's FLAGS_gpu_memory_limit_mb)
 
 
 def _split_outside_brackets(text: str) -> list[str]:
@@ -385,7 +386,9 @@ def parse_policy_spec(text: str) -> PolicySpec:
     """``pytorch`` / ``pytorch:expandable_segments:True,max_split_size_mb:256`` / ``paddle:chunk_size:64MiB``.
 
     After the first ``:``, the ``pytorch`` policy takes PYTORCH_CUDA_ALLOC_CONF syntax (PyTorch's key
-    names); every other policy takes ``key:value`` pairs with the names ``allocsim policies`` lists.
+    names), ``paddle`` takes Paddle's flags (``paddle:FLAGS_allocator_strategy=naive_best_fit,...``,
+    see ``paddle_flags``; they may select ``paddle-naive`` or ``deferred-gc``); every other policy
+    takes ``key:value`` pairs with the names ``allocsim policies`` lists.
     """
     name, sep, rest = text.strip().partition(":")
     name = name.strip()
@@ -396,6 +399,11 @@ def parse_policy_spec(text: str) -> PolicySpec:
     if not rest.strip():
         raise ValueError(f"--policy {text!r}: no settings after ':'")
     where = f"--policy {text}"
+    if name == "paddle" and "=" in rest:
+        from .paddle_flags import parse_flags
+
+        flags = parse_flags(rest, where=where)
+        return PolicySpec(flags.policy, dict(flags.params), f"{name}:{flags.text}", flags.limit_bytes)
     if name == "pytorch":
         conf = parse_alloc_conf(rest, where=where)
         if conf.policy != "pytorch":

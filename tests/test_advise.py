@@ -270,7 +270,7 @@ def test_cost_model_reaches_the_runs_the_step_and_the_command(tmp_path, fragment
 
 
 # ----------------------------------------------------------------------------- other presets
-@pytest.mark.parametrize("policy,prefix,line", [("paddle", "FLAGS_", "FLAGS_"),
+@pytest.mark.parametrize("policy,prefix,line", [("paddle", "FLAGS_", "export FLAGS_"),
                                                 ("cupy", "CUPY_", "CUPY_GPU_MEMORY_LIMIT=")])
 def test_other_presets_search_their_own_knobs(tmp_path, fragmented, capsys, policy, prefix, line):
     code, out, _ = run_cli(capsys, "advise", fragmented, "--policy", policy, "--capacity", "200MiB", "--fast",

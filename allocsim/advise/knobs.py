@@ -10,7 +10,7 @@ parameters (the registry's names); the recorded one sets none.
   {off, 0.6, 0.8}, which acts only with a memory fraction (as in PyTorch and the preset): its
   values come with ``per_process_memory_fraction:0.99`` unless the run sets a fraction.
 - ``paddle``: ``FLAGS_auto_growth_chunk_size_in_mb`` {0, 64, 256}, ``FLAGS_free_idle_chunk``,
-  ``FLAGS_free_when_no_cache_hit``.
+  ``FLAGS_free_when_no_cache_hit``; said back as ``export FLAGS_...`` lines and ``flags`` lists.
 - ``cupy``: ``CUPY_GPU_MEMORY_LIMIT`` (``set_limit``) {none, 50 %, 75 %, 90 % of the capacity}.
 
 ``Preset.paste_line(params)`` is what the user pastes (``PYTORCH_CUDA_ALLOC_CONF=...``, Paddle's
@@ -95,6 +95,10 @@ class Preset:
 
     def alloc_conf(self, params: Mapping[str, Any]) -> str | None:
         """PyTorch's ``PYTORCH_CUDA_ALLOC_CONF`` value for ``params`` (None for other allocators)."""
+        return None
+
+    def flags(self, params: Mapping[str, Any]) -> list[str] | None:
+        """Paddle's ``FLAGS_name=value`` settings for ``params`` (None for other allocators)."""
         return None
 
     def describe(self, params: Mapping[str, Any]) -> str:
@@ -195,7 +199,8 @@ class PaddlePreset(Preset):
     policy = "paddle"
     DEFAULTS = "Paddle's defaults"
     FLAGS = {"chunk_size_bytes": "FLAGS_auto_growth_chunk_size_in_mb", "free_idle_chunk": "FLAGS_free_idle_chunk",
-             "free_when_no_cache_hit": "FLAGS_free_when_no_cache_hit"}
+             "free_when_no_cache_hit": "FLAGS_free_when_no_cache_hit",
+             "stream_safe": "FLAGS_use_stream_safe_cuda_allocator"}
 
     def knobs(self) -> list[Knob]:
         rec = self.effective({})
@@ -208,14 +213,25 @@ class PaddlePreset(Preset):
             knobs.append(_recorded_first(self.FLAGS[key], str(value).lower(), [(str(not value).lower(), {key: not value})]))
         return knobs
 
-    def paste_line(self, params: Mapping[str, Any]) -> str:
+    def flags(self, params: Mapping[str, Any]) -> list[str]:
+        """Every flag whose value differs from Paddle's default, as ``FLAGS_name=value`` ([] = all defaults)."""
         full, defaults = self.effective(params), build_policy("paddle", device=SimulatedDevice(None)).params()
         parts = []
         for key, flag in self.FLAGS.items():
             if full[key] != defaults[key]:
                 value = full[key]
                 parts.append(f"{flag}={value // MiB if key == 'chunk_size_bytes' else str(value).lower()}")
-        return " ".join(parts) or "(Paddle's defaults: no flag to set)"
+        return parts
+
+    def paste_line(self, params: Mapping[str, Any]) -> str:
+        """``export FLAGS_a=v FLAGS_b=w``: paste it into the shell that starts the Paddle program."""
+        parts = self.flags(params)
+        return f"export {' '.join(parts)}" if parts else "(Paddle's defaults: no flag to set)"
+
+    def run_args(self, params: Mapping[str, Any]) -> list[str]:
+        """``--flags`` with the same flags the paste line sets."""
+        parts = self.flags(params)
+        return ["--policy", "paddle", *(["--flags", ",".join(parts)] if parts else [])]
 
 
 class CuPyPreset(Preset):

@@ -1,7 +1,7 @@
 """``Advice`` for people and for programs: ``format_advice(advice)`` and ``advice_to_dict(advice)``.
 
 JSON keys: ``capacity_bytes``, ``capacity_source``, ``grid``, ``recommendations`` (each with
-``alloc_conf``, ``settings``, ``peak_reserved_bytes``, ``headroom_bytes``, ``min_capacity_bytes``,
+``alloc_conf``, ``flags`` (Paddle: ``FLAGS_name=value`` strings; else None), ``settings``, ``peak_reserved_bytes``, ``headroom_bytes``, ``min_capacity_bytes``,
 ``alloc_latency_ns``, ``command``), ``no_effect``, ``lower_bound_bytes``, ``fits_any``; and beside
 them the trace, the recorded settings' run, the "why", the closest misses or what is live at the
 peak, and what the search ran.
@@ -47,7 +47,8 @@ def _grid_dict(advice: Advice) -> dict[str, Any]:
 
 def _recommendation_dict(advice: Advice, rec: Recommendation) -> dict[str, Any]:
     o = rec.outcome
-    return {"alloc_conf": rec.alloc_conf, "settings": dict(o.changes), "params": o.params, "line": rec.line,
+    return {"alloc_conf": rec.alloc_conf, "flags": advice.preset.flags(o.params), "settings": dict(o.changes),
+            "params": o.params, "line": rec.line,
             "recorded_settings": o.recorded,
             "peak_reserved_bytes": o.peak_reserved_bytes,
             "headroom_bytes": advice.capacity_bytes - o.peak_reserved_bytes,
@@ -63,7 +64,7 @@ def _baseline_dict(advice: Advice) -> dict[str, Any] | None:
     row = advice.grid.baseline.row
     return {"fits": fits(row, advice.capacity_bytes), "peak_reserved_bytes": row.get("peak_reserved_bytes"),
             "verdict": verdict_text(row, advice.capacity_bytes), "alloc_latency_ns": _latency(row),
-            "line": advice.preset.paste_line({})}
+            "line": advice.preset.paste_line({}), "flags": advice.preset.flags({})}
 
 
 def advice_to_dict(advice: Advice) -> dict[str, Any]:
@@ -84,6 +85,7 @@ def advice_to_dict(advice: Advice) -> dict[str, Any]:
     if advice.misses:
         m = advice.misses[0]
         out["closest"] = {"settings": dict(m.outcome.changes), "line": advice.preset.paste_line(m.outcome.params),
+                          "flags": advice.preset.flags(m.outcome.params),
                           "min_capacity_bytes": m.min_capacity_bytes,
                           "missing_bytes": None if m.min_capacity_bytes is None
                           else m.min_capacity_bytes - advice.capacity_bytes,

@@ -7,7 +7,8 @@ with several devices needs ``--device N``.
 
 Settings: ``--set KEY=VALUE`` (allocsim's names, see ``allocsim policies``), ``--alloc-conf`` /
 ``--env-alloc-conf`` (PyTorch's ``PYTORCH_CUDA_ALLOC_CONF`` syntax) or ``--policy
-pytorch:expandable_segments:True``. A PyTorch snapshot's recorded ``allocator_settings`` apply to
+pytorch:expandable_segments:True``; ``--flags`` / ``--env-flags`` or ``--policy
+paddle:FLAGS_allocator_strategy=naive_best_fit`` (Paddle's ``FLAGS_*``, ``allocsim.paddle_flags``). A PyTorch snapshot's recorded ``allocator_settings`` apply to
 the ``pytorch`` policy unless a setting overrides them.
 
 A snapshot with a recorded state and no history has nothing to replay: ``run`` then reports the
@@ -73,6 +74,7 @@ def register(subparsers) -> None:
                            "expandable_segments:True,max_split_size_mb:256 (backend:cudaMallocAsync = cuda-async)")
     conf.add_argument("--env-alloc-conf", action="store_true",
                       help="read the settings from the PYTORCH_CUDA_ALLOC_CONF environment variable")
+    add_flags_args(conf)
     parser.add_argument("--capacity", metavar="SIZE",
                         help="device memory, e.g. 80GiB (default: what the recording implies, else unlimited)")
     parser.add_argument("--device", type=int, metavar="N", help="device to replay (required if the trace has several)")
@@ -142,14 +144,55 @@ def merge_settings(*sources: tuple[str, dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def add_flags_args(group: Any) -> None:
+    """``--flags`` / ``--env-flags``: Paddle's allocator settings in Paddle's words (into a mutually exclusive group)."""
+    group.add_argument("--flags", metavar="FLAGS", dest="paddle_flags",
+                       help="paddle settings as Paddle's FLAGS, e.g. FLAGS_allocator_strategy=naive_best_fit,"
+                            "FLAGS_eager_delete_tensor_gb=1.0 (they select paddle, paddle-naive or deferred-gc)")
+    group.add_argument("--env-flags", action="store_true",
+                       help="read Paddle's allocator FLAGS_* environment variables")
+
+
+def paddle_flags(args: argparse.Namespace) -> Any:
+    """The ``PaddleFlags`` that ``--flags`` / ``--env-flags`` give, or None."""
+    from ..paddle_flags import env_flags, parse_flags
+
+    if getattr(args, "env_flags", False):
+        flags = env_flags()
+        if flags is None:
+            raise ValueError("--env-flags: no allocator FLAGS_* variable is set in the environment")
+        return flags
+    text = getattr(args, "paddle_flags", None)
+    return parse_flags(text) if text is not None else None
+
+
+def flags_limit_bytes(args: argparse.Namespace) -> int | None:
+    """The device cap Paddle's ``FLAGS_gpu_memory_limit_mb`` sets (from --flags, --env-flags or --policy paddle:...)."""
+    from ..alloc_conf import parse_policy_spec
+
+    flags = paddle_flags(args)
+    limits = [x for x in (flags.limit_bytes if flags else None, parse_policy_spec(args.policy).limit_bytes)
+              if x is not None]
+    return min(limits) if limits else None
+
+
 def resolve_policy(policy: str, settings: list[str], alloc_conf: str | None = None,
-                   env_alloc_conf: bool = False) -> tuple[str, dict[str, Any]]:
-    """``--policy``, ``--set``, ``--alloc-conf`` / ``--env-alloc-conf`` -> (policy name, params)."""
+                   env_alloc_conf: bool = False, flags: Any = None) -> tuple[str, dict[str, Any]]:
+    """``--policy``, ``--set``, ``--alloc-conf`` / ``--env-alloc-conf``, ``--flags`` / ``--env-flags``
+    (``flags``: their ``PaddleFlags``) -> (policy name, params)."""
     from ..alloc_conf import ENV_VAR, env_alloc_conf as read_env, parse_alloc_conf, parse_policy_spec
 
     spec = parse_policy_spec(policy)
     find_spec(spec.name)
     sources = [(f"--policy {spec.text}", spec.params)]
+    if flags is not None:
+        base = spec.name if spec.name != "deferred-gc" else str(spec.params.get("inner", "paddle"))
+        if base not in ("paddle", "paddle-naive"):
+            raise ValueError(f"--flags sets PaddlePaddle's allocator (policy paddle), not {spec.name}")
+        if spec.params:
+            raise ValueError("give Paddle's flags once: in --policy paddle:FLAGS... or in --flags, not both")
+        spec_name = flags.policy
+        return spec_name, merge_settings((f"--flags {flags.text}", flags.params), ("--set", policy_params(settings)))
     conf = None
     if env_alloc_conf:
         conf = read_env()
@@ -176,14 +219,18 @@ def execute(args: argparse.Namespace, trace: Any = None):
     With ``--sites N`` (N > 0) the summary gets the run's code sites (``sites``) and the verdict's
     first OOM the site of the failed request.
     """
-    from ..runner import check_capacity, resolve_capacity, simulate_trace
+    from ..runner import GIVEN, Capacity, check_capacity, resolve_capacity, simulate_trace
 
     given = parse_bytes(args.capacity) if args.capacity is not None else None
     cost_model = cost_model_from_args(args)
-    name, params = resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf)
+    name, params = resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf, paddle_flags(args))
+    limit = flags_limit_bytes(args)
     site_filter, top = site_options(args) if hasattr(args, "sites") else (None, 0)
     trace = select_device(load_trace(args) if trace is None else trace, args.device)
     capacity = resolve_capacity(trace, given)
+    if limit is not None and (capacity.bytes is None or limit < capacity.bytes):
+        # FLAGS_gpu_memory_limit_mb caps the bytes Paddle cudaMallocs, below whatever the device has.
+        capacity = Capacity(limit, GIVEN, f"FLAGS_gpu_memory_limit_mb={limit >> 20}")
     check_capacity(trace, capacity)
     result = simulate_trace(trace, name, params, capacity=capacity, cost_model=cost_model, fast=args.fast,
                             continue_on_oom=args.continue_on_oom)
@@ -264,7 +311,8 @@ def main(args: argparse.Namespace) -> int:
     from ..metrics.state import is_state_only
 
     try:
-        resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf)   # bad input first
+        resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf,
+                       paddle_flags(args))   # bad input first
         state_options(args)
         site_options(args)
         trace = load_trace(args)

@@ -47,6 +47,11 @@ RULE = ("a code site is the innermost frame of the program: the first stack fram
 KINETO_NOTE = ("Kineto traces record no stack per allocation: sites come from what encloses each allocation in "
                "time on its thread, the Python functions (when profiled with with_stack=True) or else the "
                "operator (CPU op)")
+PADDLE_NOTE = ("PaddlePaddle's profiler records no stack per allocation: sites are the Paddle operator "
+               "(\"matmul dygraph\") that encloses each allocation in time on its thread, else the innermost "
+               "enclosing API call or layer")
+#: Formats whose frames are the ops enclosing each allocation in time, not allocation stacks.
+OPERATOR_FRAME_FORMATS = frozenset({"kineto", "paddle"})
 NO_FRAMES = "this trace records no stack frames, so no code sites: every allocation is unattributed"
 
 _STDLIB_POSIX = re.compile(r"(^|/)lib(64)?/python\d+(\.\d+)?t?/(?!(site|dist)-packages/)")
@@ -55,6 +60,7 @@ _BACKWARD_NODE = re.compile(r"torch::autograd::(?:generated::)?(\w+)::apply\(|"
                             r"torch::autograd::generated::(\w+)_apply_functional\(|"
                             r"^autograd::engine::evaluate_function: (\S+)")
 _AT_OP = re.compile(r"\bat::_ops::(\w+)::call\(")
+_PADDLE_INNER = re.compile(r" (?:kernel launch|infer_meta|node_creation|compute|pybind_imperative_func)$")
 _STEP = re.compile(r"^ProfilerStep#\d+$")
 
 
@@ -149,7 +155,8 @@ class SiteIndex:
     site_filter: SiteFilter = field(default_factory=SiteFilter)
 
     def __post_init__(self) -> None:
-        self.kineto = source_format(self.trace) == "kineto"
+        self.kineto = source_format(self.trace) in OPERATOR_FRAME_FORMATS
+        self.paddle = source_format(self.trace) == "paddle"
         self.names: list[str] = []
         self._number: dict[str, int] = {}
         fr = self.trace.frames
@@ -231,6 +238,14 @@ class SiteIndex:
 
     def _operator(self, names: list[str], files: list[str]) -> str | None:
         """The outermost operator of a stack (Kineto: enclosing CPU op; snapshot: ``at::_ops::X::call``)."""
+        if self.paddle:
+            # Paddle's operator events are named "<op> dygraph"; inner events (kernel launch,
+            # infer_meta) and outer ones (API calls, layers) name the same op less precisely.
+            for n in names:
+                if n.endswith(" dygraph"):
+                    return n[:-len(" dygraph")]
+            real = [_PADDLE_INNER.sub("", n) for n in names if not _STEP.match(n)]
+            return (real or [None])[0]
         if self.kineto:
             ops = [n for n, f in zip(names, files) if not f and not n.startswith("<built-in")]
             real = [n for n in ops if not _STEP.match(n)]

@@ -193,9 +193,13 @@ def charge(policy: Policy, stack_of: dict[int, int], occupant: "LastOwners | Ran
             add(stack, "pending_free", alloc)
         else:
             add(stack, "device_rounding" if direct else "rounding", alloc - req)
-    for aid, (_addr, _req, alloc, _stream) in bottom.live.items():
-        if aid not in top.live:
-            add(stack_of.get(aid, NO_STACK), "gc_queue", alloc)
+    # The bottom's ids are its own (a deferred-GC layer hands it fresh ones): queued blocks are the
+    # ones each layer holds in its queue, charged to the site of the allocation they had.
+    for layer in layers[:-1]:
+        for upstream_id, aid in getattr(layer, "queued_alloc_id", {}).items():
+            entry = bottom.live.get(upstream_id) if layer is layers[-2] else None
+            if entry is not None:
+                add(stack_of.get(aid, NO_STACK), "gc_queue", entry[2])
     if isinstance(bottom, PoolPolicy):
         requests = _free_block_requests(bottom, reference_stream(policy))
         if isinstance(occupant, LastOwners):

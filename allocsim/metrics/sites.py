@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..trace.schema import EventKind, Trace
-from .site_rule import KINETO_NOTE, NO_FRAMES, SiteFilter, SiteIndex, source_format
+from .site_rule import KINETO_NOTE, NO_FRAMES, PADDLE_NOTE, SiteFilter, SiteIndex, source_format
 
 OTHER, UNATTRIBUTED = "other sites", "unattributed"
 #: Rows listed before "other sites" unless a caller says otherwise.
@@ -75,6 +75,8 @@ def note_for(trace: Trace, index: SiteIndex) -> str:
         return NO_FRAMES
     if source_format(trace) == "kineto":
         return KINETO_NOTE
+    if source_format(trace) == "paddle":
+        return PADDLE_NOTE
     return ""
 
 

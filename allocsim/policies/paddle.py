@@ -7,7 +7,8 @@ Rules (research notes ``paddle_cupy.md`` §1.2, §1.4, §5):
 * best fit over ``(size, ptr)``; the allocation is carved from the **high** end of the block and
   any remainder stays free at the low end (no minimum split size);
 * one allocator per stream (StreamSafeCUDAAllocator): a block returns to its own stream's pool,
-  and only once its free has completed;
+  and only once its free has completed; ``stream_safe=False`` (``FLAGS_use_stream_safe_cuda_allocator=false``)
+  shares one pool among all streams;
 * on cudaMalloc failure: free this stream's idle chunks and retry, then every stream's, retry,
   then ``OutOfMemory`` (the RetryAllocator's 10 s wait frees nothing in a replay).
 
@@ -32,15 +33,16 @@ class PaddlePolicy(PoolPolicy):
     name = "paddle"
 
     def __init__(self, upstream: Any, *, chunk_size_bytes: int = 0, alignment_bytes: int = GPU_MIN_CHUNK_SIZE,
-                 free_idle_chunk: bool = False, free_when_no_cache_hit: bool = False):
+                 free_idle_chunk: bool = False, free_when_no_cache_hit: bool = False, stream_safe: bool = True):
         # chunk_size_(std::max(AlignedSize(chunk_size, alignment), alignment))
         chunk = max(align_up(chunk_size_bytes, alignment_bytes), alignment_bytes)
         super().__init__(upstream, alignment_bytes=alignment_bytes, growth="chunk", chunk_bytes=chunk,
-                         min_split_remainder_bytes=1, stream_bound=True, carve_from_high_end=True,
+                         min_split_remainder_bytes=1, stream_bound=stream_safe, carve_from_high_end=True,
                          oom_release="stream-then-all")
         self.chunk_size_bytes = chunk_size_bytes
         self.free_idle_chunk = free_idle_chunk
         self.free_when_no_cache_hit = free_when_no_cache_hit
+        self.stream_safe = stream_safe
         self._has_after_free = free_idle_chunk
         self._attach_kernel()
 
@@ -54,4 +56,5 @@ class PaddlePolicy(PoolPolicy):
 
     def params(self) -> dict[str, Any]:
         return {"chunk_size_bytes": self.chunk_size_bytes, "alignment_bytes": self.alignment_bytes,
-                "free_idle_chunk": self.free_idle_chunk, "free_when_no_cache_hit": self.free_when_no_cache_hit}
+                "free_idle_chunk": self.free_idle_chunk, "free_when_no_cache_hit": self.free_when_no_cache_hit,
+                "stream_safe": self.stream_safe}

@@ -111,7 +111,9 @@ _register(PaddlePolicy, "PaddlePaddle auto_growth best fit: 256 B alignment, per
           _bytes("alignment", 256, "requests round up to a multiple of this (GpuMinChunkSize)"),
           _flag("free_idle_chunk", "return wholly free chunks after every free (FLAGS_free_idle_chunk)"),
           _flag("free_when_no_cache_hit", "return idle chunks before every cudaMalloc "
-                                          "(FLAGS_free_when_no_cache_hit)"))
+                                          "(FLAGS_free_when_no_cache_hit)"),
+          _flag("stream_safe", "one pool per stream (FLAGS_use_stream_safe_cuda_allocator); false: one pool for "
+                               "all streams", default=True))
 _register(PaddleNaivePolicy, "PaddlePaddle naive_best_fit: refill chunks of a fraction of free GPU memory",
           ParamSpec("fraction_of_gpu_memory_to_use", 0.92, "fraction", "each refill takes this share of "
                     "free memory (minus 5 %)", float),

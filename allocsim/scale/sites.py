@@ -33,7 +33,7 @@ MAX_OP_DEPTH = 32
 #: Only the innermost this-many frames of a real stack name an allocation (a file may hold deeper).
 MAX_CODE_FRAMES = 256
 #: Formats whose frames are Kineto's pseudo-frames (enclosing ops), not allocation stacks.
-OPERATOR_FORMATS = frozenset({"kineto"})
+OPERATOR_FORMATS = frozenset({"kineto", "paddle"})
 #: Object addresses and other per-run hex numbers in frame names and files.
 _ADDRESS_RE = re.compile(r"0x[0-9a-fA-F]+")
 #: Separates frames in a site. A frame name holding one could make two stacks read alike: that only

@@ -1,7 +1,7 @@
 """Read any supported trace file into one ``Trace``: start with ``read_trace(path)``.
 
 Supported: PyTorch memory snapshots (``_dump_snapshot`` pickles), torch.profiler / Kineto
-Chrome-trace JSON (``.json``/``.json.gz``) memory events, RMM ``logging_resource_adaptor`` CSV,
+Chrome-trace JSON (``.json``/``.json.gz``) memory events, PaddlePaddle profiler Chrome traces, RMM ``logging_resource_adaptor`` CSV,
 and allocsim's own Parquet and CSV. The format is detected from the content.
 """
 
@@ -31,6 +31,9 @@ def _reader(fmt: str) -> Callable[..., Trace]:
     if fmt == "kineto":
         from .kineto import read_kineto
         return read_kineto
+    if fmt == "paddle":
+        from .paddle import read_paddle
+        return read_paddle
     if fmt == "rmm-csv":
         from .rmm import read_rmm_csv
         return read_rmm_csv

@@ -264,6 +264,12 @@ def _refuse_without_addr(path: str, selected: list) -> None:
         return
     if any("Addr" in ev["args"] for ev in memory):
         return
+    if not any("Bytes" in ev["args"] for ev in memory):
+        fields = sorted({str(k)[:40] for ev in memory[:100] for k in ev["args"]})[:8]
+        raise TraceFormatError(
+            path, None, f"its {len(memory):,} [memory] events carry args {', '.join(fields) or '(none)'}: neither "
+            "PyTorch's Kineto fields (Addr, Bytes) nor PaddlePaddle's (addr, increase_bytes); a profiler allocsim "
+            "does not read")
     raise TraceFormatError(
         path, None, f"its {len(memory):,} [memory] events carry no 'Addr' (the 2021 Kineto format), so frees "
         f"cannot be matched to allocations; 'Addr' is recorded since PyTorch {ADDR_SINCE}: record the "
@@ -337,6 +343,11 @@ def read_kineto(path, *, lenient: bool = False, limits: Limits | None = None) ->
     data = read_bytes(path, limits)
     if not data.strip():
         raise TraceFormatError(path, None, "empty file")
+    from .detect import chrome_framework
+
+    if chrome_framework(data) == "paddle":   # the head did not show it: a Paddle file read by its fields
+        from .paddle import read_paddle_data
+        return read_paddle_data(path, data, lenient=lenient, limits=limits)
     if compiled.active():
         scan = compiled.ext.chrome_scan(data, limits.memory_bytes, limits.depth, limits.events)
         if scan is not None:
