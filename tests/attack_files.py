@@ -14,6 +14,7 @@ import os
 import pickle
 import random
 import struct
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -270,3 +271,90 @@ HOSTILE: dict[str, dict[str, Generator]] = {
     "wrong numbers": {"wrapping sums": wrapping_sums_parquet},
     "messages": {"huge string": huge_string_snapshot, "huge number": huge_number_kineto},
 }
+
+
+# ------------------------------------------------------------------------------- round 2: wrong numbers
+# These files are valid: each returns the recount that ``info --json`` must report, so a reader that
+# reads a gzip member twice or drops the rest of a file fails on the numbers, not only on a crash.
+def _rmm_text(ops: list[tuple[str, int, int]]) -> bytes:
+    lines = ["Thread,Time,Action,Pointer,Size,Stream"]
+    for i, (action, addr, size) in enumerate(ops):
+        lines.append(f"1,10:{i // 60_000_000:02d}:{i // 1_000_000 % 60:02d}.{i % 1_000_000:06d},"
+                     f"{'allocate' if action == 'alloc' else 'free'},0x{addr:x},{size},0x0")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _kineto_text(ops: list[tuple[str, int, int]]) -> bytes:
+    events = [{"ph": "i", "name": "[memory]", "ts": i + 0.5, "pid": 1, "tid": 1,
+               "args": {"Addr": addr, "Bytes": size if action == "alloc" else -size, "Device Type": 1,
+                        "Device Id": 0}} for i, (action, addr, size) in enumerate(ops)]
+    return json.dumps({"traceEvents": events}).encode()
+
+
+def _split_members(text: bytes, cuts: list[int], level: int = 6) -> bytes:
+    """``text`` as concatenated gzip members (``gzip -c a b > c``) cut at the byte offsets ``cuts``."""
+    bounds = [0, *sorted(cuts), len(text)]
+    return b"".join(gzip.compress(text[a:b], compresslevel=level) for a, b in zip(bounds, bounds[1:]))
+
+
+def members_kineto(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """Two or three gzip members of one Kineto file, each inflating past the 1 MiB read step."""
+    ops = _random_ops(rng, 30_000)
+    text = _kineto_text(ops)
+    cuts = rng.sample(range(1, len(text)), rng.choice([1, 2]))
+    path = folder / "members.json.gz"
+    path.write_bytes(_split_members(text, cuts))
+    return path, _recount(ops)
+
+
+def members_big_then_small_rmm(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """A big member then a small one holding the last row, which a double read counts twice."""
+    ops = _random_ops(rng, 30_001)
+    text = _rmm_text(ops)
+    last_row = text.rindex(b"\n", 0, len(text) - 1) + 1
+    path = folder / "big_small.csv.gz"
+    path.write_bytes(_split_members(text, [last_row]))
+    return path, _recount(ops)
+
+
+def _member(payload: bytes, comment_bytes: int = 0) -> bytes:
+    """One gzip member of ``payload`` whose header carries a comment of ``comment_bytes`` (to size it)."""
+    flags = 0x10 if comment_bytes else 0
+    header = b"\x1f\x8b\x08" + bytes([flags]) + b"\0\0\0\0\0\xff"
+    if comment_bytes:
+        header += b"c" * (comment_bytes - 1) + b"\0"
+    deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
+    body = deflate.compress(payload) + deflate.flush()
+    return header + body + struct.pack("<II", zlib.crc32(payload), len(payload) & 0xFFFFFFFF)
+
+
+def members_empty_on_boundary_rmm(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """A member and an empty one ending exactly on the 1 MiB read step, then the rest, which holds the peak."""
+    ops = _random_ops(rng, 600)
+    sizes = {}
+    for i, (action, addr, size) in enumerate(ops):
+        sizes.setdefault(addr, size << 15 if i >= 500 else size)   # the tail's allocations reach ~100 GiB
+    ops = [(action, addr, sizes[addr]) for action, addr, _ in ops]
+    text = _rmm_text(ops)
+    cut = text.index(b"\n", len(text) * 5 // 6) + 1
+    empty = _member(b"")
+    first = _member(text[:cut])
+    first = _member(text[:cut], MiB - len(first) - len(empty))
+    assert len(first) + len(empty) == MiB
+    path = folder / "empty_member.csv.gz"
+    path.write_bytes(first + empty + _member(text[cut:]))
+    return path, _recount(ops)
+
+
+def members_many_empty_rmm(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """200k empty gzip members between two halves of a file (each member once copied the rest)."""
+    ops = _random_ops(rng, 200)
+    text = _rmm_text(ops)
+    cut = text.index(b"\n", len(text) // 2) + 1
+    path = folder / "many_members.csv.gz"
+    path.write_bytes(gzip.compress(text[:cut]) + gzip.compress(b"") * 200_000 + gzip.compress(text[cut:]))
+    return path, _recount(ops)
+
+
+HOSTILE["gzip members"] = {"kineto": members_kineto, "big then small": members_big_then_small_rmm,
+                           "empty on boundary": members_empty_on_boundary_rmm, "many empty": members_many_empty_rmm}
