@@ -358,3 +358,46 @@ def members_many_empty_rmm(folder: Path, rng: random.Random) -> tuple[Path, dict
 
 HOSTILE["gzip members"] = {"kineto": members_kineto, "big then small": members_big_then_small_rmm,
                            "empty on boundary": members_empty_on_boundary_rmm, "many empty": members_many_empty_rmm}
+
+
+# ------------------------------------------------------------------------------- round 2: output targets
+# What ``-o`` names can be hostile too. Each generator makes a target in ``folder`` and returns it with
+# a check that it is untouched afterwards; every command must refuse it with one line naming it.
+OutputTarget = Callable[[Path], tuple[str, Callable[[], bool]]]
+
+
+def target_fifo(folder: Path) -> tuple[str, Callable[[], bool]]:
+    path = folder / "pipe.parquet"
+    os.mkfifo(path)
+    return str(path), lambda: path.is_fifo() and not Path(f"{path}.parts").exists()
+
+
+def target_link_to_device(folder: Path) -> tuple[str, Callable[[], bool]]:
+    """A link to /dev/null (through a link, so a broken check replaces the link, never the device)."""
+    path = folder / "null.parquet"
+    path.symlink_to("/dev/null")
+    return str(path), lambda: path.is_symlink() and Path("/dev/null").is_char_device() \
+        and not Path(f"{path}.parts").exists()
+
+
+def target_foreign_file(folder: Path) -> tuple[str, Callable[[], bool]]:
+    """A regular file this program did not write (a user's notes named like a results file)."""
+    path = folder / "notes.parquet"
+    path.write_bytes(b"precious")
+    return str(path), lambda: path.read_bytes() == b"precious" and not Path(f"{path}.parts").exists()
+
+
+def target_missing_parent(folder: Path) -> tuple[str, Callable[[], bool]]:
+    path = folder / "no" / "such" / "out.parquet"
+    return str(path), lambda: not (folder / "no").exists()
+
+
+def target_proc(folder: Path) -> tuple[str, Callable[[], bool]]:
+    """A folder that exists but takes no new files (permission bits do not tell, as root)."""
+    return "/proc/nope.parquet", lambda: not os.path.exists("/proc/nope.parquet")
+
+
+#: Output targets every ``-o`` must refuse (see ``tests/test_attack.py``).
+OUTPUT_TARGETS: dict[str, OutputTarget] = {
+    "fifo": target_fifo, "link to /dev/null": target_link_to_device, "foreign file": target_foreign_file,
+    "missing parent": target_missing_parent, "/proc": target_proc}

@@ -20,13 +20,15 @@ import threading
 import zlib
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from allocsim.errors import TraceFormatError
 from allocsim.trace.limits import iter_chunks, open_binary, read_bytes
-from tests.attack_files import HOSTILE, VALID, _member
+from tests.attack_files import HOSTILE, OUTPUT_TARGETS, VALID, _member
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMORY_CAP_BYTES = 4 << 30
@@ -180,3 +182,50 @@ def test_gzip_reader_matches_gzip_decompress(members, cut):
                 read_bytes(str(path))
             return
         assert _read_three_ways(path) == [expected] * 3
+
+
+# ------------------------------------------------------------------------------- what -o names
+def _output_commands(trace: str, target: str) -> dict[str, list[str]]:
+    return {"sweep": ["sweep", trace, "--policy", "pytorch", "--fast", "-o", target],
+            "advise": ["advise", trace, "--fast", "--capacity", "8GiB", "-o", target],
+            "convert": ["convert", trace, "-o", target],
+            "run": ["run", trace, "--policy", "pytorch", "--fast", "-o", target],
+            "validate replay": ["replay", trace, "--policy", "pytorch", "--backend", "host", "-o", target]}
+
+
+@pytest.mark.parametrize("target_name", sorted(OUTPUT_TARGETS))
+@pytest.mark.parametrize("command", ["sweep", "advise", "convert", "run", "validate replay"])
+def test_output_targets_are_refused_untouched(tmp_path, capsys, command, target_name):
+    """Every ``-o`` refuses a device, FIFO, missing folder, unwritable folder or a file it did not write,
+    with one line naming the path, before any work, and leaves the target as it was."""
+    from allocsim.cli import main as cli_main
+    from validate.__main__ import main as validate_main
+
+    trace, _ = VALID["rmm"](tmp_path, random.Random(3))
+    target, untouched = OUTPUT_TARGETS[target_name](tmp_path)
+    if command == "run" and target_name == "foreign file":
+        target = str(Path(target).with_suffix(""))      # run -o names a folder: a file in its place
+        Path(target).write_bytes(b"precious")
+        untouched = lambda: Path(target).read_bytes() == b"precious"  # noqa: E731
+    argv = _output_commands(str(trace), target)[command]
+    code = (validate_main if command == "validate replay" else cli_main)(argv)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and f"-o {target}:" in lines[0], err
+    assert untouched(), f"{command} changed {target}"
+
+
+def test_results_file_is_replaced_only_when_ours(tmp_path):
+    """The last check, at the rename: a results file may be replaced, anything else may not."""
+    from allocsim.sweep.results import read_metadata, write_results
+
+    path = tmp_path / "r.parquet"
+    write_results([{"trace": "t", "x": 1}], path, complete=False, expected_rows=2)
+    write_results([{"trace": "t", "x": 2}], path, complete=True, expected_rows=1)
+    assert read_metadata(path)["complete"] is True
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"x": [1]}), other)
+    before = other.read_bytes()
+    with pytest.raises(ValueError, match="not an allocsim results file"):
+        write_results([{"trace": "t"}], other, complete=True, expected_rows=1)
+    assert other.read_bytes() == before
