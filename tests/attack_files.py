@@ -401,3 +401,20 @@ def target_proc(folder: Path) -> tuple[str, Callable[[], bool]]:
 OUTPUT_TARGETS: dict[str, OutputTarget] = {
     "fifo": target_fifo, "link to /dev/null": target_link_to_device, "foreign file": target_foreign_file,
     "missing parent": target_missing_parent, "/proc": target_proc}
+
+
+# ------------------------------------------------------------------------------- round 2: bombs and slow paths
+def variable_width_parquet(folder: Path, rng: random.Random) -> tuple[Path, None]:
+    """A few-KB Parquet whose dictionary string column repeats one 2 MiB value on every row (GBs decoded)."""
+    n = 1000
+    value = "7" * (2 * MiB) if rng.random() < 0.5 else "x" * (2 * MiB)
+    column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value]))
+    table = pa.table({"t_ns": np.arange(n, dtype=np.int64), "kind": np.ones(n, np.uint8),
+                      "alloc_id": np.arange(n, dtype=np.int64), "size_bytes": column,
+                      "stream": np.zeros(n, np.int64), "device": np.zeros(n, np.int16)})
+    path = folder / "wide.parquet"
+    pq.write_table(table, path, compression="zstd")
+    return path, None
+
+
+HOSTILE["bombs round 2"] = {"parquet variable width": variable_width_parquet}

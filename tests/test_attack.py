@@ -100,7 +100,7 @@ _CI_PICK = {"decompression bomb": "json.gz", "amplification": "empty containers"
             "wrong numbers": "wrapping sums", "messages": "huge string"}
 _CI_COMMANDS = ("info", "run pytorch")
 #: Classes whose every generator runs in CI, with ``info`` only (their files carry the recount to match).
-_CI_ALL_INFO = ("gzip members",)
+_CI_ALL_INFO = ("gzip members", "bombs round 2")
 
 
 @pytest.mark.parametrize("cls, gen_name, gen, seed",
