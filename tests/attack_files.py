@@ -418,3 +418,17 @@ def variable_width_parquet(folder: Path, rng: random.Random) -> tuple[Path, None
 
 
 HOSTILE["bombs round 2"] = {"parquet variable width": variable_width_parquet}
+
+
+def shared_filename_snapshot(folder: Path, rng: random.Random) -> tuple[Path, None]:
+    """20k frames sharing one 65,000-character filename (one pickled string, memoised): a small file."""
+    filename = "f" * 65_000
+    n = 20_000
+    entries = [{"action": "alloc", "addr": 512 * (i + 1), "size": 512, "stream": 0, "time_us": i,
+                "frames": [{"filename": filename, "line": i, "name": "step"}]} for i in range(n)]
+    path = folder / "shared_filename.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries]}, protocol=4))
+    return path, None
+
+
+HOSTILE["bombs round 2"]["shared filename"] = shared_filename_snapshot

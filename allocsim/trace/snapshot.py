@@ -54,7 +54,7 @@ from . import compiled, isolate
 from .builder import MAX_SIZE_BYTES, TraceBuilder
 from .recorded import infer_from_snapshot
 from .columnar import build_columns, match_keys
-from .frames import FrameTable, frame_tables
+from .frames import FrameTable, frame_tables, frame_text_cap
 from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, read_bytes
 from .safe_pickle import loads_data, loads_fast, short_repr
 from .schema import (
@@ -254,7 +254,7 @@ def _read_compiled(path: str, data: bytes, lenient: bool, limits: Limits, frames
     """The trace from the compiled scan, or None when the file must take the reference route."""
     scan = compiled.ext.snapshot_scan(
         data, limits.memory_bytes, limits.frames, limits.string_chars, limits.segments, limits.devices,
-        limits.events, _MAX_TIME_US, SYNTHETIC_STEP_NS, int(frames))
+        limits.events, _MAX_TIME_US, SYNTHETIC_STEP_NS, int(frames), frame_text_cap(limits, len(data)))
     if scan is None:
         return None
     reader = _SnapshotReader(path, lenient, budget=len(data), limits=limits, frames=frames)
@@ -340,7 +340,7 @@ class _SnapshotReader:
         self.b = TraceBuilder(path, FORMAT, lenient=lenient)
         self.notes = self.b.meta.notes
         self.consistent = True  # False once the start-state reconstruction hit a contradiction
-        self.frames = FrameTable(path, limits)
+        self.frames = FrameTable(path, limits, input_bytes=budget)
         self.keep_frames = frames
 
     # ------------------------------------------------------------------ helpers
