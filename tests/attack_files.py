@@ -432,3 +432,38 @@ def shared_filename_snapshot(folder: Path, rng: random.Random) -> tuple[Path, No
 
 
 HOSTILE["bombs round 2"]["shared filename"] = shared_filename_snapshot
+
+
+def _unmix(h: int) -> int:
+    """The inverse of the splitmix64 finaliser (``u64_mix``): the id whose plain mix is ``h``."""
+    mask = (1 << 64) - 1
+
+    def unshift(x: int, s: int) -> int:
+        y = x
+        for _ in range(64 // s + 1):
+            y = x ^ (y >> s)
+        return y & mask
+
+    h = unshift(h, 31)
+    h = (h * pow(0x94d049bb133111eb, -1, 1 << 64)) & mask
+    h = unshift(h, 27)
+    h = (h * pow(0xbf58476d1ce4e5b9, -1, 1 << 64)) & mask
+    return unshift(h, 30)
+
+
+def colliding_ids_parquet(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """Allocation ids whose unkeyed mix shares its low 24 bits: one probe run for the live table."""
+    n = 40_000
+    ids = [_unmix(k << 24) for k in range(1, n + 1)]
+    ids = [i - (1 << 64) if i >= 1 << 63 else i for i in ids]
+    order = ids + ids[::-1]
+    kinds = [1] * n + [2] * n          # every allocation, then every free (latest first)
+    table = pa.table({"t_ns": np.arange(2 * n, dtype=np.int64), "kind": np.array(kinds, np.uint8),
+                      "alloc_id": np.array(order, np.int64), "size_bytes": np.full(2 * n, 512, np.int64),
+                      "stream": np.zeros(2 * n, np.int64), "device": np.zeros(2 * n, np.int16)})
+    path = folder / "colliding_ids.parquet"
+    pq.write_table(table, path)
+    return path, {"allocs": n, "frees": n, "peak_live_bytes": 512 * n}
+
+
+HOSTILE["bombs round 2"]["colliding ids"] = colliding_ids_parquet
