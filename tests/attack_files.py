@@ -467,3 +467,18 @@ def colliding_ids_parquet(folder: Path, rng: random.Random) -> tuple[Path, dict]
 
 
 HOSTILE["bombs round 2"]["colliding ids"] = colliding_ids_parquet
+
+
+def opcodes_pickle_gz(folder: Path, rng: random.Random) -> tuple[Path, None]:
+    """A small gzip file of 64 MiB of pickle opcodes (a snapshot with one huge list of small ints):
+    the C unpickler's time must be sized from the decompressed bytes, not the file's."""
+    batch = b"(" + b"K\x01" * 1000 + b"e"
+    body = (b"\x80\x04}(X\x08\x00\x00\x00segments]X\x0d\x00\x00\x00device_traces]]aX\x04\x00\x00\x00junk]"
+            + batch * (32 * MiB // len(batch) * 2) + b"u.")
+    path = folder / "opcodes.pickle.gz"
+    path.write_bytes(gzip.compress(body, compresslevel=6))
+    return path, None
+
+
+# Seconds of CPU even when right: under -m slow only.
+HOSTILE["slow bombs round 2"] = {"pickle opcodes": opcodes_pickle_gz}

@@ -268,10 +268,12 @@ def finish_snapshot_trace(trace: Trace) -> None:
 
 
 def _parse(path: str, lenient: bool, limits: Limits, *, use_c: bool, phase: Callable[[str], None],
-           data: bytes | None = None, frames: bool = True) -> Trace:
+           data: bytes | None = None, frames: bool = True,
+           on_size: Callable[[int], None] = lambda n_bytes: None) -> Trace:
     if data is None:
         data = read_bytes(path, limits)
     n_bytes = len(data)
+    on_size(n_bytes)
     obj = None
     if use_c:
         phase("unpickling (C)")
@@ -290,29 +292,29 @@ def _parse(path: str, lenient: bool, limits: Limits, *, use_c: bool, phase: Call
     return reader.read(_Holder(obj))
 
 
-def _c_unpickle_seconds(path: str, limits: Limits) -> int:
-    """Time allowed to the C unpickler before the reader falls back (a hash bomb never finishes)."""
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        size = 0
-    return int(min(limits.seconds, 3 + size // 2_000_000))
+def _c_unpickle_seconds(n_bytes: int, limits: Limits) -> int:
+    """Time allowed to the C unpickler before the reader falls back (a hash bomb never finishes).
+
+    Sized from the pickle's bytes after decompression: a small gzip file can hold 64 MiB of
+    opcodes, which the C unpickler needs seconds for and the fallback minutes.
+    """
+    return int(min(limits.seconds, 3 + n_bytes // 2_000_000))
 
 
 def _read_isolated(path: str, lenient: bool, limits: Limits, data: bytes | None = None,
                    frames: bool = True) -> Trace:
-    c_seconds = _c_unpickle_seconds(path, limits)
-
     def work(use_c: bool) -> Callable[[Callable[[str], None]], dict]:
         def run(phase: Callable[[str], None]) -> dict:
+            n_bytes = [0]
+
             def timed_phase(name: str) -> None:
                 phase(name)
                 if name == "unpickling (C)":
-                    signal.alarm(max(1, c_seconds))
+                    signal.alarm(max(1, _c_unpickle_seconds(n_bytes[0], limits)))
                 elif name in ("unpickling", "parsing"):
                     signal.alarm(max(1, int(limits.seconds)))
             return trace_to_payload(_parse(path, lenient, limits, use_c=use_c, phase=timed_phase, data=data,
-                                           frames=frames))
+                                           frames=frames, on_size=lambda n: n_bytes.__setitem__(0, n)))
         return run
 
     for use_c in (True, False):
