@@ -482,3 +482,22 @@ def opcodes_pickle_gz(folder: Path, rng: random.Random) -> tuple[Path, None]:
 
 # Seconds of CPU even when right: under -m slow only.
 HOSTILE["slow bombs round 2"] = {"pickle opcodes": opcodes_pickle_gz}
+
+
+def nested_ops_kineto(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """4,400 nested ops, each allocating inside its parent: every stack is one deeper (millions of
+    frame rows in the stacks table), which ``convert`` must write so that it reads back."""
+    depth = 4400
+    events = []
+    for i in range(depth):   # op i spans [i, 2 * depth - i): each one encloses the next
+        events.append({"ph": "X", "cat": "cpu_op", "name": f"op{i}", "ts": i, "dur": 2 * (depth - i),
+                       "pid": 1, "tid": 1})
+    ops = []
+    for i in range(depth):
+        addr = (1 << 30) + i * 4096
+        ops.append(("alloc", addr, 512))
+        events.append({"ph": "i", "name": "[memory]", "ts": i + 0.5, "pid": 1, "tid": 1,
+                       "args": {"Addr": addr, "Bytes": 512, "Device Type": 1, "Device Id": 0}})
+    path = folder / "nested_ops.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path, _recount(ops)

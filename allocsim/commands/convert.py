@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import os
 import sys
 
 from ..output_file import check_output_file
@@ -37,9 +38,9 @@ def written_by_convert(path: str) -> bool:
     """True for a file ``convert`` wrote (allocsim Parquet, or CSV starting ``# allocsim``), which it may replace."""
     try:
         if path.endswith(".parquet"):
-            import pyarrow.parquet as pq
+            from ..trace.native import open_parquet
 
-            return b"allocsim" in (pq.read_schema(path).metadata or {})
+            return b"allocsim" in (open_parquet(path, os.path.getsize(path)).schema_arrow.metadata or {})
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rb") as fh:
             return fh.read(len(b"# allocsim")) == b"# allocsim"
