@@ -501,3 +501,20 @@ def nested_ops_kineto(folder: Path, rng: random.Random) -> tuple[Path, dict]:
     path = folder / "nested_ops.json"
     path.write_text(json.dumps({"traceEvents": events}))
     return path, _recount(ops)
+
+
+def colliding_keys_pickle(folder: Path, rng: random.Random) -> tuple[Path, None]:
+    """100,000 dict keys that are multiples of 2**61 - 1: one hash for all of them in CPython."""
+    p = (1 << 61) - 1
+    items = []
+    for k in range(1, 100_001):       # written as opcodes: building the dict here would be quadratic
+        raw = (k * p).to_bytes(11, "little", signed=True)
+        items.append(b"\x8a\x0b" + raw + b"K\x00")          # LONG1 key, BININT1 0
+    body = (b"\x80\x04}(X\x08\x00\x00\x00segments]X\x0d\x00\x00\x00device_traces]]aX\x04\x00\x00\x00junk}("
+            + b"".join(items) + b"uu.")
+    path = folder / "colliding_keys.pickle"
+    path.write_bytes(body)
+    return path, None
+
+
+HOSTILE["bombs round 2"]["colliding keys"] = colliding_keys_pickle
