@@ -518,3 +518,19 @@ def colliding_keys_pickle(folder: Path, rng: random.Random) -> tuple[Path, None]
 
 
 HOSTILE["bombs round 2"]["colliding keys"] = colliding_keys_pickle
+
+
+def many_streams_rmm(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """60k streams, one allocation each: every new peak asked every stream for its largest free block."""
+    n = 60_000
+    lines = ["Thread,Time,Action,Pointer,Size,Stream"]
+    for i in range(2 * n):
+        k = i if i < n else 2 * n - 1 - i
+        lines.append(f"1,10:00:{i // 1_000_000:02d}.{i % 1_000_000:06d},{'allocate' if i < n else 'free'},"
+                     f"0x{(1 << 30) + k * 4096:x},512,0x{k + 1:x}")
+    path = folder / "streams.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path, {"allocs": n, "frees": n, "peak_live_bytes": 512 * n}
+
+
+HOSTILE["slow bombs round 2"]["many streams"] = many_streams_rmm
