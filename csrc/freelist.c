@@ -128,10 +128,15 @@ static void forget_block(FreeListObject *fl, uint64_t size, uint64_t addr) {
     if (fl->track_age) u64map_del(&fl->inserted_at, addr, NULL);
 }
 
+static inline void note_erased(FreeListObject *fl, uint64_t size) {
+    if (size >= fl->largest_bytes) fl->largest_stale = 1;
+}
+
 int fl_take(FreeListObject *fl, int64_t stream_key, uint64_t size, uint64_t addr) {
     BTree *tree = fl_stream_tree(fl, stream_key, 0);
     if (!tree) return 2;
     if (!bt_erase(tree, block_key(size, addr))) return 1;
+    note_erased(fl, size);
     forget_block(fl, size, addr);
     return 0;
 }
@@ -143,6 +148,7 @@ static int index_block(FreeListObject *fl, BTree *tree, uint64_t addr, uint64_t 
         PyErr_NoMemory();
         return -1;
     }
+    if (size > fl->largest_bytes) fl->largest_bytes = size;   /* stale stays stale: still a lower bound */
     return 0;
 }
 
@@ -166,6 +172,7 @@ int fl_free(FreeListObject *fl, uint64_t addr, uint64_t size, int64_t stream_key
     if (!u64map_contains(&fl->segment_size_at, addr) && u64map_del(&fl->start_ending_at, addr, &other)) {
         u64map_del(&fl->size_at, other, &other_size);   /* a segment's start is a hard boundary */
         if (!bt_erase(tree, block_key(other_size, other))) return corrupt("previous", other);
+        note_erased(fl, other_size);
         addr = other;
         size += other_size;
         merges = 1;
@@ -174,6 +181,7 @@ int fl_free(FreeListObject *fl, uint64_t addr, uint64_t size, int64_t stream_key
     if (!u64map_contains(&fl->segment_size_at, end) && u64map_del(&fl->size_at, end, &other_size)) {
         u64map_del(&fl->start_ending_at, end + other_size, NULL);
         if (!bt_erase(tree, block_key(other_size, end))) return corrupt("next", end);
+        note_erased(fl, other_size);
         if (fl->track_age) u64map_del(&fl->inserted_at, end, NULL);
         size += other_size;
         merges++;
@@ -471,12 +479,16 @@ static PyObject *FreeList_free(FreeListObject *fl, PyObject *const *args, Py_ssi
 }
 
 static PyObject *FreeList_largest(FreeListObject *fl, PyObject *Py_UNUSED(ignored)) {
-    uint64_t best = 0;
-    for (Py_ssize_t k = 0; k < fl->n_streams; k++) {
-        BlockKey key;
-        if (bt_last(&fl->stream_trees[k], &key) && key_size(key) > best) best = key_size(key);
+    if (fl->largest_stale) {
+        uint64_t best = 0;
+        for (Py_ssize_t k = 0; k < fl->n_streams; k++) {
+            BlockKey key;
+            if (bt_last(&fl->stream_trees[k], &key) && key_size(key) > best) best = key_size(key);
+        }
+        fl->largest_bytes = best;
+        fl->largest_stale = 0;
     }
-    return PyLong_FromUnsignedLongLong(best);
+    return PyLong_FromUnsignedLongLong(fl->largest_bytes);
 }
 
 static PyObject *FreeList_blocks(FreeListObject *fl, PyObject *Py_UNUSED(ignored)) {

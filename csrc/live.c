@@ -33,7 +33,30 @@ static int maybe_id(PyObject *obj, int64_t *out) {
 }
 
 /* ------------------------------------------------------------------------------ the table */
-static inline size_t home_of(int64_t id, size_t mask) { return (size_t)u64_mix((uint64_t)id) & mask; }
+/* Ids come from the trace file (Parquet lets it choose any int64): slots are picked by a keyed
+ * hash whose key is drawn once per process (live_key_init), so no file can make ids collide. */
+static uint64_t LIVE_KEY0 = 0x0123456789abcdefULL, LIVE_KEY1 = 0xfedcba9876543210ULL;
+
+int live_key_init(void) {
+    PyObject *os = PyImport_ImportModule("os");
+    if (!os) return -1;
+    PyObject *raw = PyObject_CallMethod(os, "urandom", "n", (Py_ssize_t)16);
+    Py_DECREF(os);
+    if (!raw) return -1;
+    if (!PyBytes_Check(raw) || PyBytes_GET_SIZE(raw) != 16) {
+        Py_DECREF(raw);
+        PyErr_SetString(PyExc_RuntimeError, "os.urandom(16) did not return 16 bytes");
+        return -1;
+    }
+    memcpy(&LIVE_KEY0, PyBytes_AS_STRING(raw), 8);
+    memcpy(&LIVE_KEY1, PyBytes_AS_STRING(raw) + 8, 8);
+    Py_DECREF(raw);
+    return 0;
+}
+
+static inline size_t home_of(int64_t id, size_t mask) {
+    return (size_t)u64_keyed_hash((uint64_t)id, LIVE_KEY0, LIVE_KEY1) & mask;
+}
 
 LiveEntry *live_get(LiveTableObject *t, int64_t id) {
     if (!t->capacity) return NULL;

@@ -42,6 +42,8 @@ extern PyTypeObject PendingSet_Type;
 
 #define LiveTable_Check(op) PyObject_TypeCheck(op, &LiveTable_Type)
 
+/* Draw the per-process hash key (at module import); -1 with an exception set. */
+int live_key_init(void);
 /* The entry of id, or NULL. */
 LiveEntry *live_get(LiveTableObject *t, int64_t id);
 /* A fresh entry for id (not present before), or NULL with MemoryError set. */

@@ -13,7 +13,7 @@ static struct PyModuleDef kernel_module = {
 };
 
 PyMODINIT_FUNC PyInit__kernel(void) {
-    if (kernel_constants_init() < 0 || kernel_type_init() < 0) return NULL;
+    if (kernel_constants_init() < 0 || kernel_type_init() < 0 || live_key_init() < 0) return NULL;
     if (PyType_Ready(&FreeList_Type) < 0 || PyType_Ready(&Kernel_Type) < 0 || PyType_Ready(&LiveTable_Type) < 0
             || PyType_Ready(&PendingSet_Type) < 0)
         return NULL;

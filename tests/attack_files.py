@@ -14,6 +14,7 @@ import os
 import pickle
 import random
 import struct
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -270,3 +271,266 @@ HOSTILE: dict[str, dict[str, Generator]] = {
     "wrong numbers": {"wrapping sums": wrapping_sums_parquet},
     "messages": {"huge string": huge_string_snapshot, "huge number": huge_number_kineto},
 }
+
+
+# ------------------------------------------------------------------------------- round 2: wrong numbers
+# These files are valid: each returns the recount that ``info --json`` must report, so a reader that
+# reads a gzip member twice or drops the rest of a file fails on the numbers, not only on a crash.
+def _rmm_text(ops: list[tuple[str, int, int]]) -> bytes:
+    lines = ["Thread,Time,Action,Pointer,Size,Stream"]
+    for i, (action, addr, size) in enumerate(ops):
+        lines.append(f"1,10:{i // 60_000_000:02d}:{i // 1_000_000 % 60:02d}.{i % 1_000_000:06d},"
+                     f"{'allocate' if action == 'alloc' else 'free'},0x{addr:x},{size},0x0")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _kineto_text(ops: list[tuple[str, int, int]]) -> bytes:
+    events = [{"ph": "i", "name": "[memory]", "ts": i + 0.5, "pid": 1, "tid": 1,
+               "args": {"Addr": addr, "Bytes": size if action == "alloc" else -size, "Device Type": 1,
+                        "Device Id": 0}} for i, (action, addr, size) in enumerate(ops)]
+    return json.dumps({"traceEvents": events}).encode()
+
+
+def _split_members(text: bytes, cuts: list[int], level: int = 6) -> bytes:
+    """``text`` as concatenated gzip members (``gzip -c a b > c``) cut at the byte offsets ``cuts``."""
+    bounds = [0, *sorted(cuts), len(text)]
+    return b"".join(gzip.compress(text[a:b], compresslevel=level) for a, b in zip(bounds, bounds[1:]))
+
+
+def members_kineto(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """Two or three gzip members of one Kineto file, each inflating past the 1 MiB read step."""
+    ops = _random_ops(rng, 30_000)
+    text = _kineto_text(ops)
+    cuts = rng.sample(range(1, len(text)), rng.choice([1, 2]))
+    path = folder / "members.json.gz"
+    path.write_bytes(_split_members(text, cuts))
+    return path, _recount(ops)
+
+
+def members_big_then_small_rmm(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """A big member then a small one holding the last row, which a double read counts twice."""
+    ops = _random_ops(rng, 30_001)
+    text = _rmm_text(ops)
+    last_row = text.rindex(b"\n", 0, len(text) - 1) + 1
+    path = folder / "big_small.csv.gz"
+    path.write_bytes(_split_members(text, [last_row]))
+    return path, _recount(ops)
+
+
+def _member(payload: bytes, comment_bytes: int = 0) -> bytes:
+    """One gzip member of ``payload`` whose header carries a comment of ``comment_bytes`` (to size it)."""
+    flags = 0x10 if comment_bytes else 0
+    header = b"\x1f\x8b\x08" + bytes([flags]) + b"\0\0\0\0\0\xff"
+    if comment_bytes:
+        header += b"c" * (comment_bytes - 1) + b"\0"
+    deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
+    body = deflate.compress(payload) + deflate.flush()
+    return header + body + struct.pack("<II", zlib.crc32(payload), len(payload) & 0xFFFFFFFF)
+
+
+def members_empty_on_boundary_rmm(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """A member and an empty one ending exactly on the 1 MiB read step, then the rest, which holds the peak."""
+    ops = _random_ops(rng, 600)
+    sizes = {}
+    for i, (action, addr, size) in enumerate(ops):
+        sizes.setdefault(addr, size << 15 if i >= 500 else size)   # the tail's allocations reach ~100 GiB
+    ops = [(action, addr, sizes[addr]) for action, addr, _ in ops]
+    text = _rmm_text(ops)
+    cut = text.index(b"\n", len(text) * 5 // 6) + 1
+    empty = _member(b"")
+    first = _member(text[:cut])
+    first = _member(text[:cut], MiB - len(first) - len(empty))
+    assert len(first) + len(empty) == MiB
+    path = folder / "empty_member.csv.gz"
+    path.write_bytes(first + empty + _member(text[cut:]))
+    return path, _recount(ops)
+
+
+def members_many_empty_rmm(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """200k empty gzip members between two halves of a file (each member once copied the rest)."""
+    ops = _random_ops(rng, 200)
+    text = _rmm_text(ops)
+    cut = text.index(b"\n", len(text) // 2) + 1
+    path = folder / "many_members.csv.gz"
+    path.write_bytes(gzip.compress(text[:cut]) + gzip.compress(b"") * 200_000 + gzip.compress(text[cut:]))
+    return path, _recount(ops)
+
+
+HOSTILE["gzip members"] = {"kineto": members_kineto, "big then small": members_big_then_small_rmm,
+                           "empty on boundary": members_empty_on_boundary_rmm, "many empty": members_many_empty_rmm}
+
+
+# ------------------------------------------------------------------------------- round 2: output targets
+# What ``-o`` names can be hostile too. Each generator makes a target in ``folder`` and returns it with
+# a check that it is untouched afterwards; every command must refuse it with one line naming it.
+OutputTarget = Callable[[Path], tuple[str, Callable[[], bool]]]
+
+
+def target_fifo(folder: Path) -> tuple[str, Callable[[], bool]]:
+    path = folder / "pipe.parquet"
+    os.mkfifo(path)
+    return str(path), lambda: path.is_fifo() and not Path(f"{path}.parts").exists()
+
+
+def target_link_to_device(folder: Path) -> tuple[str, Callable[[], bool]]:
+    """A link to /dev/null (through a link, so a broken check replaces the link, never the device)."""
+    path = folder / "null.parquet"
+    path.symlink_to("/dev/null")
+    return str(path), lambda: path.is_symlink() and Path("/dev/null").is_char_device() \
+        and not Path(f"{path}.parts").exists()
+
+
+def target_foreign_file(folder: Path) -> tuple[str, Callable[[], bool]]:
+    """A regular file this program did not write (a user's notes named like a results file)."""
+    path = folder / "notes.parquet"
+    path.write_bytes(b"precious")
+    return str(path), lambda: path.read_bytes() == b"precious" and not Path(f"{path}.parts").exists()
+
+
+def target_missing_parent(folder: Path) -> tuple[str, Callable[[], bool]]:
+    path = folder / "no" / "such" / "out.parquet"
+    return str(path), lambda: not (folder / "no").exists()
+
+
+def target_proc(folder: Path) -> tuple[str, Callable[[], bool]]:
+    """A folder that exists but takes no new files (permission bits do not tell, as root)."""
+    return "/proc/nope.parquet", lambda: not os.path.exists("/proc/nope.parquet")
+
+
+#: Output targets every ``-o`` must refuse (see ``tests/test_attack.py``).
+OUTPUT_TARGETS: dict[str, OutputTarget] = {
+    "fifo": target_fifo, "link to /dev/null": target_link_to_device, "foreign file": target_foreign_file,
+    "missing parent": target_missing_parent, "/proc": target_proc}
+
+
+# ------------------------------------------------------------------------------- round 2: bombs and slow paths
+def variable_width_parquet(folder: Path, rng: random.Random) -> tuple[Path, None]:
+    """A few-KB Parquet whose dictionary string column repeats one 2 MiB value on every row (GBs decoded)."""
+    n = 1000
+    value = "7" * (2 * MiB) if rng.random() < 0.5 else "x" * (2 * MiB)
+    column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value]))
+    table = pa.table({"t_ns": np.arange(n, dtype=np.int64), "kind": np.ones(n, np.uint8),
+                      "alloc_id": np.arange(n, dtype=np.int64), "size_bytes": column,
+                      "stream": np.zeros(n, np.int64), "device": np.zeros(n, np.int16)})
+    path = folder / "wide.parquet"
+    pq.write_table(table, path, compression="zstd")
+    return path, None
+
+
+HOSTILE["bombs round 2"] = {"parquet variable width": variable_width_parquet}
+
+
+def shared_filename_snapshot(folder: Path, rng: random.Random) -> tuple[Path, None]:
+    """20k frames sharing one 65,000-character filename (one pickled string, memoised): a small file."""
+    filename = "f" * 65_000
+    n = 20_000
+    entries = [{"action": "alloc", "addr": 512 * (i + 1), "size": 512, "stream": 0, "time_us": i,
+                "frames": [{"filename": filename, "line": i, "name": "step"}]} for i in range(n)]
+    path = folder / "shared_filename.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries]}, protocol=4))
+    return path, None
+
+
+HOSTILE["bombs round 2"]["shared filename"] = shared_filename_snapshot
+
+
+def _unmix(h: int) -> int:
+    """The inverse of the splitmix64 finaliser (``u64_mix``): the id whose plain mix is ``h``."""
+    mask = (1 << 64) - 1
+
+    def unshift(x: int, s: int) -> int:
+        y = x
+        for _ in range(64 // s + 1):
+            y = x ^ (y >> s)
+        return y & mask
+
+    h = unshift(h, 31)
+    h = (h * pow(0x94d049bb133111eb, -1, 1 << 64)) & mask
+    h = unshift(h, 27)
+    h = (h * pow(0xbf58476d1ce4e5b9, -1, 1 << 64)) & mask
+    return unshift(h, 30)
+
+
+def colliding_ids_parquet(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """Allocation ids whose unkeyed mix shares its low 24 bits: one probe run for the live table."""
+    n = 40_000
+    ids = [_unmix(k << 24) for k in range(1, n + 1)]
+    ids = [i - (1 << 64) if i >= 1 << 63 else i for i in ids]
+    order = ids + ids[::-1]
+    kinds = [1] * n + [2] * n          # every allocation, then every free (latest first)
+    table = pa.table({"t_ns": np.arange(2 * n, dtype=np.int64), "kind": np.array(kinds, np.uint8),
+                      "alloc_id": np.array(order, np.int64), "size_bytes": np.full(2 * n, 512, np.int64),
+                      "stream": np.zeros(2 * n, np.int64), "device": np.zeros(2 * n, np.int16)})
+    path = folder / "colliding_ids.parquet"
+    pq.write_table(table, path)
+    return path, {"allocs": n, "frees": n, "peak_live_bytes": 512 * n}
+
+
+HOSTILE["bombs round 2"]["colliding ids"] = colliding_ids_parquet
+
+
+def opcodes_pickle_gz(folder: Path, rng: random.Random) -> tuple[Path, None]:
+    """A small gzip file of 64 MiB of pickle opcodes (a snapshot with one huge list of small ints):
+    the C unpickler's time must be sized from the decompressed bytes, not the file's."""
+    batch = b"(" + b"K\x01" * 1000 + b"e"
+    body = (b"\x80\x04}(X\x08\x00\x00\x00segments]X\x0d\x00\x00\x00device_traces]]aX\x04\x00\x00\x00junk]"
+            + batch * (32 * MiB // len(batch) * 2) + b"u.")
+    path = folder / "opcodes.pickle.gz"
+    path.write_bytes(gzip.compress(body, compresslevel=6))
+    return path, None
+
+
+# Seconds of CPU even when right: under -m slow only.
+HOSTILE["slow bombs round 2"] = {"pickle opcodes": opcodes_pickle_gz}
+
+
+def nested_ops_kineto(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """4,400 nested ops, each allocating inside its parent: every stack is one deeper (millions of
+    frame rows in the stacks table), which ``convert`` must write so that it reads back."""
+    depth = 4400
+    events = []
+    for i in range(depth):   # op i spans [i, 2 * depth - i): each one encloses the next
+        events.append({"ph": "X", "cat": "cpu_op", "name": f"op{i}", "ts": i, "dur": 2 * (depth - i),
+                       "pid": 1, "tid": 1})
+    ops = []
+    for i in range(depth):
+        addr = (1 << 30) + i * 4096
+        ops.append(("alloc", addr, 512))
+        events.append({"ph": "i", "name": "[memory]", "ts": i + 0.5, "pid": 1, "tid": 1,
+                       "args": {"Addr": addr, "Bytes": 512, "Device Type": 1, "Device Id": 0}})
+    path = folder / "nested_ops.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path, _recount(ops)
+
+
+def colliding_keys_pickle(folder: Path, rng: random.Random) -> tuple[Path, None]:
+    """100,000 dict keys that are multiples of 2**61 - 1: one hash for all of them in CPython."""
+    p = (1 << 61) - 1
+    items = []
+    for k in range(1, 100_001):       # written as opcodes: building the dict here would be quadratic
+        raw = (k * p).to_bytes(11, "little", signed=True)
+        items.append(b"\x8a\x0b" + raw + b"K\x00")          # LONG1 key, BININT1 0
+    body = (b"\x80\x04}(X\x08\x00\x00\x00segments]X\x0d\x00\x00\x00device_traces]]aX\x04\x00\x00\x00junk}("
+            + b"".join(items) + b"uu.")
+    path = folder / "colliding_keys.pickle"
+    path.write_bytes(body)
+    return path, None
+
+
+HOSTILE["bombs round 2"]["colliding keys"] = colliding_keys_pickle
+
+
+def many_streams_rmm(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """60k streams, one allocation each: every new peak asked every stream for its largest free block."""
+    n = 60_000
+    lines = ["Thread,Time,Action,Pointer,Size,Stream"]
+    for i in range(2 * n):
+        k = i if i < n else 2 * n - 1 - i
+        lines.append(f"1,10:00:{i // 1_000_000:02d}.{i % 1_000_000:06d},{'allocate' if i < n else 'free'},"
+                     f"0x{(1 << 30) + k * 4096:x},512,0x{k + 1:x}")
+    path = folder / "streams.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path, {"allocs": n, "frees": n, "peak_live_bytes": 512 * n}
+
+
+HOSTILE["slow bombs round 2"]["many streams"] = many_streams_rmm

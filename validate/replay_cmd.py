@@ -5,7 +5,7 @@ CUDA GPU through CuPy), then simulated with the same parameters, footprint rule 
 and the two are compared: peak bytes, device call counts, allocation latency p50/p99 (see
 ``validate.replay``). ``--real`` adds the real allocators (CuPy MemoryPool / MemoryAsyncPool,
 PyTorch) against their presets; they need ``--backend cupy`` and are reported as skipped otherwise.
-Writes ``report.md`` and ``results.json`` into ``-o DIR`` (default ``validate/results/BACKEND``).
+Writes ``report.md`` and ``results.json`` into ``-o DIR`` (default ``replay-BACKEND`` in the current folder).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from allocsim.cost import CostModel
 from allocsim.metrics.summary import lower_bound_bytes
+from allocsim.output_file import check_output_folder
 from allocsim.trace import read_trace
 from allocsim.trace.schema import EventKind, Trace
 from allocsim.units import parse_bytes
@@ -27,7 +27,8 @@ from .real_allocators import REAL_ALLOCATORS, validate_real
 from .replay import DEFAULT_POLICIES, ReplayOptions, footprint_rule, load_for_replay, validate_policy
 from .report import describe_machine, policy_table, write_report
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+#: The output folder without ``-o``, in the current folder (never inside the installed package).
+DEFAULT_OUT = "replay-{backend}"
 
 
 def register(subparsers) -> None:
@@ -59,7 +60,8 @@ def register(subparsers) -> None:
     p.add_argument("--lenient", action="store_true", help="repair a bad trace instead of failing")
     p.add_argument("--note", action="append", default=[], metavar="TEXT", help="a paragraph for the report")
     p.add_argument("--json", action="store_true", help="print the per-policy comparison as JSON")
-    p.add_argument("-o", "--out", metavar="DIR", help="output folder (default validate/results/BACKEND)")
+    p.add_argument("-o", "--out", metavar="DIR", help="output folder (default replay-BACKEND in the current folder); "
+                                                       "its parent must exist")
     p.set_defaults(func=main)
 
 
@@ -184,6 +186,8 @@ def comparison_json(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace) -> int:
+    out_dir = args.out or DEFAULT_OUT.format(backend=args.backend)
+    check_output_folder(out_dir)      # before the replay: a bad -o is one line, not a lost run
     policies = parse_policies(args.policy)
     if not policies:
         raise ValueError("no policy given")
@@ -207,7 +211,6 @@ def main(args: argparse.Namespace) -> int:
     doc = {"title": f"{trace.meta.source} on {args.backend}",
            "machine": describe_machine(args.backend, device_id=args.device_id),
            "runs": [run], "preamble": list(args.note)}
-    out_dir = Path(args.out) if args.out else RESULTS_DIR / args.backend
     paths = write_report(doc, out_dir)
     if args.json:
         from allocsim.commands.common import print_json

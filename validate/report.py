@@ -293,7 +293,7 @@ def render_calibration(cal: Mapping[str, Any]) -> list[str]:
 def write_report(doc: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str, Path]:
     """Write ``results.json`` and ``report.md`` into ``out_dir``; return their paths."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(exist_ok=True)     # its parent must exist: a mistyped path is an error, not a new tree
     data = dict(jsonable(dict(doc)))
     data.setdefault("schema", SCHEMA)
     paths = {"json": out / "results.json", "markdown": out / "report.md"}

@@ -82,6 +82,10 @@ def main(args: argparse.Namespace) -> int:
     from ..sweep import executor_from_options
 
     try:
+        if args.output is not None:
+            from ..sweep.results import check_results_output
+
+            check_results_output(args.output)
         capacity = parse_bytes(args.capacity) if args.capacity is not None else None
         cost_model = cost_model_from_args(args)
         site_filter, top_sites = site_options(args)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import sys
 
+from ..output_file import check_output_file
 from ..trace import write_trace
 from .common import add_trace_args, load_trace
 
@@ -29,13 +31,21 @@ def check_output(path: str) -> None:
     """Refuse, before reading anything, an OUT that cannot be written: unknown extension, missing folder."""
     if not path.endswith(OUTPUT_SUFFIXES):
         raise ValueError(f"-o {path}: unknown extension; name the output .parquet, .csv or .csv.gz")
-    if os.path.isdir(path):
-        raise ValueError(f"-o {path}: is a directory; give a file name")
-    folder = os.path.dirname(path) or "."
-    if not os.path.isdir(folder):
-        raise ValueError(f"-o {path}: folder {folder} does not exist; create it first")
-    if not os.access(folder, os.W_OK):
-        raise ValueError(f"-o {path}: folder {folder} is not writable")
+    check_output_file(path, ours=written_by_convert, what="a file allocsim convert wrote")
+
+
+def written_by_convert(path: str) -> bool:
+    """True for a file ``convert`` wrote (allocsim Parquet, or CSV starting ``# allocsim``), which it may replace."""
+    try:
+        if path.endswith(".parquet"):
+            from ..trace.native import open_parquet
+
+            return b"allocsim" in (open_parquet(path, os.path.getsize(path)).schema_arrow.metadata or {})
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rb") as fh:
+            return fh.read(len(b"# allocsim")) == b"# allocsim"
+    except Exception:  # noqa: BLE001 - anything unreadable is not one of ours
+        return False
 
 
 def main(args: argparse.Namespace) -> int:

@@ -35,6 +35,7 @@ from typing import Any
 
 from ..engine import select_device
 from ..errors import AllocsimError
+from ..output_file import check_output_folder
 from ..units import parse_bytes
 from .common import add_cost_model_args, add_trace_args, cost_model_from_args, load_trace, print_json
 from .info import add_site_args, add_state_args, site_options, state_options
@@ -315,6 +316,8 @@ def main(args: argparse.Namespace) -> int:
                        paddle_flags(args))   # bad input first
         state_options(args)
         site_options(args)
+        if args.out_dir:
+            check_output_folder(args.out_dir)
         trace = load_trace(args)
         state = state_only(args, trace) if is_state_only(trace) else None
         result = execute(args, trace) if state is None else None

@@ -104,6 +104,9 @@ def main(args: argparse.Namespace) -> int:
     from ..sweep import build_configs, executor_from_options, run_sweep
 
     try:
+        from ..sweep.results import check_results_output
+
+        check_results_output(args.output)
         configs = build_configs(args.policy, args.grid, args.settings, args.grid_file)
         capacity = parse_bytes(args.capacity) if args.capacity is not None else None
         cost_model = cost_model_from_args(args)

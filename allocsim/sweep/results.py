@@ -20,6 +20,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..output_file import check_output_file
 from .flatten import PERF_COLUMNS
 
 HEAD_COLUMNS = ("trace", "trace_sha256", "policy", "params_json")
@@ -68,13 +69,30 @@ def write_results(rows: Iterable[dict[str, Any]], path: str | os.PathLike, *, co
     """Write ``rows`` to ``path`` atomically (temp file + rename) with the sweep metadata."""
     rows = list(rows)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    # Checked again here, right before the rename: only a results file this program wrote is replaced.
+    check_output_file(os.fspath(path), ours=is_results_file, what="an allocsim results file")
     meta = {"schema": SCHEMA, "complete": complete, "expected_rows": expected_rows, "rows": len(rows)}
     table = rows_to_table(rows, meta)
     tmp = path.with_name(f".tmp-{path.name}.{os.getpid()}")
     pq.write_table(table, tmp)
     os.replace(tmp, path)
     return path
+
+
+def check_results_output(path: str | os.PathLike, option: str = "-o") -> None:
+    """Refuse, before any run, a results path this command must not write (see ``output_file``)."""
+    from .journal import journal_dir
+
+    check_output_file(os.fspath(path), option, ours=is_results_file, what="an allocsim results file",
+                      folder_beside=os.fspath(journal_dir(path)))
+
+
+def is_results_file(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a Parquet file carrying the ``allocsim.sweep`` metadata (one this program wrote)."""
+    try:
+        return METADATA_KEY in (pq.read_schema(path).metadata or {})
+    except Exception:  # noqa: BLE001 - anything unreadable as Parquet is not one of ours
+        return False
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:

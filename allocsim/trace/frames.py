@@ -25,14 +25,21 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _CHUNK = 8192
 #: Stacks remembered per (length, three sampled frames): bounds the comparisons per list.
 _BUCKET = 8
+#: Frame text below this is never refused as out of proportion to the input (as for gzip data).
+_TEXT_FLOOR_CHARS = 64 << 20
 
 
 class FrameTable:
     """Distinct frames and stacks met so far; ``tables()`` returns them as schema columns."""
 
-    def __init__(self, path: str, limits: Limits = DEFAULT_LIMITS):
+    def __init__(self, path: str, limits: Limits = DEFAULT_LIMITS, input_bytes: int | None = None):
         self.path = path
         self.limits = limits
+        # Frames share strings (one memoised filename for thousands of frames), but every table,
+        # copy and report downstream holds each frame's text: it is counted once per distinct frame.
+        self.text_chars = 0
+        self.max_text_chars = frame_text_cap(limits, input_bytes)
+        self._input_bytes = input_bytes
         self._frame_by_obj: dict[int, int] = {}
         self._frame_by_value: dict[tuple[str, int, str], int] = {}
         self._stack_by_obj: dict[int, int] = {}
@@ -160,6 +167,9 @@ class FrameTable:
             fid = len(self.names)
             if fid >= self.limits.frames:
                 raise LimitExceeded(self.path, record, "frames", self.limits.frames, "distinct frames")
+            self.text_chars += len(filename) + len(name)
+            if self.text_chars > self.max_text_chars:
+                self._refuse_text(record)
             self._frame_by_value[key] = fid
             self.filenames.append(filename)
             self.lines.append(line)
@@ -167,6 +177,14 @@ class FrameTable:
         self._frame_by_obj[id(frame)] = fid
         self._keep_alive.append(frame)
         return fid
+
+    def _refuse_text(self, record: str) -> None:
+        if self._input_bytes is not None and self.max_text_chars < self.limits.decompressed_bytes:
+            raise LimitExceeded(self.path, record, "compression_ratio", self.limits.compression_ratio,
+                                f"distinct frames hold over {self.max_text_chars:,} characters of text "
+                                f"(shared strings counted once per frame) from {self._input_bytes:,} bytes")
+        raise LimitExceeded(self.path, record, "decompressed_bytes", self.limits.decompressed_bytes,
+                            f"distinct frames hold over {self.max_text_chars:,} characters of text")
 
     def child_stack(self, parent: int, frame: dict, record: str) -> int:
         """The stack ``frame`` (innermost) on top of stack ``parent`` (-1: none), interned.
@@ -207,6 +225,14 @@ class FrameTable:
         frame_ids = np.frombuffer(self._stack_frames, dtype=np.int32) if len(self._stack_frames) else np.empty(0, np.int32)
         return frame_tables(list(self.filenames), np.asarray(self.lines, dtype=np.int64), list(self.names),
                             frame_ids.copy(), starts)
+
+
+def frame_text_cap(limits: Limits, input_bytes: int | None) -> int:
+    """Characters of text all distinct frames may hold together: the decoded-size caps, applied to
+    the frames table (``compression_ratio`` times the input, at least 64 MiB)."""
+    if input_bytes is None:
+        return limits.decompressed_bytes
+    return min(limits.decompressed_bytes, max(_TEXT_FLOOR_CHARS, limits.compression_ratio * input_bytes))
 
 
 def frame_tables(filenames: list[str], lines: np.ndarray, names: list[str], stack_frames: np.ndarray,

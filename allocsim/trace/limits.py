@@ -17,6 +17,7 @@ import dataclasses
 import gzip
 import io
 import os
+import re
 import stat
 import zlib
 from typing import Any, Iterator
@@ -26,6 +27,9 @@ from ..units import GiB, MiB, parse_bytes
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK_BYTES = 1 << 20
+#: Compressed bytes fed to zlib at the start of each gzip member (doubled while the member goes on).
+_FIRST_WINDOW_BYTES = 1 << 10
+_NONZERO_BYTE = re.compile(b"[^\\x00]")
 #: Below this much output the ratio cap is not applied (small files compress arbitrarily well).
 _RATIO_FLOOR_BYTES = 64 * MiB
 #: Quoted values in messages are cut to this many characters (the full length is noted).
@@ -198,7 +202,13 @@ class BoundedReader(io.RawIOBase):
         self._raw.seek(0)
         self.compressed = magic == _GZIP_MAGIC
         self._inflate = zlib.decompressobj(wbits=31) if self.compressed else None
-        self._pending = b""
+        # Compressed input read from the file and not yet consumed: ``_buf[_pos:]``. Each call feeds
+        # zlib a window of it that doubles while a member goes on, so a member's leftover (which zlib
+        # copies into ``unused_data``) costs at most twice what the member consumed.
+        self._buf = b""
+        self._pos = 0
+        self._window = _FIRST_WINDOW_BYTES
+        self._in_member = self.compressed
         self.total_out = 0
         self._eof = False
 
@@ -231,35 +241,64 @@ class BoundedReader(io.RawIOBase):
                 self._eof = True
             return chunk
         while True:
-            if self._pending:
-                out = self._inflate.decompress(self._pending, size)
-                self._pending = self._inflate.unconsumed_tail
-            else:
-                data = self._raw.read(_CHUNK_BYTES)
-                if not data:
-                    if not self._inflate.eof:
-                        raise EOFError("compressed file ended before the end-of-stream marker")
-                    self._eof = True
-                    return b""
-                out = self._inflate.decompress(data, size)
-                self._pending = self._inflate.unconsumed_tail
+            if self._pos >= len(self._buf):
+                self._buf, self._pos = self._raw.read(_CHUNK_BYTES), 0
+                if not self._buf:
+                    return self._end_of_file(size)
+            if not self._in_member and not self._start_member():
+                continue
+            end = min(len(self._buf), self._pos + self._window)
+            out = self._inflate.decompress(memoryview(self._buf)[self._pos:end], size)
             if self._inflate.eof:
-                rest = self._inflate.unused_data + self._pending
-                self._pending = b""
-                if rest.startswith(_GZIP_MAGIC):
-                    # A concatenated gzip member (gzip -c a b > c): keep going.
-                    self._inflate = zlib.decompressobj(wbits=31)
-                    self._pending = rest
-                elif rest.strip(b"\x00"):
-                    raise zlib.error("trailing garbage after the gzip stream")
-                if not out and not self._pending:
-                    self._eof = True
-                    return b""
+                # unused_data and unconsumed_tail can both hold the same leftover: count it once.
+                left = len(self._inflate.unused_data)
+                self._in_member = False
+            else:
+                left = len(self._inflate.unconsumed_tail)
+                if not left:
+                    self._window = min(2 * self._window, _CHUNK_BYTES)
+            self._pos = end - left
             if out:
                 return out
 
+    def _start_member(self) -> bool:
+        """Skip zero padding after a member; True once the next member has begun, False to read on.
+
+        Between members only zero bytes or another gzip member may follow (as ``gzip -d`` accepts).
+        """
+        found = _NONZERO_BYTE.search(self._buf, self._pos)
+        if found is None:
+            self._pos = len(self._buf)
+            return False
+        self._pos = found.start()
+        if len(self._buf) - self._pos < len(_GZIP_MAGIC):
+            more = self._raw.read(_CHUNK_BYTES)
+            if not more:
+                raise zlib.error("trailing garbage after the gzip stream")
+            self._buf, self._pos = self._buf[self._pos:] + more, 0
+            return False
+        if not self._buf.startswith(_GZIP_MAGIC, self._pos):
+            raise zlib.error("trailing garbage after the gzip stream")
+        self._inflate = zlib.decompressobj(wbits=31)
+        self._in_member = True
+        self._window = _FIRST_WINDOW_BYTES
+        return True
+
+    def _end_of_file(self, size: int) -> bytes:
+        """Output zlib still holds once the file is read, or b"" at a clean end; EOFError mid-member."""
+        if self._in_member:
+            out = self._inflate.decompress(b"", size)
+            if self._inflate.eof:
+                self._in_member = False
+            if out:
+                return out
+            if self._in_member:
+                raise EOFError("compressed file ended before the end-of-stream marker")
+        self._eof = True
+        return b""
+
     def readinto(self, buffer) -> int:
-        if self._eof:
+        if self._eof or not len(buffer):
             return 0
         view = memoryview(buffer).cast("B")
         chunk = self._next_chunk(min(len(view), _CHUNK_BYTES))

@@ -17,11 +17,13 @@ import re
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc
 import pyarrow.parquet as pq
 from struct import error as struct_error
 
 from ..errors import TraceFormatError
+from ..units import MiB
 from .builder import MAX_SIZE_BYTES
 from .ipc_check import IpcFormatError, ipc_stream_bounds
 from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, open_binary, quote
@@ -50,7 +52,10 @@ def _header(trace: Trace) -> dict:
 def _table_to_ipc(frame: pd.DataFrame) -> bytes:
     sink = io.BytesIO()
     table = pa.Table.from_pandas(frame, preserve_index=False)
-    with pa.ipc.new_stream(sink, table.schema) as writer:
+    # Compressed: side tables live in the footer, and deep stacks make the stacks table millions of
+    # rows (the reader sizes compressed streams from their headers before decoding them).
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
         writer.write_table(table)
     return sink.getvalue()
 
@@ -153,6 +158,17 @@ def write_parquet(trace: Trace, path: str) -> None:
     pq.write_table(table.replace_schema_metadata(metadata), path, compression="zstd")
 
 
+def open_parquet(path: str, file_bytes: int, **options) -> pq.ParquetFile:
+    """``pq.ParquetFile`` whose footer may be as large as the file itself (side tables travel in
+    the footer's metadata; pyarrow's default 100 MB cap would refuse files allocsim wrote)."""
+    footer_cap = max(_THRIFT_DEFAULT_BYTES, file_bytes + 1)
+    return pq.ParquetFile(path, thrift_string_size_limit=footer_cap, **options)
+
+
+#: pyarrow's default cap on the footer's thrift strings.
+_THRIFT_DEFAULT_BYTES = 100_000_000
+
+
 def read_parquet(path: str, *, lenient: bool = False, limits: Limits | None = None) -> Trace:
     """Read allocsim Parquet written by ``write_parquet`` (or by hand: only the event columns are required).
 
@@ -162,7 +178,7 @@ def read_parquet(path: str, *, lenient: bool = False, limits: Limits | None = No
     limits = limits or DEFAULT_LIMITS
     file_bytes = check_regular_file(path)
     try:
-        pf = pq.ParquetFile(path)
+        pf = open_parquet(path, file_bytes)
         meta = pf.metadata
         schema = pf.schema_arrow
     except (pa.ArrowException, OSError) as exc:
@@ -182,24 +198,73 @@ def read_parquet(path: str, *, lenient: bool = False, limits: Limits | None = No
         if col in EVENT_DTYPES and pa.types.is_floating(field.type) and meta.num_rows:
             raise TraceFormatError(path, "events", f"column {col!r} holds floating-point numbers "
                                    f"({field.type}); allocsim traces store integers only")
-    events = _events_from_arrow(pf, [c for c in EVENT_DTYPES if c in schema.names], path, limits)
+    events = _events_from_arrow(pf, [c for c in EVENT_DTYPES if c in schema.names], path, limits, file_bytes)
     return _assemble(path, events, header, side, "allocsim-parquet", lenient, limits)
 
 
-def _read_column(pf: pq.ParquetFile, col: str, path: str) -> pa.ChunkedArray:
+def _read_column(pf: pq.ParquetFile, col: str, path: str, limits: Limits = DEFAULT_LIMITS,
+                 file_bytes: int = 0) -> pa.ChunkedArray:
     try:
+        field = pf.schema_arrow.field(col)
+        if _is_variable_width(field.type):
+            return _read_variable_width(pf, col, path, limits, file_bytes)
         return pf.read(columns=[col]).column(0)
     except (pa.ArrowException, OSError) as exc:
         raise TraceFormatError(path, None, f"not a readable Parquet file: {quote(str(exc))}") from None
 
 
-def _events_from_arrow(pf: pq.ParquetFile, names: list[str], path: str, limits: Limits) -> pd.DataFrame:
+def _is_variable_width(kind: pa.DataType) -> bool:
+    return (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+            or pa.types.is_large_binary(kind)
+            or (pa.types.is_dictionary(kind) and _is_variable_width(kind.value_type)))
+
+
+def _read_variable_width(pf: pq.ParquetFile, col: str, path: str, limits: Limits,
+                         file_bytes: int) -> pa.ChunkedArray:
+    """A text column, bounded by its decoded size before it is decoded.
+
+    Fixed bytes per row do not bound text: a dictionary page can hold one 2 MiB value that a
+    thousand rows repeat. The column is read still dictionary-encoded (pages are bounded by the
+    footer's uncompressed sizes first), every used value's length is checked against the string
+    and number caps, and the sum of the lengths against the decoded-size caps; only then decoded.
+    """
+    index = pf.schema_arrow.get_field_index(col)
+    meta = pf.metadata
+    stored = sum(meta.row_group(g).column(index).total_uncompressed_size for g in range(meta.num_row_groups))
+    _check_ratio(path, stored, file_bytes, limits, f"column {col!r}")
+    encoded = open_parquet(path, file_bytes, read_dictionary=[col]).read(columns=[col]).column(0)
+    max_value_bytes = 4 * max(limits.string_chars, limits.number_chars)   # UTF-8: at most 4 bytes a character
+    decoded_bytes = row = 0
+    for chunk in encoded.chunks:
+        if not pa.types.is_dictionary(chunk.type):
+            chunk = chunk.dictionary_encode()
+        lengths = pc.take(pc.binary_length(chunk.dictionary), chunk.indices)
+        longest = pc.max(lengths).as_py() or 0
+        if longest > max_value_bytes:
+            bad = row + pc.index(lengths, longest).as_py()
+            cap, name = ((limits.number_chars, "number_chars") if limits.number_chars > limits.string_chars
+                         else (limits.string_chars, "string_chars"))
+            raise LimitExceeded(path, f"events row {bad}", name, cap,
+                                f"column {col!r}: a value of {longest:,} bytes")
+        decoded_bytes += pc.sum(lengths).as_py() or 0
+        row += len(chunk)
+    if decoded_bytes > limits.decompressed_bytes:
+        raise LimitExceeded(path, "events", "decompressed_bytes", limits.decompressed_bytes,
+                            f"column {col!r} decodes to {decoded_bytes:,} bytes")
+    _check_ratio(path, decoded_bytes, file_bytes, limits, f"column {col!r}")
+    value_type = encoded.type.value_type if pa.types.is_dictionary(encoded.type) else encoded.type
+    return pa.chunked_array([c.cast(value_type) if pa.types.is_dictionary(c.type) else c for c in encoded.chunks],
+                            type=value_type)
+
+
+def _events_from_arrow(pf: pq.ParquetFile, names: list[str], path: str, limits: Limits,
+                       file_bytes: int = 0) -> pd.DataFrame:
     """The events table from the file's columns, read one at a time (so at most one column is held
     twice): integer columns go to numpy without pandas in between."""
     columns = {}
     n = pf.metadata.num_rows
     for col in names:
-        data = _read_column(pf, col, path)
+        data = _read_column(pf, col, path, limits, file_bytes)
         if pa.types.is_integer(data.type) and data.null_count == 0:
             if data.num_chunks == 1:
                 columns[col] = data.chunk(0).to_numpy(zero_copy_only=False)
@@ -243,12 +308,28 @@ def _read_side_table(path: str, name: str, raw: bytes, dtypes: dict, file_bytes:
     if body_bytes > limits.decompressed_bytes:
         raise LimitExceeded(path, name, "decompressed_bytes", limits.decompressed_bytes,
                             f"side table decodes to {body_bytes:,} bytes")
-    _check_ratio(path, body_bytes, file_bytes, limits, f"side table {name}")
+    if not _deep_stacks_table(name, rows, body_bytes, limits):
+        _check_ratio(path, body_bytes, file_bytes, limits, f"side table {name}")
     try:
         frame = pa.ipc.open_stream(raw).read_all().to_pandas()
     except (pa.ArrowException, OSError) as exc:
         raise TraceFormatError(path, name, f"corrupt side table: {quote(str(exc))}") from None
     return _typed(frame, dtypes, path, name, limits)
+
+
+def _deep_stacks_table(name: str, rows: int, body_bytes: int, limits: Limits) -> bool:
+    """True for a stacks table within the cap the trace readers apply when they build stacks.
+
+    Each stack repeats its parent's frames, so deeply nested ops (a 1 MB Kineto file of 4,400
+    nested ops gives 9.7M stack rows) compress far past the ratio cap; what ``convert`` wrote must
+    read back, so the stacks table is held to the readers' cap instead: at most ``frames`` x 8
+    rows of a few fixed-width columns.
+    """
+    return name == "stacks" and rows <= limits.frames * 8 and body_bytes <= _STACK_ROW_BYTES * rows + MiB
+
+
+#: Decoded bytes a stacks row may take (three int32 columns, validity bitmaps and padding, generously).
+_STACK_ROW_BYTES = 64
 
 
 def _load_header(path: str, raw: bytes | str | None, limits: Limits = DEFAULT_LIMITS) -> dict:

@@ -52,6 +52,47 @@ def _check_scalars(path: str, values: Any, what: str) -> None:
                                    "(a snapshot uses plain keys only)")
 
 
+#: Integer keys hash to themselves within this range, so distinct ones never collide; past it (and
+#: for fractional floats) a file can choose 100,000 keys with one hash and make a dict quadratic.
+_PLAIN_HASH_LIMIT = (1 << 61) - 2
+
+
+class _KeyedInt(int):
+    """A big integer key, equal to its value but hashed through its text (randomised per process)."""
+
+    __slots__ = ()
+
+    def __hash__(self) -> int:
+        return hash(int.__repr__(self))
+
+
+class _KeyedFloat(float):
+    """A fractional float key, equal to its value but hashed through its text (randomised per process)."""
+
+    __slots__ = ()
+
+    def __hash__(self) -> int:
+        return hash(float.__repr__(self))
+
+
+def _keyed(v: Any) -> Any:
+    """``v`` as a dict or set key whose hash no file can choose (snapshots never use such keys;
+    they are kept, not refused, so both routes read the same files)."""
+    kind = type(v)
+    if kind is int and not -_PLAIN_HASH_LIMIT <= v <= _PLAIN_HASH_LIMIT:
+        return _KeyedInt(v)
+    if kind is float and not (v.is_integer() and abs(v) <= _PLAIN_HASH_LIMIT):
+        return _KeyedFloat(v)
+    return v
+
+
+def _key_slots(stack: list, start: int, step: int) -> None:
+    """Wrap every risky key in ``stack[start::step]`` in place (see ``_keyed``)."""
+    for i in range(start, len(stack), step):
+        if type(stack[i]) in (int, float):
+            stack[i] = _keyed(stack[i])
+
+
 class _RefusesGlobals:
     """What both unpicklers share: every global and persistent id is refused, naming the file."""
 
@@ -87,22 +128,27 @@ class _DataOnlyUnpickler(_RefusesGlobals, pickle._Unpickler):  # type: ignore[na
     # -- containers whose keys get hashed: scalars only
     def _load_setitem(self) -> None:
         _check_scalars(self._path, (self.stack[-2],), "dict key")
+        _key_slots(self.stack, len(self.stack) - 2, 2)
         pickle._Unpickler.load_setitem(self)  # type: ignore[attr-defined]
 
     def _load_setitems(self) -> None:
         _check_scalars(self._path, self.stack[::2], "dict key")
+        _key_slots(self.stack, 0, 2)
         pickle._Unpickler.load_setitems(self)  # type: ignore[attr-defined]
 
     def _load_dict(self) -> None:
         _check_scalars(self._path, self.stack[::2], "dict key")
+        _key_slots(self.stack, 0, 2)
         pickle._Unpickler.load_dict(self)  # type: ignore[attr-defined]
 
     def _load_additems(self) -> None:
         _check_scalars(self._path, self.stack, "set item")
+        _key_slots(self.stack, 0, 1)
         pickle._Unpickler.load_additems(self)  # type: ignore[attr-defined]
 
     def _load_frozenset(self) -> None:
         _check_scalars(self._path, self.stack, "set item")
+        _key_slots(self.stack, 0, 1)
         pickle._Unpickler.load_frozenset(self)  # type: ignore[attr-defined]
 
 

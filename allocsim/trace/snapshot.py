@@ -54,7 +54,7 @@ from . import compiled, isolate
 from .builder import MAX_SIZE_BYTES, TraceBuilder
 from .recorded import infer_from_snapshot
 from .columnar import build_columns, match_keys
-from .frames import FrameTable, frame_tables
+from .frames import FrameTable, frame_tables, frame_text_cap
 from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, read_bytes
 from .safe_pickle import loads_data, loads_fast, short_repr
 from .schema import (
@@ -254,7 +254,7 @@ def _read_compiled(path: str, data: bytes, lenient: bool, limits: Limits, frames
     """The trace from the compiled scan, or None when the file must take the reference route."""
     scan = compiled.ext.snapshot_scan(
         data, limits.memory_bytes, limits.frames, limits.string_chars, limits.segments, limits.devices,
-        limits.events, _MAX_TIME_US, SYNTHETIC_STEP_NS, int(frames))
+        limits.events, _MAX_TIME_US, SYNTHETIC_STEP_NS, int(frames), frame_text_cap(limits, len(data)))
     if scan is None:
         return None
     reader = _SnapshotReader(path, lenient, budget=len(data), limits=limits, frames=frames)
@@ -268,10 +268,12 @@ def finish_snapshot_trace(trace: Trace) -> None:
 
 
 def _parse(path: str, lenient: bool, limits: Limits, *, use_c: bool, phase: Callable[[str], None],
-           data: bytes | None = None, frames: bool = True) -> Trace:
+           data: bytes | None = None, frames: bool = True,
+           on_size: Callable[[int], None] = lambda n_bytes: None) -> Trace:
     if data is None:
         data = read_bytes(path, limits)
     n_bytes = len(data)
+    on_size(n_bytes)
     obj = None
     if use_c:
         phase("unpickling (C)")
@@ -290,29 +292,29 @@ def _parse(path: str, lenient: bool, limits: Limits, *, use_c: bool, phase: Call
     return reader.read(_Holder(obj))
 
 
-def _c_unpickle_seconds(path: str, limits: Limits) -> int:
-    """Time allowed to the C unpickler before the reader falls back (a hash bomb never finishes)."""
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        size = 0
-    return int(min(limits.seconds, 3 + size // 2_000_000))
+def _c_unpickle_seconds(n_bytes: int, limits: Limits) -> int:
+    """Time allowed to the C unpickler before the reader falls back (a hash bomb never finishes).
+
+    Sized from the pickle's bytes after decompression: a small gzip file can hold 64 MiB of
+    opcodes, which the C unpickler needs seconds for and the fallback minutes.
+    """
+    return int(min(limits.seconds, 3 + n_bytes // 2_000_000))
 
 
 def _read_isolated(path: str, lenient: bool, limits: Limits, data: bytes | None = None,
                    frames: bool = True) -> Trace:
-    c_seconds = _c_unpickle_seconds(path, limits)
-
     def work(use_c: bool) -> Callable[[Callable[[str], None]], dict]:
         def run(phase: Callable[[str], None]) -> dict:
+            n_bytes = [0]
+
             def timed_phase(name: str) -> None:
                 phase(name)
                 if name == "unpickling (C)":
-                    signal.alarm(max(1, c_seconds))
+                    signal.alarm(max(1, _c_unpickle_seconds(n_bytes[0], limits)))
                 elif name in ("unpickling", "parsing"):
                     signal.alarm(max(1, int(limits.seconds)))
             return trace_to_payload(_parse(path, lenient, limits, use_c=use_c, phase=timed_phase, data=data,
-                                           frames=frames))
+                                           frames=frames, on_size=lambda n: n_bytes.__setitem__(0, n)))
         return run
 
     for use_c in (True, False):
@@ -340,7 +342,7 @@ class _SnapshotReader:
         self.b = TraceBuilder(path, FORMAT, lenient=lenient)
         self.notes = self.b.meta.notes
         self.consistent = True  # False once the start-state reconstruction hit a contradiction
-        self.frames = FrameTable(path, limits)
+        self.frames = FrameTable(path, limits, input_bytes=budget)
         self.keep_frames = frames
 
     # ------------------------------------------------------------------ helpers

@@ -68,6 +68,7 @@ typedef struct {
     Budget *budget;
     /* limits */
     int64_t max_frames, max_string_chars;
+    int64_t max_frame_text, frame_text;  /* bytes of text of distinct frames (FrameTable.text_chars) */
     /* pairs scanned so far and the most the file's size allows before the reference route takes it */
     int64_t work, work_limit;
     int keep_frames;               /* 0: stack frames are not read (every stack id -1) */
@@ -206,6 +207,10 @@ static int64_t frame_id(Frames *fr, const Val *frame) {
     if (!slot) return -1;
     if (!found) {
         if ((int64_t)fr->frame_line.len >= fr->cx->max_frames) return -1;
+        /* shared strings count once per distinct frame: bytes >= characters, so past the cap here
+         * the reference route decides (and names the limit) */
+        fr->cx->frame_text += (int64_t)fr->str_len.data[file_id] + (int64_t)fr->str_len.data[name_id];
+        if (fr->cx->frame_text > fr->cx->max_frame_text) return -1;
         if (vec_push(b, &fr->frame_file, (uint32_t)file_id) < 0 || vec_push(b, &fr->frame_name, (uint32_t)name_id) < 0
                 || vec_push(b, &fr->frame_line, line) < 0)
             return -1;
@@ -600,13 +605,15 @@ static void dev_free(Budget *b, DevCols *dc) {
 }
 
 /* snapshot_scan(data, memory_bytes, max_frames, max_string_chars, max_segments, max_devices,
- *               max_events, max_time_us, step_ns, keep_frames) -> dict | None (see read_scanned). */
+ *               max_events, max_time_us, step_ns, keep_frames[, max_frame_text])
+ *   -> dict | None (see read_scanned). */
 PyObject *rd_snapshot_scan(PyObject *self, PyObject *args) {
     Py_buffer buf;
     long long memory_bytes, max_frames, max_chars, max_segments, max_devices, max_events, max_time_us, step_ns;
+    long long max_frame_text = LLONG_MAX;   /* optional: no cap */
     int keep_frames;
-    if (!PyArg_ParseTuple(args, "y*LLLLLLLLp", &buf, &memory_bytes, &max_frames, &max_chars, &max_segments,
-                          &max_devices, &max_events, &max_time_us, &step_ns, &keep_frames))
+    if (!PyArg_ParseTuple(args, "y*LLLLLLLLp|L", &buf, &memory_bytes, &max_frames, &max_chars, &max_segments,
+                          &max_devices, &max_events, &max_time_us, &step_ns, &keep_frames, &max_frame_text))
         return NULL;
     Budget budget = {0, memory_bytes > 0 ? (size_t)memory_bytes : 0};
     Tree tree;
@@ -628,6 +635,8 @@ PyObject *rd_snapshot_scan(PyObject *self, PyObject *args) {
     cx.budget = &budget;
     cx.max_frames = max_frames;
     cx.max_string_chars = max_chars;
+    cx.max_frame_text = max_frame_text;
+    cx.frame_text = 0;
     cx.keep_frames = keep_frames;
     cx.work = 0;
     cx.work_limit = 2 * (int64_t)tree.items.len + 1024;
