@@ -56,8 +56,8 @@ from .recorded import infer_from_snapshot
 from .columnar import build_columns, match_keys
 from .final_state import check_final_state
 from .frames import FrameTable, frame_tables
-from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, read_bytes
-from .safe_pickle import loads_data, loads_fast, short_repr
+from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, read_bytes, read_head
+from .safe_pickle import loads_data, loads_fast, not_a_pickle, short_repr
 from .schema import (
     BLOCK_DTYPES,
     DECISION_DTYPES,
@@ -237,6 +237,9 @@ def read_snapshot(path: str | os.PathLike, *, lenient: bool = False, max_bytes: 
     if max_bytes is not None:
         limits = dataclasses.replace(limits, decompressed_bytes=max_bytes)
     check_regular_file(path)
+    other = not_a_pickle(read_head(path, 16))
+    if other is not None:
+        raise TraceFormatError(path, None, other)
     data = None
     trace = None
     if compiled.active():
