@@ -20,6 +20,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from .trace.limits import QUOTE_CHARS, quote
+
 MiB = 1 << 20
 #: PyTorch's kLargeBuffer in MB: the smallest max_split_size_mb / max_non_split_rounding_mb it accepts.
 MIN_SPLIT_MB = 20
@@ -39,8 +41,10 @@ class AllocConf:
 
 # ----------------------------------------------------------------------------- value readers
 def _whole_mb(key: str, token: str) -> int:
-    if not token.isdigit():
-        raise ValueError(f"{key} takes a whole number of MB (MiB), got {token!r}")
+    if not token.isascii() or not token.isdigit():
+        raise ValueError(f"{key} takes a whole number of MB (MiB), got {quote(token)}")
+    if len(token.lstrip("0")) > 18:   # past any device's memory, and past int()'s digit limit
+        raise ValueError(f"{key}: {quote(token)} is too large")
     value = int(token)
     if value < MIN_SPLIT_MB:
         raise ValueError(f"{key} must be >= {MIN_SPLIT_MB} (PyTorch refuses smaller values), got {value}")
@@ -49,7 +53,7 @@ def _whole_mb(key: str, token: str) -> int:
 
 def _true_false(key: str, token: str) -> bool:
     if token not in ("True", "False"):
-        raise ValueError(f"{key} takes True or False (PyTorch's spelling, capitalised), got {token!r}")
+        raise ValueError(f"{key} takes True or False (PyTorch's spelling, capitalised), got {quote(token)}")
     return token == "True"
 
 
@@ -57,9 +61,9 @@ def _number(key: str, token: str) -> float:
     try:
         value = float(token)
     except ValueError:
-        raise ValueError(f"{key} takes a number, got {token!r}") from None
+        raise ValueError(f"{key} takes a number, got {quote(token)}") from None
     if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(f"{key} takes a finite number, got {token!r}")
+        raise ValueError(f"{key} takes a finite number, got {quote(token)}")
     return value
 
 
@@ -82,29 +86,34 @@ def _is_power_of_two(value: int) -> bool:
     return value > 0 and value & (value - 1) == 0
 
 
+def _is_count(token: str) -> bool:
+    """A plain decimal of at most 18 digits (longer ones are past any table and past int()'s digit cap)."""
+    return token.isascii() and token.isdigit() and len(token) <= 18
+
+
 def _divisions(key: str, tokens: list[str]) -> str:
     """Check ``roundup_power2_divisions`` tokens (``["8"]`` or ``["[", "256", ":", "1", ..., "]"]``)."""
     if tokens[0] != "[":
-        if len(tokens) != 1 or not tokens[0].isdigit() or not _is_power_of_two(int(tokens[0])):
-            raise ValueError(f"{key} takes a power of 2 or a list like [256:1,512:2,>:8], got {''.join(tokens)!r}")
+        if len(tokens) != 1 or not _is_count(tokens[0]) or not _is_power_of_two(int(tokens[0])):
+            raise ValueError(f"{key} takes a power of 2 or a list like [256:1,512:2,>:8], got {quote(''.join(tokens))}")
         return tokens[0]
     if tokens[-1] != "]":
-        raise ValueError(f"{key}: no closing ']' in {''.join(tokens)!r}")
+        raise ValueError(f"{key}: no closing ']' in {quote(''.join(tokens))}")
     body = tokens[1:-1]
     entries = []
     for start in range(0, len(body), 4):
         item = body[start:start + 4]
         sep = item[3] if len(item) == 4 else ","
         if len(item) < 3 or item[1] != ":" or sep != ",":
-            raise ValueError(f"{key}: expected [MB:divisions,...,>:divisions], got {''.join(tokens)!r}")
+            raise ValueError(f"{key}: expected [MB:divisions,...,>:divisions], got {quote(''.join(tokens))}")
         boundary, divisions = item[0], item[2]
-        if boundary != ">" and (not boundary.isdigit() or not _is_power_of_two(int(boundary))):
-            raise ValueError(f"{key}: interval {boundary!r} is not a power of 2 (in MB) or '>'")
-        if not divisions.isdigit() or (int(divisions) and not _is_power_of_two(int(divisions))):
-            raise ValueError(f"{key}: divisions {divisions!r} must be 0 or a power of 2")
+        if boundary != ">" and (not _is_count(boundary) or not _is_power_of_two(int(boundary))):
+            raise ValueError(f"{key}: interval {quote(boundary)} is not a power of 2 (in MB) or '>'")
+        if not _is_count(divisions) or (int(divisions) and not _is_power_of_two(int(divisions))):
+            raise ValueError(f"{key}: divisions {quote(divisions)} must be 0 or a power of 2")
         entries.append(f"{boundary}:{int(divisions)}")
     if not entries or body[-1] == ",":
-        raise ValueError(f"{key}: expected [MB:divisions,...,>:divisions], got {''.join(tokens)!r}")
+        raise ValueError(f"{key}: expected [MB:divisions,...,>:divisions], got {quote(''.join(tokens))}")
     return "[" + ",".join(entries) + "]"
 
 
@@ -157,6 +166,11 @@ NATIVE_ONLY = ("max_split_size_mb", "max_non_split_rounding_mb", "garbage_collec
                "roundup_power2_divisions", "expandable_segments", "per_process_memory_fraction")
 
 
+def _short(text: str) -> str:
+    """``text`` as it is when short, else quoted and cut (a hostile value may be megabytes long)."""
+    return text if len(text) <= QUOTE_CHARS else quote(text)
+
+
 def tokenize(text: str) -> list[str]:
     """PyTorch's ConfigTokenizer: split at ``,`` ``:`` ``[`` ``]`` (kept as tokens), drop whitespace."""
     tokens, buffer = [], []
@@ -179,9 +193,13 @@ def _items(tokens: list[str], where: str) -> list[tuple[str, list[str]]]:
     while i < n:
         key = tokens[i]
         if key in ",:[]":
-            raise ValueError(f"{where}: expected a key at {''.join(tokens[i:])!r}")
+            raise ValueError(f"{where}: expected a key at {quote(''.join(tokens[i:]))}")
+        if "=" in key and (i + 1 >= n or tokens[i + 1] == ","):
+            name, _, value = key.partition("=")
+            raise ValueError(f"{where}: {quote(key)} uses '=': PYTORCH_CUDA_ALLOC_CONF writes KEY:VALUE with ':', "
+                             f"as in {quote(name + ':' + value)}")
         if i + 2 >= n or tokens[i + 1] != ":" or tokens[i + 2] in ",:]":
-            raise ValueError(f"{where}: expected {key}:VALUE")
+            raise ValueError(f"{where}: expected {_short(key)}:VALUE")
         j = i + 2
         if tokens[j] == "[":
             end = tokens.index("]", j) if "]" in tokens[j:] else n - 1
@@ -190,7 +208,7 @@ def _items(tokens: list[str], where: str) -> list[tuple[str, list[str]]]:
             value, j = [tokens[j]], j + 1
         items.append((key, value))
         if j < n and tokens[j] != ",":
-            raise ValueError(f"{where}: expected ',' after {key}:{''.join(value)}, got {tokens[j]!r}")
+            raise ValueError(f"{where}: expected ',' after {quote(key + ':' + ''.join(value))}, got {quote(tokens[j])}")
         i = j + 1
     return items
 
@@ -202,7 +220,7 @@ def unknown_key_message(key: str, where: str) -> str:
     for modelled in _MODELLED:
         if modelled.param and key in (modelled.param, modelled.param + "_bytes"):
             hint = f"; allocsim's {key} is PyTorch's {modelled.name}"
-    return f"{where}: PyTorch has no allocator setting {key!r}{hint}"
+    return f"{where}: PyTorch has no allocator setting {quote(key)}{hint}"
 
 
 def parse_alloc_conf(text: str, *, where: str = "--alloc-conf") -> AllocConf:
@@ -219,11 +237,11 @@ def parse_alloc_conf(text: str, *, where: str = "--alloc-conf") -> AllocConf:
         if spec.refused:
             raise ValueError(f"{where}: {key} is not modelled: it {spec.refused}; remove it to simulate")
         if key != "roundup_power2_divisions" and len(value) != 1:
-            raise ValueError(f"{where}: {key} takes one value, got {''.join(value)!r}")
+            raise ValueError(f"{where}: {key} takes one value, got {quote(''.join(value))}")
         try:
             if key == "backend":
                 if value[0] not in BACKENDS:
-                    raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {value[0]!r}")
+                    raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {quote(value[0])}")
                 backend = value[0]
                 continue
             given.append(key)
@@ -393,12 +411,12 @@ def parse_policy_spec(text: str) -> PolicySpec:
     name, sep, rest = text.strip().partition(":")
     name = name.strip()
     if not name:
-        raise ValueError(f"--policy {text!r}: no policy name")
+        raise ValueError(f"--policy {quote(text)}: no policy name")
     if not sep:
         return PolicySpec(name, {}, name)
     if not rest.strip():
-        raise ValueError(f"--policy {text!r}: no settings after ':'")
-    where = f"--policy {text}"
+        raise ValueError(f"--policy {quote(text)}: no settings after ':'")
+    where = f"--policy {_short(text)}"
     if name == "paddle" and "=" in rest:
         from .paddle_flags import parse_flags
 
@@ -413,6 +431,6 @@ def parse_policy_spec(text: str) -> PolicySpec:
     for item in _split_outside_brackets(rest):
         key, colon, value = item.partition(":")
         if not colon or not key.strip() or not value.strip():
-            raise ValueError(f"{where}: expected {name}:KEY:VALUE[,KEY:VALUE...], got {item!r}")
+            raise ValueError(f"{where}: expected {name}:KEY:VALUE[,KEY:VALUE...], got {quote(item)}")
         params[key.strip()] = value.strip()
     return PolicySpec(name, params, f"{name}:{','.join(f'{k}:{v}' for k, v in params.items())}")

@@ -57,6 +57,7 @@ import operator
 import os
 from typing import Any, Callable, Mapping
 
+from .jsonfile import load_json_file
 from .units import MiB
 
 FORMAT = "allocsim-cost-model/1"
@@ -215,11 +216,7 @@ class CostModel:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "CostModel":
         """Read a calibration file written by ``save`` (or by the GPU harness); see the module docstring."""
-        try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{os.fspath(path)}: cannot read cost model: {exc}") from None
+        data = load_json_file(path, f"{os.fspath(path)}: cannot read cost model")
         if not isinstance(data, dict):
             raise ValueError(f"{os.fspath(path)}: cost model must be a JSON object")
         try:

@@ -260,6 +260,108 @@ def special_fifo(folder: Path, rng: random.Random) -> tuple[Path, None]:
     return path, None
 
 
+# ------------------------------------------------------------- impossible final states and misnamed files
+_A = 1 << 40
+_FRAMES = [{"filename": "train.py", "line": 1, "name": "step"}]
+
+
+def _snapshot_with_state(folder: Path, name: str, segment: dict) -> Path:
+    """A snapshot whose final state is ``segment`` and whose history allocates and frees one block."""
+    addr = segment["address"] + segment["total_size"] - 512
+    history = [{"action": act, "addr": addr, "size": 512, "stream": 0, "time_us": t, "frames": _FRAMES}
+               for t, act in enumerate(("alloc", "free_requested", "free_completed"))]
+    path = folder / name
+    path.write_bytes(pickle.dumps({"segments": [segment], "device_traces": [history]}, protocol=4))
+    return path
+
+
+def _segment(total: int, pool: str, live_size: int, requested: int) -> dict:
+    return {"device": 0, "address": _A, "total_size": total, "stream": 0, "segment_type": pool,
+            "blocks": [{"address": _A, "size": live_size, "requested_size": requested, "state": "active_allocated",
+                        "frames": _FRAMES},
+                       {"address": _A + live_size, "size": total - live_size, "requested_size": 0,
+                        "state": "inactive"}]}
+
+
+def requested_over_size_snapshot(folder: Path, rng: random.Random) -> tuple[Path, None]:
+    """A live block whose requested_size exceeds its size (was an AttributionError in ``run``)."""
+    size = rng.choice([512, 1024, 4096])
+    return _snapshot_with_state(folder, "requested.pickle", _segment(2 * MiB, "small", size, size + 512 * rng.randint(1, 8))), None
+
+
+def small_block_large_pool_snapshot(folder: Path, rng: random.Random) -> tuple[Path, None]:
+    """A 512 B live block in a large-pool segment (was an AttributionError / SiteAccountingError)."""
+    return _snapshot_with_state(folder, "pool.pickle", _segment(20 * MiB, "large", 512 * rng.randint(1, 2048), 512)), None
+
+
+def tiny_segment_snapshot(folder: Path, rng: random.Random) -> tuple[Path, None]:
+    """A 2 KiB segment (was a SiteAccountingError once one 512 B block came and went)."""
+    total = rng.choice([2048, 4096, 3 * MiB])
+    return _snapshot_with_state(folder, "tiny.pickle", _segment(total, "small", 512, 512)), None
+
+
+def odd_block_snapshot(folder: Path, rng: random.Random) -> tuple[Path, None]:
+    """A live block whose size is not a multiple of 512 (was an AssertionError in ``validate``)."""
+    size = rng.choice([1000, 513, 4097])
+    return _snapshot_with_state(folder, "odd.pickle", _segment(2 * MiB, "small", size, size)), None
+
+
+def png_named_pickle(folder: Path, rng: random.Random) -> tuple[Path, None]:
+    """A PNG image renamed ``.pickle`` (was "refused persistent id")."""
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    side = rng.randint(1, 16)
+    pixels = b"".join(b"\x00" + bytes(rng.randrange(256) for _ in range(3 * side)) for _ in range(side))
+    path = folder / "picture.pickle"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(pixels)) + chunk(b"IEND", b""))
+    return path, None
+
+
+def bytearray_pickle(folder: Path, rng: random.Random) -> tuple[Path, None]:
+    """BYTEARRAY8 with a length past the data (printed a stray SystemError line before the error)."""
+    path = folder / "bytearray.pickle"
+    path.write_bytes(b"\x80\x05\x96" + struct.pack("<Q", rng.choice([1 << 40, 1 << 62])) + b"0123.")
+    return path, None
+
+
+def hex_size_rmm(folder: Path, rng: random.Random) -> tuple[Path, None]:
+    """RMM sizes written in hex: one rule on both routes (Arrow's cast read them silently)."""
+    n = rng.randint(1, 50)
+    lines = ["Thread,Time,Action,Pointer,Size,Stream"]
+    for i in range(n):
+        size = f"0x{512 * (i + 1):x}" if i == n - 1 else str(512 * (i + 1))
+        lines.append(f"1,10:00:00.{i:06d},allocate,0x{4096 * (i + 1):x},{size},0x0")
+    path = folder / "hex.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path, None
+
+
+def deep_json_kineto(folder: Path, rng: random.Random) -> tuple[Path, None]:
+    """JSON nested past ``--limits depth`` inside a Kineto event (only the compiled route capped it)."""
+    depth = rng.randint(70, 5000)
+    event = ('{"ph": "i", "name": "[memory]", "ts": 1, "args": {"Addr": 4096, "Bytes": 512, "Device Type": 1, '
+             '"Device Id": 0, "x": ' + "[" * depth + "]" * depth + "}}")
+    path = folder / "deep.json"
+    path.write_text('{"traceEvents": [' + event + "]}")
+    return path, None
+
+
+#: Generator -> what ``allocsim info`` must say about its file (exit 2, the same line on both routes).
+EXPECTED_REFUSALS: dict[str, str] = {
+    "requested over size": "is more than the block's size",
+    "small block in large pool": "is in the large pool",
+    "tiny segment": "is not a multiple of 2 MiB",
+    "odd live block": "is not a multiple of 512",
+    "png named pickle": "not a pickle: it is a PNG image",
+    "bytearray opcode": "bytearray / out-of-band buffer opcodes",
+    "rmm hex size": "RMM logs sizes in decimal",
+    "deep json": "over the limit depth=64",
+}
+
 #: Class of attack -> its generators.
 HOSTILE: dict[str, dict[str, Generator]] = {
     "decompression bomb": {"json.gz": bomb_json_gz, "pickle.gz": bomb_pickle_gz, "parquet side table": side_table_bomb_parquet},
@@ -267,9 +369,14 @@ HOSTILE: dict[str, dict[str, Generator]] = {
     "quadratic structure": {"snapshot devices": many_devices_snapshot, "kineto devices": many_devices_kineto,
                             "address collisions": colliding_addresses_rmm, "map events": many_segments_snapshot},
     "traceback": {"corrupt deflate": corrupt_deflate, "settings types": bad_settings_snapshot,
-                  "directory": special_directory, "fifo": special_fifo},
-    "wrong numbers": {"wrapping sums": wrapping_sums_parquet},
-    "messages": {"huge string": huge_string_snapshot, "huge number": huge_number_kineto},
+                  "directory": special_directory, "fifo": special_fifo,
+                  "requested over size": requested_over_size_snapshot,
+                  "small block in large pool": small_block_large_pool_snapshot,
+                  "tiny segment": tiny_segment_snapshot, "odd live block": odd_block_snapshot,
+                  "deep json": deep_json_kineto},
+    "wrong numbers": {"wrapping sums": wrapping_sums_parquet, "rmm hex size": hex_size_rmm},
+    "messages": {"huge string": huge_string_snapshot, "huge number": huge_number_kineto,
+                 "png named pickle": png_named_pickle, "bytearray opcode": bytearray_pickle},
 }
 
 

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from allocsim.errors import TraceFormatError
 from allocsim.trace.limits import iter_chunks, open_binary, read_bytes
-from tests.attack_files import HOSTILE, OUTPUT_TARGETS, VALID, _member, nested_ops_kineto
+from tests.attack_files import EXPECTED_REFUSALS, HOSTILE, OUTPUT_TARGETS, VALID, _member, nested_ops_kineto
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMORY_CAP_BYTES = 4 << 30
@@ -247,3 +247,97 @@ def test_convert_of_deeply_nested_ops_reads_back(tmp_path, capsys):
         a, b = getattr(original, name), getattr(copy, name)
         assert len(a) == len(b) and a.reset_index(drop=True).equals(b.reset_index(drop=True)), name
     assert len(copy.stacks) > 9_000_000
+
+
+# ------------------------------------------------------------------ refusals: the same line on both routes
+_GENERATORS = {name: gen for generators in HOSTILE.values() for name, gen in generators.items()}
+
+
+def _routes_agree(path: Path, argv_of, expected: str) -> None:
+    """``argv_of(path)`` exits 2 with one line holding ``expected``, the same line on both routes."""
+    lines = {}
+    for route in ("compiled", "reference"):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "ALLOCSIM_KERNEL": route}
+        if route == "compiled":
+            env.pop("ALLOCSIM_KERNEL")   # auto: compiled where built (CI also runs without a compiler)
+        proc = subprocess.run([sys.executable, *argv_of(path)], capture_output=True, text=True, cwd=ROOT,
+                              env=env, timeout=TIME_LIMIT_S)
+        err = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2 and len(err) == 1, f"{route} on {path.name}: exit {proc.returncode}\n{proc.stderr[-2000:]}"
+        assert expected in err[0] and path.name in err[0], f"{route} on {path.name}: {err[0]}"
+        lines[route] = err[0]
+    assert lines["compiled"] == lines["reference"], lines
+
+
+@pytest.mark.parametrize("gen_name", sorted(EXPECTED_REFUSALS))
+def test_refusals_name_the_rule_on_both_routes(tmp_path, gen_name):
+    path, _ = _GENERATORS[gen_name](tmp_path, random.Random(0))
+    _routes_agree(path, lambda p: ["-c", _CLI, "info", str(p)], EXPECTED_REFUSALS[gen_name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gen_name, seed", [(g, seed) for g in sorted(EXPECTED_REFUSALS) for seed in range(1, 4)])
+def test_refusals_every_command_and_seed(tmp_path, gen_name, seed):
+    path, _ = _GENERATORS[gen_name](tmp_path, random.Random(seed))
+    for name in ("info", "run pytorch", "run bestfit"):
+        _routes_agree(path, lambda p, n=name: commands(p, tmp_path)[n], EXPECTED_REFUSALS[gen_name])
+
+
+def test_validate_names_the_file_for_an_impossible_state(tmp_path):
+    path, _ = _GENERATORS["odd live block"](tmp_path, random.Random(0))
+    code, _, err, _ = run_capped(commands(path, tmp_path)["validate snapshot"])
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert path.name in err and "is not a multiple of 512" in err
+
+
+# ------------------------------------------------------------------ options: one line that blames the option
+def _hostile_options(folder: Path, rng: random.Random) -> dict[str, tuple[list[str], str]]:
+    """Hostile command-line values on a valid trace -> (argv, what the one error line must say)."""
+    from allocsim.sweep.results import rows_to_table
+    import pyarrow.parquet as pq
+
+    trace, _ = VALID["snapshot"](folder, rng)
+    nested = "[" * rng.randint(5000, 50000)
+    nested += "]" * len(nested)
+    (folder / "nested.json").write_text(nested)
+
+    def results(name: str, policy: str, params_json: str) -> str:
+        row = {"trace": str(trace), "trace_sha256": "ab" * 32, "policy": policy, "params_json": params_json,
+               "error": None, "completed": True, "oom_count": 0, "peak_reserved_bytes": 1 << 30}
+        pq.write_table(rows_to_table([row]), folder / name)
+        return str(folder / name)
+
+    run = ["run", str(trace), "--policy"]
+    long_value = "9" * rng.randint(5000, 20000)
+    return {
+        "paddle alignment=0": ([*run, "paddle", "--set", "alignment=0"], "alignment_bytes must be > 0"),
+        "alloc-conf with '='": ([*run, "pytorch", "--alloc-conf", "expandable_segments=True"], "uses '='"),
+        "alloc-conf 20 KB value": ([*run, "pytorch", "--alloc-conf", f"max_split_size_mb:{long_value}"],
+                                   "characters)"),
+        "policy spec 20 KB": ([*run, f"pytorch:x:{long_value}"], "characters)"),
+        "limits events=1e30": ([*run, "pytorch", "--limits", "events=1e30"], "--limits events=1e30: must be from 1"),
+        "limits memory_bytes=2**63": ([*run, "pytorch", "--limits", f"memory_bytes={1 << 63}"],
+                                      "--limits memory_bytes="),
+        "limits seconds=2**31": (["info", str(trace), "--limits", f"seconds={1 << 31}"], "--limits seconds="),
+        "limits nan": (["info", str(trace), "--limits", "depth=nan"], "not a whole number"),
+        "max-events 0": (["info", str(trace), "--max-events", "0"], "--max-events 0: must be from 1"),
+        "cost model nested": ([*run, "pytorch", "--cost-model", str(folder / "nested.json")], "nested too deeply"),
+        "grid file nested": (["sweep", str(trace), "--grid-file", str(folder / "nested.json"), "--fast",
+                              "-o", str(folder / "out.parquet")], "nested too deeply"),
+        "winners unknown policy": (["winners", results("unknown.parquet", "no-such-policy", "{}")],
+                                   "unknown policy 'no-such-policy'"),
+        "winners unknown parameter": (["winners", results("param.parquet", "pytorch", '{"nope": 1}')],
+                                      "no parameter 'nope'"),
+        "winners nested params": (["winners", results("nested.parquet", "pytorch", nested)], "nested too deeply"),
+    }
+
+
+def test_hostile_options_give_one_line(tmp_path, capsys):
+    from allocsim.cli import main
+
+    for name, (argv, expected) in _hostile_options(tmp_path, random.Random(0)).items():
+        capsys.readouterr()
+        code = main(argv)
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert code == 2 and len(err) == 1, f"{name}: exit {code}, {err}"
+        assert expected in err[0] and len(err[0]) < 400, f"{name}: {err[0][:500]}"

@@ -38,7 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (AllocsimError, ValueError) as exc:
-        print(f"validate {args.command}: error: {exc}", file=sys.stderr)
+        # Every error names the file it is about, even one raised far from the reader.
+        source = getattr(args, "file", None) or getattr(args, "trace", None)
+        message = str(exc) if not source or str(source) in str(exc) else f"{source}: {exc}"
+        print(f"validate {args.command}: error: {message}", file=sys.stderr)
         return 2
 
 

@@ -32,12 +32,12 @@ def add_read_args(parser: argparse.ArgumentParser) -> None:
 
 def trace_limits(args: argparse.Namespace) -> Limits:
     """The ``Limits`` that ``--limits``, ``--max-events`` and ``--max-decompressed`` ask for."""
-    overrides = parse_limit_options(getattr(args, "limits", None))
+    limits = DEFAULT_LIMITS.with_overrides(parse_limit_options(getattr(args, "limits", None)))
     if getattr(args, "max_events", None) is not None:
-        overrides["events"] = args.max_events
+        limits = limits.with_overrides({"events": args.max_events}, "--max-events")
     if getattr(args, "max_decompressed", None) is not None:
-        overrides["decompressed_bytes"] = args.max_decompressed
-    return DEFAULT_LIMITS.with_overrides(overrides)
+        limits = limits.with_overrides({"decompressed_bytes": args.max_decompressed}, "--max-decompressed")
+    return limits
 
 
 def read_args(args: argparse.Namespace) -> tuple[str, ...]:

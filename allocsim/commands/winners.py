@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import AllocsimError
+from ..trace.limits import quote
 from ..units import GiB, parse_bytes
 
 
@@ -75,6 +76,35 @@ def only_trace(df: pd.DataFrame, trace: str | None) -> pd.DataFrame:
     if not mask.any():
         raise ValueError(f"--trace {trace}: not in the results ({', '.join(traces)})")
     return df[mask]
+
+
+def check_rows(df: pd.DataFrame, path: str) -> None:
+    """Refuse a results file whose rows name an unknown policy or parameters it cannot take.
+
+    Each row's ``allocsim run`` command is rebuilt from its policy and ``params_json``; a hand-edited
+    or foreign file must fail here, in one line naming the row, not while printing the table.
+    """
+    from ..jsonfile import parse_json
+    from ..policies.registry import policy_specs
+    from ..sweep.grid import accepted_keys, set_args
+
+    known = {spec.name for spec in policy_specs()}
+    for i, (policy, params_json) in enumerate(zip(df["policy"].tolist(), df["params_json"].tolist())):
+        where = f"{path}: row {i}"
+        if policy not in known:
+            raise ValueError(f"{where}: unknown policy {quote(policy)} (known: {', '.join(sorted(known))})")
+        params = parse_json(params_json, f"{where}: params_json") if isinstance(params_json, str) else None
+        if not isinstance(params, dict):
+            raise ValueError(f"{where}: params_json is not a JSON object of parameters")
+        try:
+            table = accepted_keys(policy, [params.get("inner", "")] if isinstance(params.get("inner"), str) else [])
+            unknown = [key for key in params if key not in table]
+            if unknown:
+                raise ValueError(f"no parameter {quote(unknown[0])}")
+            set_args(policy, params)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: policy {policy} cannot take params_json {quote(params_json)} "
+                             f"({type(exc).__name__}: {quote(str(exc))})") from None
 
 
 def default_capacity(df: pd.DataFrame) -> int | None:
@@ -170,6 +200,7 @@ def main(args: argparse.Namespace) -> int:
                  "rerun the sweep to finish it")
         if "params_json" not in df.columns:
             raise ValueError(f"{args.results} is not an `allocsim sweep` results file (no params_json column)")
+        check_rows(df, args.results)
         df = only_trace(df, args.trace)
         objectives = objectives_from_args(df, args.minimise, args.then, note)
         capacity = parse_bytes(args.capacity) if args.capacity is not None else default_capacity(df)

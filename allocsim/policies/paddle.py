@@ -34,6 +34,8 @@ class PaddlePolicy(PoolPolicy):
 
     def __init__(self, upstream: Any, *, chunk_size_bytes: int = 0, alignment_bytes: int = GPU_MIN_CHUNK_SIZE,
                  free_idle_chunk: bool = False, free_when_no_cache_hit: bool = False, stream_safe: bool = True):
+        if alignment_bytes <= 0:   # checked before it divides the chunk size below
+            raise ValueError(f"alignment_bytes must be > 0, got {alignment_bytes}")
         # chunk_size_(std::max(AlignedSize(chunk_size, alignment), alignment))
         chunk = max(align_up(chunk_size_bytes, alignment_bytes), alignment_bytes)
         super().__init__(upstream, alignment_bytes=alignment_bytes, growth="chunk", chunk_bytes=chunk,

@@ -32,6 +32,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from ..jsonfile import load_json_file
+
 #: The policy that wraps another one; its ``inner`` parameter names the wrapped policy.
 WRAPPER_POLICY = "deferred-gc"
 DEFAULT_INNER_POLICY = "paddle"
@@ -104,13 +106,7 @@ def parse_set_item(item: str) -> tuple[str, str]:
 
 def load_grid_file(path: str | os.PathLike) -> dict[str, dict[str, list[Any]]]:
     """Read a per-policy grid file (see the module docstring); ``ValueError`` names the file and the problem."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise ValueError(f"--grid-file {path}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--grid-file {path}: not valid JSON: {exc}") from None
+    data = load_json_file(path, f"--grid-file {path}")
     if not isinstance(data, dict) or not data:
         raise ValueError(f"--grid-file {path}: expected a JSON object of policy name -> {{key: [values]}}")
     grids: dict[str, dict[str, list[Any]]] = {}

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..output_file import check_output_file
+from ..jsonfile import parse_json
 from .flatten import PERF_COLUMNS
 
 HEAD_COLUMNS = ("trace", "trace_sha256", "policy", "params_json")
@@ -99,7 +100,10 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     """The ``allocsim.sweep`` metadata of a results file ({} for a file without it)."""
     meta = pq.read_schema(path).metadata or {}
     raw = meta.get(METADATA_KEY)
-    return json.loads(raw) if raw else {}
+    meta = parse_json(raw, f"{os.fspath(path)}: sweep metadata") if raw else {}
+    if not isinstance(meta, dict):
+        raise ValueError(f"{os.fspath(path)}: sweep metadata is not a JSON object")
+    return meta
 
 
 def read_results(path: str | os.PathLike):

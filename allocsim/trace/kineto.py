@@ -357,8 +357,12 @@ def read_kineto(path, *, lenient: bool = False, limits: Limits | None = None) ->
 
 def _read_decoded(path: str, data: bytes, lenient: bool, limits: Limits) -> Trace:
     """The reference route: the document decoded (msgspec, else the standard library), then read."""
+    from .json_depth import max_nesting
     from .kineto_fast import decode_events
 
+    depth = max_nesting(data)
+    if depth > limits.depth:
+        raise LimitExceeded(path, None, "depth", limits.depth, f"JSON nested {depth:,} levels deep")
     fast = decode_events(data)
     if fast is not None:
         events, top_keys, is_object = fast

@@ -58,14 +58,18 @@ class Limits:
         """The cap names ``--limits`` accepts."""
         return [f.name for f in dataclasses.fields(cls)]
 
-    def with_overrides(self, overrides: dict[str, Any]) -> "Limits":
-        """Return a copy with ``overrides`` (``{"events": "1e9"}``, sizes like ``"64GiB"``) applied."""
+    def with_overrides(self, overrides: dict[str, Any], option: str = "--limits") -> "Limits":
+        """Return a copy with ``overrides`` (``{"events": "1e9"}``, sizes like ``"64GiB"``) applied.
+
+        Every value goes through ``parse_limit_value``; a bad one raises ``ValueError`` naming
+        ``option`` (the flag it came from), the cap and the allowed range.
+        """
         changes = {}
         for key, raw in overrides.items():
             name = key.strip().replace("-", "_")
             if name not in self.names():
-                raise ValueError(f"unknown limit {quote(key)}; known: {', '.join(self.names())}")
-            changes[name] = _parse_limit_value(name, raw)
+                raise ValueError(f"{option}: unknown limit {quote(key)}; known: {', '.join(self.names())}")
+            changes[name] = parse_limit_value(name, raw, option)
         return dataclasses.replace(self, **changes)
 
 
@@ -81,18 +85,55 @@ def how_to_raise(name: str) -> str:
     return f"--limits {name}=VALUE"
 
 
-def _parse_limit_value(name: str, raw: Any) -> int:
-    if name.endswith("_bytes"):
-        value = parse_bytes(str(raw).strip()) if not isinstance(raw, int) else raw
-    else:
-        text = str(raw).strip().replace("_", "")
+#: The largest value each cap takes: what the readers' C code, ``setrlimit`` and ``alarm`` can hold
+#: (2**62 leaves room for the sums the readers make; ``alarm`` takes a C int of seconds).
+_MAX_COUNT = 1 << 62
+MAX_LIMIT_VALUES = {name: _MAX_COUNT for name in Limits.names()}
+MAX_LIMIT_VALUES.update(seconds=(1 << 31) - 1, depth=100_000)
+
+
+def parse_limit_value(name: str, raw: Any, option: str = "--limits") -> int:
+    """The whole number cap ``name`` is set to by ``raw`` (``"5e8"``, ``"64GiB"``, ``1000``), checked to
+    be in 1..``MAX_LIMIT_VALUES[name]``; ``ValueError`` names ``option``, the cap and the range."""
+    shown = quote(raw) if isinstance(raw, str) and len(raw) > QUOTE_CHARS else raw
+    where = f"--limits {name}={shown}" if option == "--limits" else f"{option} {shown}"
+    top = MAX_LIMIT_VALUES[name]
+    if isinstance(raw, bool):
+        raise ValueError(f"{where}: not a whole number")
+    if isinstance(raw, int):
+        value = raw
+    elif name.endswith("_bytes"):
+        text = str(raw).strip()
+        if len(text) > 40:
+            raise ValueError(f"{where}: not a size of at most {top:,} bytes")
         try:
-            value = int(float(text)) if any(c in text for c in ".eE") else int(text)
-        except ValueError:
-            raise ValueError(f"limit {name}: {quote(raw)} is not a whole number") from None
-    if value <= 0:
-        raise ValueError(f"limit {name}: must be positive (got {value})")
+            value = parse_bytes(text)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    else:
+        value = _whole_number(str(raw).strip().replace("_", ""))
+        if value is None:
+            raise ValueError(f"{where}: not a whole number (examples: 1000, 5e8)")
+    if not 1 <= value <= top:
+        raise ValueError(f"{where}: must be from 1 to {top:,}")
     return int(value)
+
+
+def _whole_number(text: str) -> int | None:
+    """``"1000"`` / ``"5e8"`` / ``"2.5e3"`` as an int; None for anything else (nan, inf, fractions, 0x10)."""
+    if not text or len(text) > 40:
+        return None
+    if text.isascii() and text.isdigit():
+        return int(text)
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        dec = Decimal(text)
+    except (InvalidOperation, ValueError):
+        return None
+    if not dec.is_finite() or dec != dec.to_integral_value() or abs(dec.adjusted()) > 30:
+        return None
+    return int(dec)
 
 
 def parse_limit_options(items: list[str] | None) -> dict[str, str]:

@@ -54,7 +54,7 @@ HALF_DAY_NS = NS_PER_DAY // 2
 
 _TIME_RE = re.compile(r"(\d{1,2}):(\d{2}):(\d{2})(?:([.:])(\d{0,9}))?")
 _HEX_RE = re.compile(r"(0[xX])?([0-9a-fA-F]{1,16})")
-_SIZE_RE = re.compile(r"\d{1,20}")
+_SIZE_RE = re.compile(r"[0-9]{1,20}")
 _NULLS = {"", "(nil)", "nil", "nullptr", "null", "(null)"}
 _INT64_MAX = (1 << 63) - 1
 _MAX_THREADS_KEPT = 10_000
@@ -252,7 +252,7 @@ def _read_lines(path: str, source, lenient: bool, device: int, limits: Limits) -
             raw_size = fields[columns["size"]]
             size: int | None = int(raw_size) if _SIZE_RE.fullmatch(raw_size) else None
             if size is None:
-                reason = f"Size {raw_size[:40]!r} is not a non-negative integer"
+                reason = f"Size {raw_size[:40]!r} is not a non-negative integer (RMM logs sizes in decimal)"
                 if action == "free":
                     builder.problem(record, reason, "used the allocated size")
                 else:

@@ -217,6 +217,8 @@ def rmm_columns_reference(data: bytes, columns: dict[str, int], n_columns: int, 
     size_text = _text(table, columns["size"], trim)
     if b"+" in body:      # "+5" is no RMM size; the reference path says so
         return None
+    if n and pc.any(pc.match_substring(size_text, "x", ignore_case=True)).as_py():
+        return None       # Arrow's cast reads "0x200"; RMM writes sizes in decimal, the reference refuses
     try:
         size = pc.cast(size_text, pa.int64()).to_numpy()
     except (pa.ArrowInvalid, pa.ArrowException):

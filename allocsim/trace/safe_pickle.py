@@ -21,6 +21,7 @@ import io
 import os
 import pickle
 import reprlib
+import sys
 from typing import Any
 
 from ..errors import TraceFormatError, UnsafePickleError
@@ -164,6 +165,29 @@ _DataOnlyUnpickler.dispatch[pickle.FROZENSET[0]] = _DataOnlyUnpickler._load_froz
 del _op
 
 
+#: Magic numbers of files people rename by mistake, and what to call them.
+_MAGIC = ((b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
+          (b"%PDF", "a PDF document"), (b"PAR1", "a Parquet file"), (b"\x28\xb5\x2f\xfd", "zstd-compressed data"),
+          (b"BZh", "bzip2-compressed data"), (b"\xfd7zXZ", "xz-compressed data"), (b"\x7fELF", "an executable"),
+          (b"PK\x03\x04", "a zip archive (torch.save writes these; a memory snapshot comes from "
+                           "torch.cuda.memory._dump_snapshot)"))
+#: First bytes a pickle of a dict or list can start with: PROTO (protocol 2+) or a protocol 0/1 opener.
+_PICKLE_STARTS = b"\x80(}]ld"
+
+
+def not_a_pickle(head: bytes) -> str | None:
+    """What the file is instead of a pickle, from its first bytes (``head``); None when it may be one."""
+    for magic, what in _MAGIC:
+        if head.startswith(magic):
+            return f"not a pickle: it is {what}"
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if text[:1] == b"{" or text[:1] == b"[":
+        return "not a pickle: it looks like JSON (a Kineto trace? name it .json)"
+    if head[:1] and head[:1] not in [bytes([c]) for c in _PICKLE_STARTS]:
+        return f"not a pickle: it starts with {short_repr(head[:8])}, not a pickle opcode"
+    return None
+
+
 def read_bounded(path: str | os.PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     """Return the bytes of ``path``, gunzipped when it starts with the gzip magic, at most ``max_bytes``."""
     from .limits import DEFAULT_LIMITS, read_bytes
@@ -182,7 +206,19 @@ class _RefusingCUnpickler(_RefusesGlobals, pickle.Unpickler):
 
 def loads_fast(data: bytes, path: str | os.PathLike = "<bytes>") -> object:
     """Unpickle ``data`` with the C unpickler, refusing globals; only under memory and time caps."""
-    return _RefusingCUnpickler(io.BytesIO(data), os.fspath(path)).load()
+    # A BYTEARRAY8 opcode whose length runs past the data makes CPython free a bytearray it still
+    # exports, and it prints a stray "SystemError" line through sys.excepthook; the failure itself
+    # is raised and reported, so that line is kept off the user's terminal.
+    hook = sys.excepthook
+    sys.excepthook = _quiet_hook
+    try:
+        return _RefusingCUnpickler(io.BytesIO(data), os.fspath(path)).load()
+    finally:
+        sys.excepthook = hook
+
+
+def _quiet_hook(*_args: Any) -> None:
+    """An ``excepthook`` that prints nothing (see ``loads_fast``)."""
 
 
 def loads_data(data: bytes, path: str | os.PathLike = "<bytes>") -> object:

@@ -54,9 +54,10 @@ from . import compiled, isolate
 from .builder import MAX_SIZE_BYTES, TraceBuilder
 from .recorded import infer_from_snapshot
 from .columnar import build_columns, match_keys
+from .final_state import check_final_state
 from .frames import FrameTable, frame_tables, frame_text_cap
-from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, read_bytes
-from .safe_pickle import loads_data, loads_fast, short_repr
+from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, read_bytes, read_head
+from .safe_pickle import loads_data, loads_fast, not_a_pickle, short_repr
 from .schema import (
     BLOCK_DTYPES,
     DECISION_DTYPES,
@@ -236,6 +237,9 @@ def read_snapshot(path: str | os.PathLike, *, lenient: bool = False, max_bytes: 
     if max_bytes is not None:
         limits = dataclasses.replace(limits, decompressed_bytes=max_bytes)
     check_regular_file(path)
+    other = not_a_pickle(read_head(path, 16))
+    if other is not None:
+        raise TraceFormatError(path, None, other)
     data = None
     trace = None
     if compiled.active():
@@ -417,6 +421,7 @@ class _SnapshotReader:
         check_count(self.path, "events", sum(len(tr) for tr in raw_traces if isinstance(tr, list)),
                     self.limits, "trace entries", "top level")
         segments = self._parse_segments(raw_segments)
+        check_final_state(self.path, segments, _N_LIVE_STATES, POOLS.index("small"))
 
         # Version fingerprint: which optional keys appear anywhere.
         for key in _TOP_HINTS:
@@ -467,6 +472,7 @@ class _SnapshotReader:
             self.notes.append("pre-2.0 snapshot (a bare list of segments): no trace events, "
                               "the segments are the initial state")
         segments = _scanned_segments(scan["segments"])
+        check_final_state(self.path, segments, _N_LIVE_STATES, POOLS.index("small"))
         for key in _TOP_HINTS:
             hints[key] = bool(scan["has_settings"]) if key == "allocator_settings" else bool(
                 scan["has_external_annotations"])
