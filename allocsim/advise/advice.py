@@ -25,6 +25,7 @@ from ..metrics.sites import DEFAULT_TOP, LiveAtPeak, SiteRows, live_at_peak, sit
 from ..metrics.state import HOW_TO_RECORD, is_state_only
 from ..metrics.summary import lower_bound_bytes
 from ..runner import resolve_capacity
+from ..sweep.failures import ErrorGroup, error_groups
 from ..sweep.tasks import file_sha256
 from ..sweep.worker import cached_trace, clear_cache
 from .capacity import STEP_BYTES, Bisection
@@ -81,6 +82,10 @@ class Advice:
     @property
     def fits_any(self) -> bool:
         return bool(self.recommendations)
+
+    def error_groups(self) -> list[ErrorGroup]:
+        """Each distinct error of the runs that failed, with the runs it hit (empty: none failed)."""
+        return error_groups(self.runs.rows.values()) if self.runs is not None else []
 
     @property
     def lower_bound_fits(self) -> bool:

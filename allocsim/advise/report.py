@@ -2,7 +2,8 @@
 
 JSON keys: ``capacity_bytes``, ``capacity_source``, ``grid``, ``recommendations`` (each with
 ``alloc_conf``, ``settings``, ``peak_reserved_bytes``, ``headroom_bytes``, ``min_capacity_bytes``,
-``alloc_latency_ns``, ``command``), ``no_effect``, ``lower_bound_bytes``, ``fits_any``; and beside
+``alloc_latency_ns``, ``command``), ``no_effect``, ``lower_bound_bytes``, ``fits_any``, ``errors``
+(each distinct error of a failed run, with the runs it hit); and beside
 them the trace, the recorded settings' run, the "why", the closest misses or what is live at the
 peak, and what the search ran.
 """
@@ -14,6 +15,7 @@ from typing import Any
 from ..metrics.site_report import format_rows
 from ..metrics.site_rule import SiteFilter
 from ..metrics.verdict import format_duration_ns
+from ..sweep.failures import format_error_groups
 from ..units import format_bytes
 from .advice import MIN_CAPACITY_RULE, Advice, Recommendation
 from .rank import Outcome, fits
@@ -95,6 +97,7 @@ def advice_to_dict(advice: Advice) -> dict[str, Any]:
                                "largest": advice.peak.largest()}
         if advice.sites is not None:
             out["sites"] = {**advice.sites.to_dict(), "rule": (advice.site_filter or SiteFilter()).rule()}
+    out["errors"] = [g.to_dict() for g in advice.error_groups()]
     if advice.runs is not None:
         out["runs"] = {"distinct": len(advice.runs.rows), "computed": advice.runs.computed,
                        "reused": advice.runs.reused, "executor": advice.runs.executor.name,
@@ -135,6 +138,7 @@ def _grid_lines(advice: Advice) -> list[str]:
     runs = advice.runs
     lines.append(f"{len(runs.rows):,} distinct runs ({runs.computed:,} simulated now, {runs.reused:,} from the "
                  f"journal) in {advice.wall_seconds:.1f} s on {runs.executor.name}; rows in {runs.output}")
+    lines += format_error_groups(advice.error_groups(), "runs")
     return lines
 
 
