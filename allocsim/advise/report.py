@@ -74,6 +74,8 @@ def advice_to_dict(advice: Advice) -> dict[str, Any]:
         "trace": advice.trace, "device": advice.device, "policy": advice.policy,
         "capacity_bytes": advice.capacity_bytes, "capacity_source": advice.capacity_source,
         "capacity_note": advice.capacity_note or None,
+        "capacity_range": list(advice.capacity_range) if advice.capacity_range is not None else None,
+        "capacity_assumed": advice.assumption,
         "lower_bound_bytes": advice.lower_bound_bytes, "fits_any": advice.fits_any,
         "recorded": _baseline_dict(advice),
         "grid": _grid_dict(advice),
@@ -111,8 +113,10 @@ def _head(advice: Advice) -> list[str]:
     where = advice.source + (f", device {advice.device}" if advice.device is not None else "")
     capacity = f"capacity {format_bytes(advice.capacity_bytes)} ({advice.capacity_bytes:,} bytes, {advice.capacity_source}"
     capacity += f": {advice.capacity_note})" if advice.capacity_note else ")"
-    return [f"allocsim advise: {where}, policy {advice.policy}", capacity,
-            f"peak live {format_bytes(advice.lower_bound_bytes)}: no setting can reserve less"]
+    lines = [f"allocsim advise: {where}, policy {advice.policy}", capacity]
+    if advice.assumption:
+        lines.append(advice.assumption)
+    return lines + [f"peak live {format_bytes(advice.lower_bound_bytes)}: no setting can reserve less"]
 
 
 def _grid_lines(advice: Advice) -> list[str]:
