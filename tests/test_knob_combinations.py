@@ -169,6 +169,7 @@ def test_whole_advise_grid_on_every_snapshot_at_three_capacities():
                 except Exception as exc:
                     failures.append(f"{label} {params} {cap_name}={cap}: {type(exc).__name__}: {exc}")
                 runs += 1
+        print(f"{label}: {runs} replays so far, {len(failures)} failed", flush=True)   # progress under -s
     print(f"{runs} replays of the advise grid")
     assert not failures, f"{len(failures)} of {runs} replays failed:\n" + "\n".join(failures[:20])
 
