@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from allocsim.cli import attach_dash_values
+from allocsim.cli import main as cli_main
 
 SNAPSHOT = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pytorch-snapshots" / \
     "silmont2000__mem_snapshot.pickle"
@@ -25,13 +24,14 @@ def test_dash_values_are_attached_to_their_option_only():
 
 @pytest.mark.shared
 @pytest.mark.parametrize("command", ["run", "advise", "sweep"])
-def test_negative_capacity_is_one_line_exit_2(tmp_path, command):
+def test_negative_capacity_is_one_line_exit_2(tmp_path, capsys, command):
     if not SNAPSHOT.exists():
         pytest.skip("../shared/traces is not beside this checkout")
-    argv = [sys.executable, "-m", "allocsim", command, str(SNAPSHOT), "--policy", "pytorch", "--capacity", "-5GiB"]
+    argv = [command, str(SNAPSHOT), "--policy", "pytorch", "--capacity", "-5GiB"]
     if command == "sweep":
         argv += ["-o", str(tmp_path / "r.parquet")]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.strip().splitlines() == [f"allocsim {command}: error: not a size: '-5GiB' "
-                                                "(examples: 4096, 512MiB, 80GiB)"]
+    code = cli_main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [f"allocsim {command}: error: not a size: '-5GiB' "
+                                        "(examples: 4096, 512MiB, 80GiB)"]
