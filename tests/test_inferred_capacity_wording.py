@@ -102,3 +102,13 @@ def test_advise_cli_says_what_it_assumed(tmp_path, capsys):
     assert data["capacity_assumed"].startswith("assumed: the device had exactly 20.97 GiB")
     code, out, _ = cli(capsys, "advise", path, "--fast", "--workers", "1", "-o", tmp_path / "r.parquet")
     assert data["capacity_assumed"] in out.splitlines()
+
+
+@pytest.mark.shared
+def test_info_says_at_least_for_a_lower_bound(capsys):
+    path = snapshot("Maphsge4__snapshot.pickle")
+    code, out, _ = cli(capsys, "info", path)
+    assert code == 0
+    assert "capacity at least 20.97 GiB (the recording proves 20.97 GiB to 21.01 GiB: the real peak reserved" in out
+    code, out, _ = cli(capsys, "info", path, "--json")
+    assert json.loads(out)["recorded"]["0"]["capacity_range"] == [22_519_218_176, 22_556_966_911]
