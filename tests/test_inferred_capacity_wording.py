@@ -112,3 +112,15 @@ def test_info_says_at_least_for_a_lower_bound(capsys):
     assert "capacity at least 20.97 GiB (the recording proves 20.97 GiB to 21.01 GiB: the real peak reserved" in out
     code, out, _ = cli(capsys, "info", path, "--json")
     assert json.loads(out)["recorded"]["0"]["capacity_range"] == [22_519_218_176, 22_556_966_911]
+
+
+@pytest.mark.shared
+def test_sweep_says_at_least_for_a_lower_bound(tmp_path, capsys):
+    path = snapshot("Maphsge4__snapshot.pickle")
+    code, out, _ = cli(capsys, "sweep", path, "--policy", "pytorch", "--fast", "--workers", "1",
+                       "-o", tmp_path / "r.parquet", "--json")
+    [entry] = json.loads(out)["capacities"]
+    assert code == 0 and entry["source"] == "inferred" and entry["range"] == [22_519_218_176, 22_556_966_911]
+    code, out, _ = cli(capsys, "sweep", path, "--policy", "pytorch", "--fast", "--workers", "1",
+                       "-o", tmp_path / "r.parquet")
+    assert out.startswith(f"capacity at least 20.97 GiB for {path}, inferred from the recording: ")

@@ -81,7 +81,10 @@ def capacity_text(entry: dict) -> str:
     from ..units import format_bytes
 
     if entry["source"] == "inferred":
-        return (f"capacity {format_bytes(entry['capacity_bytes'])} for {entry['trace']}, inferred from the "
+        from ..metrics.verdict import is_lower_bound
+
+        least = "at least " if is_lower_bound("inferred", entry.get("range")) else ""
+        return (f"capacity {least}{format_bytes(entry['capacity_bytes'])} for {entry['trace']}, inferred from the "
                 f"recording: {entry['note']} (--capacity SIZE overrides it)")
     if entry["source"] is None:
         return f"capacity unlimited for {entry['trace']} (its recording implies none; give --capacity SIZE)"

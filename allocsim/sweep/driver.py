@@ -153,7 +153,8 @@ def capacity_lines(traces: list[tuple[str, str]], inferred: dict[str, Any],
     for path, sha in traces:
         own = inferred.get(sha)
         if own is not None:
-            out.append({"trace": path, "capacity_bytes": own.bytes, "source": own.source, "note": own.note})
+            out.append({"trace": path, "capacity_bytes": own.bytes, "source": own.source, "note": own.note,
+                        "range": list(own.range) if own.range is not None else None})
         else:
             out.append({"trace": path, "capacity_bytes": capacity_bytes,
                         "source": "given" if capacity_bytes is not None else None, "note": ""})
