@@ -1,9 +1,24 @@
 """allocsim: replay real GPU allocation traces through allocator policies and see what memory they need.
 
-Start with ``allocsim.read_trace(path)``; the command line is ``allocsim --help``.
+Start with ``allocsim.read_trace(path)`` and ``allocsim.run(trace, "pytorch")``; the public API is
+``allocsim.api`` (its names are also here, but for ``advise``, which is a subpackage's name: use
+``from allocsim.api import advise``); the command line is ``allocsim --help``.
 """
+
+from typing import Any
 
 from .trace import EventKind, Trace, read_trace, write_trace
 
 __version__ = "0.1.0"
-__all__ = ["EventKind", "Trace", "read_trace", "write_trace", "__version__"]
+#: The public API's functions, imported on first use (``import allocsim`` stays light).
+_API = ("GiB", "MiB", "RecordedRun", "RunResult", "format_advice", "format_bytes", "format_sites",
+        "parse_alloc_conf", "parse_bytes", "recorded_run", "run", "short_site", "site_timeline")
+__all__ = ["EventKind", "Trace", "read_trace", "write_trace", "__version__", *_API]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'allocsim' has no attribute {name!r}")

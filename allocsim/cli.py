@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from .errors import AllocsimError
@@ -18,8 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="allocsim",
         description="Replay real GPU allocation traces through allocator policies and see the memory they need.",
         epilog="exit status: 0 = success (run: it fits, or no capacity to check), 2 = usage or input error "
-               "(one line on stderr), 3 = run: the simulation ran out of memory, 1 = sweep: rows left to finish / "
-               "winners, advise: nothing fits")
+               "(one line on stderr), 3 = run: the simulation ran out of memory, 1 = sweep: rows left to finish or "
+               "ended in an error / winners: nothing fits / advise: nothing fits or a run ended in an error")
     parser.add_argument("--version", action=_VersionAction,
                         help="print the version and whether the compiled policy kernel is in use, then exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -55,10 +56,26 @@ def version_line() -> str:
     return f"allocsim {__version__} ({describe()}; {describe_readers()})"
 
 
+def attach_dash_values(argv: list[str]) -> list[str]:
+    """Attach a value that starts with a dash and a digit to its option: ``--capacity -5GiB`` -> ``--capacity=-5GiB``.
+
+    argparse takes ``-5GiB`` for an unknown option and prints the whole usage; attached, the value
+    reaches the option's own check, which says in one line what is wrong with it.
+    """
+    out: list[str] = []
+    for token in argv:
+        prev = out[-1] if out else ""
+        if re.match(r"-[0-9.]", token) and prev.startswith("--") and prev != "--" and "=" not in prev:
+            out[-1] = f"{prev}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; bad input exits 2 with a one-line message, never a traceback."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(attach_dash_values(sys.argv[1:] if argv is None else list(argv)))
     try:
         return int(args.func(args) or 0)
     except (AllocsimError, ValueError) as exc:

@@ -163,7 +163,8 @@ def _notes(s: dict[str, Any]) -> list[str]:
         lines.append(repro["line"])
     verdict = s.get("verdict") or {}
     if verdict.get("capacity_source") == "inferred":
-        lines.append(f"capacity {_b(verdict['capacity_bytes'])} inferred from the recording"
+        least = "at least " if verdict.get("capacity_is_lower_bound") else ""
+        lines.append(f"capacity {least}{_b(verdict['capacity_bytes'])} inferred from the recording"
                      + (f": {verdict['capacity_note']}" if verdict.get("capacity_note") else "")
                      + " (--capacity SIZE overrides it)")
     oom = s.get("oom")

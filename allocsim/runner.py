@@ -49,6 +49,8 @@ class Capacity:
     bytes: int | None = None
     source: str | None = None
     note: str = ""          #: for an inferred capacity: how the recording implies it
+    #: for an inferred capacity: (least, most) the recording proves the device had (most None: no bound)
+    range: tuple[int, int | None] | None = None
 
 
 def device_for(capacity_bytes: int | None, cost_model: CostModel | None = None) -> SimulatedDevice:
@@ -82,7 +84,7 @@ def resolve_capacity(trace: Trace, given_bytes: int | None) -> Capacity:
         return Capacity(given_bytes, GIVEN)
     recorded = recording(trace)
     if recorded is not None and recorded.capacity_bytes is not None:
-        return Capacity(recorded.capacity_bytes, INFERRED, recorded.capacity_source)
+        return Capacity(recorded.capacity_bytes, INFERRED, recorded.capacity_source, recorded.capacity_range)
     return Capacity()
 
 
@@ -192,7 +194,8 @@ def add_recording(result: RunResult, trace: Trace, policy: str, params: Mapping[
     build = _builder(trace, policy, params, capacity.bytes, cost_model)
     t_ns = trace.column("t_ns")
     summary["verdict"] = summary_verdict(summary, result.timeseries, int(t_ns[0]) if len(t_ns) else 0,
-                                         capacity_source=capacity.source, capacity_note=capacity.note)
+                                         capacity_source=capacity.source, capacity_note=capacity.note,
+                                         capacity_range=capacity.range)
     summary.setdefault("timed_memory", None)
     recorded = recording(trace)
     if recorded is None:

@@ -311,8 +311,10 @@ static int segment_size_or_keyerror(FreeListObject *fl, PyObject *arg, uint64_t 
 
 static PyObject *FreeList_is_whole_free(FreeListObject *fl, PyObject *arg) {
     uint64_t addr, segment_size, size;
-    if (segment_size_or_keyerror(fl, arg, &addr, &segment_size) < 0) return NULL;
-    return PyBool_FromLong(u64map_get(&fl->size_at, addr, &size) && size == segment_size);
+    if (kernel_as_value(arg, &addr, "address") < 0) return NULL;
+    /* Any address that does not start a segment (a free piece of a split one) is simply not whole. */
+    return PyBool_FromLong(u64map_get(&fl->segment_size_at, addr, &segment_size)
+                           && u64map_get(&fl->size_at, addr, &size) && size == segment_size);
 }
 
 static PyObject *take_result(int rc, int64_t stream_key, uint64_t size, uint64_t addr) {
@@ -627,7 +629,7 @@ static PyMethodDef FreeList_methods[] = {
     {"add_segment", (PyCFunction)(void (*)(void))FreeList_add_segment, METH_FASTCALL,
      "add_segment(addr, size_bytes, stream_key): register a new segment (no free block yet)."},
     {"is_whole_free", (PyCFunction)FreeList_is_whole_free, METH_O,
-     "is_whole_free(addr): is the segment at addr one free block?"},
+     "is_whole_free(addr): does addr start a segment that is one free block?"},
     {"remove_segment", (PyCFunction)FreeList_remove_segment, METH_O,
      "remove_segment(addr): forget a wholly free segment and its free block; return its size."},
     {"forget_segment", (PyCFunction)FreeList_forget_segment, METH_O,

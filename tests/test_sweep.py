@@ -95,7 +95,9 @@ def test_equal_values_are_one_config_and_aliases_are_canonical():
 
 def test_unknown_key_is_an_error_naming_policy_and_valid_keys():
     with pytest.raises(ValueError, match=r"policy 'direct' has no parameter 'max_split_size'.*--grid-file"):
-        build_configs(["pytorch", "direct"], ["max_split_size=none,256MiB"])
+        build_configs(["direct"], ["max_split_size=none,256MiB"])
+    with pytest.raises(ValueError, match=r"no listed policy has parameter 'threshold'.*direct: none"):
+        build_configs(["pytorch", "direct"], ["threshold=0"])
     with pytest.raises(ValueError, match="unknown policy"):
         build_configs(["nosuch"], [])
     with pytest.raises(ValueError, match="nothing to sweep"):
@@ -199,8 +201,7 @@ def test_failing_config_is_a_row_not_a_crash(tmp_path, tiny, monkeypatch):
 
 def test_bad_grid_exits_2_before_anything_runs(tmp_path, tiny, capsys):
     out = tmp_path / "r.parquet"
-    code, _, err = cli(capsys, "sweep", tiny, "--policy", "pytorch", "--policy", "direct",
-                       "--grid", "max_split_size=none", "-o", out)
+    code, _, err = cli(capsys, "sweep", tiny, "--policy", "direct", "--grid", "max_split_size=none", "-o", out)
     assert code == 2 and "has no parameter 'max_split_size'" in err and err.count("\n") == 1
     assert not out.exists() and not journal_dir(out).exists()
     code, _, err = cli(capsys, "sweep", tmp_path / "missing.parquet", "--policy", "direct", "-o", out)

@@ -24,7 +24,10 @@ from ..metrics.site_rule import SiteFilter
 from ..metrics.sites import DEFAULT_TOP, LiveAtPeak, SiteRows, live_at_peak, site_rows
 from ..metrics.state import HOW_TO_RECORD, is_state_only
 from ..metrics.summary import lower_bound_bytes
+from ..metrics.verdict import is_lower_bound, proven_range_text
 from ..runner import resolve_capacity
+from ..units import format_bytes
+from ..sweep.failures import ErrorGroup, error_groups
 from ..sweep.tasks import file_sha256
 from ..sweep.worker import cached_trace, clear_cache
 from .capacity import STEP_BYTES, Bisection
@@ -77,10 +80,25 @@ class Advice:
     site_filter: SiteFilter | None = None
     runs: Runs | None = None
     wall_seconds: float = 0.0
+    #: for an inferred capacity: (least, most) the recording proves the device had (most None: no bound)
+    capacity_range: tuple[int, int | None] | None = None
+
+    @property
+    def assumption(self) -> str | None:
+        """What advise assumed about the device when the recording proves only a lower bound (else None)."""
+        if not is_lower_bound(self.capacity_source, self.capacity_range):
+            return None
+        return (f"assumed: the device had exactly {format_bytes(self.capacity_bytes)}, the least of the "
+                f"{proven_range_text(self.capacity_range)} the recording proves; give --capacity SIZE for the "
+                "real one")
 
     @property
     def fits_any(self) -> bool:
         return bool(self.recommendations)
+
+    def error_groups(self) -> list[ErrorGroup]:
+        """Each distinct error of the runs that failed, with the runs it hit (empty: none failed)."""
+        return error_groups(self.runs.rows.values()) if self.runs is not None else []
 
     @property
     def lower_bound_fits(self) -> bool:
@@ -154,6 +172,7 @@ def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | No
     step = _step(cost_model)
     advice = Advice(trace=trace_path, source=trace.meta.source, device=device, policy=policy,
                     capacity_bytes=capacity.bytes, capacity_source=capacity.source, capacity_note=capacity.note,
+                    capacity_range=capacity.range,
                     lower_bound_bytes=lower_bound_bytes(trace), step_bytes=step, fast=fast, preset=preset)
     if not advice.lower_bound_fits:
         advice.peak = live_at_peak(trace)

@@ -1,8 +1,10 @@
 """``Advice`` for people and for programs: ``format_advice(advice)`` and ``advice_to_dict(advice)``.
 
 JSON keys: ``capacity_bytes``, ``capacity_source``, ``grid``, ``recommendations`` (each with
-``alloc_conf``, ``flags`` (Paddle: ``FLAGS_name=value`` strings; else None), ``settings``, ``peak_reserved_bytes``, ``headroom_bytes``, ``min_capacity_bytes``,
-``alloc_latency_ns``, ``command``), ``no_effect``, ``lower_bound_bytes``, ``fits_any``; and beside
+``alloc_conf``, ``flags`` (Paddle: ``FLAGS_name=value`` strings; else None), ``settings``,
+``peak_reserved_bytes``, ``headroom_bytes``, ``min_capacity_bytes``, ``alloc_latency_ns``, ``command``),
+``no_effect``, ``lower_bound_bytes``, ``fits_any``, ``errors`` (each distinct error of a failed run, with
+the runs it hit); and beside
 them the trace, the recorded settings' run, the "why", the closest misses or what is live at the
 peak, and what the search ran.
 """
@@ -14,6 +16,7 @@ from typing import Any
 from ..metrics.site_report import format_rows
 from ..metrics.site_rule import SiteFilter
 from ..metrics.verdict import format_duration_ns
+from ..sweep.failures import format_error_groups
 from ..units import format_bytes
 from .advice import MIN_CAPACITY_RULE, Advice, Recommendation
 from .rank import Outcome, fits
@@ -73,6 +76,8 @@ def advice_to_dict(advice: Advice) -> dict[str, Any]:
         "trace": advice.trace, "device": advice.device, "policy": advice.policy,
         "capacity_bytes": advice.capacity_bytes, "capacity_source": advice.capacity_source,
         "capacity_note": advice.capacity_note or None,
+        "capacity_range": list(advice.capacity_range) if advice.capacity_range is not None else None,
+        "capacity_assumed": advice.assumption,
         "lower_bound_bytes": advice.lower_bound_bytes, "fits_any": advice.fits_any,
         "recorded": _baseline_dict(advice),
         "grid": _grid_dict(advice),
@@ -97,6 +102,7 @@ def advice_to_dict(advice: Advice) -> dict[str, Any]:
                                "largest": advice.peak.largest()}
         if advice.sites is not None:
             out["sites"] = {**advice.sites.to_dict(), "rule": (advice.site_filter or SiteFilter()).rule()}
+    out["errors"] = [g.to_dict() for g in advice.error_groups()]
     if advice.runs is not None:
         out["runs"] = {"distinct": len(advice.runs.rows), "computed": advice.runs.computed,
                        "reused": advice.runs.reused, "executor": advice.runs.executor.name,
@@ -110,8 +116,10 @@ def _head(advice: Advice) -> list[str]:
     where = advice.source + (f", device {advice.device}" if advice.device is not None else "")
     capacity = f"capacity {format_bytes(advice.capacity_bytes)} ({advice.capacity_bytes:,} bytes, {advice.capacity_source}"
     capacity += f": {advice.capacity_note})" if advice.capacity_note else ")"
-    return [f"allocsim advise: {where}, policy {advice.policy}", capacity,
-            f"peak live {format_bytes(advice.lower_bound_bytes)}: no setting can reserve less"]
+    lines = [f"allocsim advise: {where}, policy {advice.policy}", capacity]
+    if advice.assumption:
+        lines.append(advice.assumption)
+    return lines + [f"peak live {format_bytes(advice.lower_bound_bytes)}: no setting can reserve less"]
 
 
 def _grid_lines(advice: Advice) -> list[str]:
@@ -137,6 +145,7 @@ def _grid_lines(advice: Advice) -> list[str]:
     runs = advice.runs
     lines.append(f"{len(runs.rows):,} distinct runs ({runs.computed:,} simulated now, {runs.reused:,} from the "
                  f"journal) in {advice.wall_seconds:.1f} s on {runs.executor.name}; rows in {runs.output}")
+    lines += format_error_groups(advice.error_groups(), "runs")
     return lines
 
 

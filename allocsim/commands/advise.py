@@ -5,7 +5,8 @@ journaled, resumable; local by default, ``--dask local`` / ``--scheduler ADDR`` 
 and prints the settings that fit, best first, each with the line to paste, the headroom, the
 smallest capacity at which it still fits and the ``allocsim run`` command that replays it; then
 why the best one fits. Capacity: ``--capacity SIZE``, else the one the recording implies, else it
-asks for one. Exit status: 0 a setting fits, 1 none does, 2 a usage or input error.
+asks for one. Exit status: 0 a setting fits, 1 none does or a run ended in an error (printed with
+its runs), 2 a usage or input error.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from .common import add_cost_model_args, add_trace_args, cost_model_from_args, p
 from .info import add_site_args, site_options
 
 EXIT_NONE_FITS = 1
-EXIT_STATUS_HELP = "exit status: 0 = a setting fits, 1 = none does, 2 = usage or input error"
+EXIT_STATUS_HELP = ("exit status: 0 = a setting fits, 1 = none does or some run ended in an error (each distinct "
+                    "error is printed with its runs), 2 = usage or input error")
 
 
 def register(subparsers) -> None:
@@ -107,4 +109,6 @@ def main(args: argparse.Namespace) -> int:
         print_json(advice_to_dict(advice))
     else:
         print(format_advice(advice))
+    if advice.error_groups():   # a run that crashed leaves the search incomplete: never a clean 0
+        return EXIT_NONE_FITS
     return 0 if advice.fits_any else EXIT_NONE_FITS

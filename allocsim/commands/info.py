@@ -168,5 +168,12 @@ def _recorded_line(run: dict[str, Any]) -> str:
     if run.get("ooms"):
         parts.append(f"{run['ooms']:,} OOMs")
     if run.get("capacity_bytes") is not None:
-        parts.append(f"capacity {b('capacity_bytes')} ({run.get('capacity_source')})")
+        proven = run.get("capacity_range")
+        if proven is not None and proven[1] != proven[0]:   # only a lower bound: say so, with the range
+            from ..metrics.verdict import proven_range_text
+
+            parts.append(f"capacity at least {b('capacity_bytes')} (the recording proves "
+                         f"{proven_range_text(proven)}: {run.get('capacity_source')})")
+        else:
+            parts.append(f"capacity {b('capacity_bytes')} ({run.get('capacity_source')})")
     return "; ".join(parts)

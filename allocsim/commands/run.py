@@ -285,6 +285,8 @@ def state_only(args: argparse.Namespace, trace: Any) -> dict[str, Any]:
     report = state_report(trace if args.device is None else select_device(trace, args.device),
                           **state_options(args))
     report["replayed"] = False
+    devices = [int(d) for d in trace.devices]
+    report["device"] = args.device if args.device is not None else (devices[0] if len(devices) == 1 else None)
     if args.out_dir:
         os.makedirs(args.out_dir, exist_ok=True)
         with open(os.path.join(args.out_dir, "state.json"), "w", encoding="utf-8") as fh:

@@ -6,9 +6,9 @@ trace runs at the capacity its recording implies, if any (said in the output); r
 finish (``RESULTS.parquet.parts/``), so a killed sweep resumes where it stopped. ``--policy`` takes
 specs (``pytorch:expandable_segments:True``) so settings can be compared side by side. Bad grids
 (unknown policy or key, malformed items, a value that cannot parse or build its policy) exit 2
-before anything runs; a config that fails while running is a row with an ``error``. Exit 0 when
-every row finished, 1 when some did not (rerun to finish them), 130 on Ctrl-C (finished rows are
-kept).
+before anything runs; a config that fails while running is a row with an ``error``, and each distinct error is
+printed with the rows it hit. Exit 0 when every row finished without an error, 1 when some did not
+finish (rerun to finish them) or ended in an error, 130 on Ctrl-C (finished rows are kept).
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ def register(subparsers) -> None:
                "  allocsim sweep T --policy pytorch --policy pytorch:expandable_segments:True --capacity 16GiB "
                "-o results.parquet\n"
                "grid file: {\"pytorch\": {\"max_split_size\": [\"none\", \"256MiB\"]}, "
-               "\"deferred-gc\": {\"threshold\": [\"0\", \"64MiB\"]}}",
+               "\"deferred-gc\": {\"threshold\": [\"0\", \"64MiB\"]}}\n"
+               "exit status: 0 = every row finished without an error, 1 = some row did not finish or ended in an "
+               "error (each distinct error is printed with its rows), 2 = bad input",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (any format allocsim reads)")
     add_read_args(parser)
@@ -47,12 +49,13 @@ def register(subparsers) -> None:
                              "takes PYTORCH_CUDA_ALLOC_CONF syntax, e.g. pytorch:expandable_segments:True, other "
                              "policies NAME:KEY:VALUE,...")
     parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
-                        help="sweep a parameter over values (repeatable; every --policy must accept KEY); "
+                        help="sweep a parameter over values (repeatable; applies to each --policy that has KEY, "
+                             "the others run without it; a KEY no policy has is an error); "
                              "commas inside [...] stay in one value")
     parser.add_argument("--grid-file", metavar="FILE",
                         help="JSON object: policy -> {key: [values]} (keys scoped per policy)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
-                        help="fix a parameter for every policy (repeatable)")
+                        help="fix a parameter for every policy that has it (repeatable)")
     parser.add_argument("--capacity", metavar="SIZE",
                         help="device memory, e.g. 16GiB (default: for each trace the capacity its recording "
                              "implies, said in the output; else unlimited)")
@@ -78,24 +81,42 @@ def capacity_text(entry: dict) -> str:
     from ..units import format_bytes
 
     if entry["source"] == "inferred":
-        return (f"capacity {format_bytes(entry['capacity_bytes'])} for {entry['trace']}, inferred from the "
+        from ..metrics.verdict import is_lower_bound
+
+        least = "at least " if is_lower_bound("inferred", entry.get("range")) else ""
+        return (f"capacity {least}{format_bytes(entry['capacity_bytes'])} for {entry['trace']}, inferred from the "
                 f"recording: {entry['note']} (--capacity SIZE overrides it)")
     if entry["source"] is None:
         return f"capacity unlimited for {entry['trace']} (its recording implies none; give --capacity SIZE)"
     return ""
 
 
+def next_commands(report) -> list[str]:
+    """The ``allocsim winners`` commands that read these results: one per trace when there are several
+    (``winners`` asks for ``--trace`` then)."""
+    import shlex
+
+    traces = list(dict.fromkeys(row["trace"] for row in report.finished_rows if row.get("error") is None))
+    head = ["allocsim", "winners", report.output]
+    if len(traces) <= 1:
+        return [shlex.join(head)]
+    return [shlex.join([*head, "--trace", trace]) for trace in traces]
+
+
 def _text_report(report) -> str:
+    from ..sweep.failures import format_error_groups
+
     lines = [line for line in map(capacity_text, report.capacities) if line]
     lines += [f"{report.rows} of {report.expected} rows in {report.output} "
              f"({report.computed} computed, {report.skipped} from the journal, {report.errors} with errors) "
              f"in {report.wall_seconds:.1f} s on {report.executor}"]
+    lines += format_error_groups(report.error_groups())
     for failure in report.failed[:10]:
         lines.append(f"  not finished: {failure}")
     if report.failed:
         lines.append(f"{len(report.failed)} rows did not finish; rerun the same command to retry them")
-    if report.rows:
-        lines.append(f"next: allocsim winners {report.output}")
+    if report.rows > report.errors:
+        lines += [f"next: {command}" for command in next_commands(report)]
     return "\n".join(lines)
 
 
@@ -127,4 +148,4 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         print(_text_report(report))
-    return 0 if report.complete else 1
+    return 0 if report.complete and not report.errors else 1

@@ -23,6 +23,7 @@ Everything is computed once per distinct frame and stack, never per event.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -55,7 +56,13 @@ OPERATOR_FRAME_FORMATS = frozenset({"kineto", "paddle"})
 NO_FRAMES = "this trace records no stack frames, so no code sites: every allocation is unattributed"
 
 _STDLIB_POSIX = re.compile(r"(^|/)lib(64)?/python\d+(\.\d+)?t?/(?!(site|dist)-packages/)")
-_STDLIB_WINDOWS = re.compile(r"^[A-Za-z]:/(.*/)?Lib/(?!site-packages/)")
+# Windows paths are case-insensitive (``...\Lib\copy.py`` and ``...\lib\copy.py`` are one file), may carry
+# the ``\\?\`` prefix, and the embeddable Python keeps its library in ``pythonXY.zip``. A ``lib`` folder is
+# common in projects too, so there the first name after it must be a standard-library module.
+_STDLIB_WINDOWS = re.compile(r"^(//\?/)?[A-Za-z]:/(.*/)?lib/(?!site-packages/)(?P<rest>.+)$", re.IGNORECASE)
+_STDLIB_ZIP = re.compile(r"(^|/)python\d+\.zip/(?P<rest>.+)$", re.IGNORECASE)
+#: Top-level modules of the standard library (``copy``, ``threading``, ``concurrent``, ...).
+STDLIB_MODULES = frozenset(sys.stdlib_module_names)
 _BACKWARD_NODE = re.compile(r"torch::autograd::(?:generated::)?(\w+)::apply\(|"
                             r"torch::autograd::generated::(\w+)_apply_functional\(|"
                             r"^autograd::engine::evaluate_function: (\S+)")
@@ -126,10 +133,26 @@ def is_python_source(filename: str) -> bool:
 
 
 def is_stdlib(path: str) -> bool:
-    """The Python standard library: ``lib/pythonX.Y/`` outside site- and dist-packages, ``<frozen ...>``."""
+    """The Python standard library on any platform (``path`` with ``/`` separators).
+
+    ``lib/pythonX.Y/`` outside site- and dist-packages, ``<frozen ...>``; on Windows ``<drive>:/.../Lib/``
+    (any case) or ``pythonXY.zip/`` followed by a standard-library module (``Lib/copy.py``,
+    ``Lib/concurrent/futures/thread.py``); a bare file name of such a module (``threading.py``).
+    """
     if path.startswith("<frozen"):
         return True
-    return bool(_STDLIB_POSIX.search(path) or _STDLIB_WINDOWS.search(path))
+    if _STDLIB_POSIX.search(path):
+        return True
+    found = _STDLIB_WINDOWS.match(path) or _STDLIB_ZIP.search(path)
+    if found:
+        return _stdlib_module(found.group("rest"))
+    return "/" not in path and _stdlib_module(path)
+
+
+def _stdlib_module(relative: str) -> bool:
+    """Whether ``relative`` (``copy.py``, ``asyncio/events.py``) starts with a standard-library module."""
+    top = relative.split("/", 1)[0]
+    return (top[:-3] if top.endswith(".py") else top) in STDLIB_MODULES
 
 
 def frame_text(filename: str, line: int, name: str) -> str:

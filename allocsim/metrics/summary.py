@@ -152,6 +152,8 @@ def summarize(run: RunOutput, info: RunInfo, timeseries: pd.DataFrame) -> dict[s
         "trace": {"source": trace.meta.source, "format": trace.meta.format,
                   "devices": [int(d) for d in trace.devices],
                   "time_synthesized": bool(trace.meta.time_synthesized)},
+        # The device replayed: GPU N, -1 for host memory; None when a trace of several was replayed whole.
+        "device": int(trace.devices[0]) if len(trace.devices) == 1 else None,
         "capacity_bytes": dev.capacity_bytes,
         "continue_on_oom": run.continue_on_oom,
         "events": int(len(trace.events)),

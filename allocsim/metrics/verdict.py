@@ -42,10 +42,29 @@ def first_oom(oom: dict[str, Any] | None, *, t0_ns: int, live_bytes: int | None,
             "live_bytes": None if live_bytes is None else int(live_bytes)}
 
 
+def is_lower_bound(capacity_source: str | None, capacity_range: Any) -> bool:
+    """Whether an inferred capacity is only the least the recording proves (not one exact size)."""
+    if capacity_source != INFERRED:
+        return False
+    return capacity_range is None or capacity_range[1] is None or capacity_range[1] != capacity_range[0]
+
+
+def proven_range_text(capacity_range: Any) -> str:
+    """What the recording proves of the device: ``20.97 GiB to 21.01 GiB``, or ``20.97 GiB or more``."""
+    if capacity_range is None:
+        return "no upper bound"
+    low = format_bytes(capacity_range[0])
+    return f"{low} or more" if capacity_range[1] is None else f"{low} to {format_bytes(capacity_range[1])}"
+
+
 def verdict(*, capacity_bytes: int | None, peak_reserved_bytes: int, lower_bound_bytes: int,
             oom: dict[str, Any] | None, capacity_source: str | None = None,
-            capacity_note: str = "") -> dict[str, Any]:
-    """The answer of one run: ``fits``, ``headroom_bytes``, ``first_oom``, ``lower_bound_fits`` and ``line``."""
+            capacity_note: str = "", capacity_range: Any = None) -> dict[str, Any]:
+    """The answer of one run: ``fits``, ``headroom_bytes``, ``first_oom``, ``lower_bound_fits`` and ``line``.
+
+    An inferred capacity that is only a lower bound (``capacity_range`` wider than one size) is said
+    as such: "FITS in at least ...", and an out-of-memory there names the range the recording proves.
+    """
     if capacity_bytes is None:
         line = (f"no capacity to check against: the run needs {format_bytes(peak_reserved_bytes)} reserved at "
                 f"its peak; no allocator can do with less than {format_bytes(lower_bound_bytes)} "
@@ -56,26 +75,35 @@ def verdict(*, capacity_bytes: int | None, peak_reserved_bytes: int, lower_bound
     capacity = format_bytes(capacity_bytes)
     lower_bound_fits = lower_bound_bytes <= capacity_bytes
     fits = oom is None
+    at_least = is_lower_bound(capacity_source, capacity_range)
+    # A lower-bound capacity proves a fit (the device had at least that much), never a failure.
+    proven = f"the recording proves {proven_range_text(capacity_range)}"
+    caveat = f" (inferred lower bound; {proven}: give --capacity SIZE)" if at_least else ""
     if not lower_bound_fits:
-        line = (f"no allocator setting can fit: peak live {format_bytes(lower_bound_bytes)} > {capacity}")
+        line = (f"no allocator setting can fit: peak live {format_bytes(lower_bound_bytes)} > {capacity}{caveat}")
     elif fits:
-        line = (f"FITS in {capacity}: peak reserved {format_bytes(peak_reserved_bytes)}, "
-                f"headroom {format_bytes(capacity_bytes - peak_reserved_bytes)}")
+        headroom = format_bytes(capacity_bytes - peak_reserved_bytes)
+        line = (f"FITS in at least {capacity} (inferred; {proven}): peak reserved "
+                f"{format_bytes(peak_reserved_bytes)}, headroom at least {headroom}" if at_least else
+                f"FITS in {capacity}: peak reserved {format_bytes(peak_reserved_bytes)}, headroom {headroom}")
     else:
         when = "" if oom["t_rel_ns"] is None else f" (+{format_duration_ns(oom['t_rel_ns'])})"
         where = "at the start state" if oom["event_index"] < 0 else f"at event {oom['event_index']:,}"
         live = "" if oom["live_bytes"] is None else f", {format_bytes(oom['live_bytes'])} live"
-        line = (f"OUT OF MEMORY in {capacity} {where}{when}: {format_bytes(oom['requested_bytes'])} requested, "
-                f"{format_bytes(oom['reserved_bytes'])} reserved{live}")
+        line = (f"OUT OF MEMORY in {capacity}{caveat} {where}{when}: {format_bytes(oom['requested_bytes'])} "
+                f"requested, {format_bytes(oom['reserved_bytes'])} reserved{live}")
     return {"fits": fits, "capacity_bytes": int(capacity_bytes), "capacity_source": capacity_source or GIVEN,
             "capacity_note": capacity_note or None,
+            "capacity_range": list(capacity_range) if capacity_range is not None else None,
+            "capacity_is_lower_bound": at_least,
             "headroom_bytes": int(capacity_bytes - peak_reserved_bytes) if fits else None,
             "first_oom": oom, "lower_bound_bytes": int(lower_bound_bytes),
             "lower_bound_fits": lower_bound_fits, "line": line}
 
 
 def summary_verdict(summary: dict[str, Any], timeseries: Any, t0_ns: int, *,
-                    capacity_source: str | None = None, capacity_note: str = "") -> dict[str, Any]:
+                    capacity_source: str | None = None, capacity_note: str = "",
+                    capacity_range: Any = None) -> dict[str, Any]:
     """``verdict`` of a run summary; the live bytes at the first OOM come from its time-series row."""
     oom = summary.get("oom")
     live = None
@@ -87,4 +115,4 @@ def summary_verdict(summary: dict[str, Any], timeseries: Any, t0_ns: int, *,
                    lower_bound_bytes=summary["peak_live_lower_bound_bytes"],
                    oom=first_oom(oom, t0_ns=t0_ns, live_bytes=live,
                                  time_synthesized=bool(summary.get("trace", {}).get("time_synthesized"))),
-                   capacity_source=capacity_source, capacity_note=capacity_note)
+                   capacity_source=capacity_source, capacity_note=capacity_note, capacity_range=capacity_range)

@@ -116,8 +116,13 @@ class FreeList:
         self.segment_bytes += size_bytes
 
     def is_whole_free(self, addr: int) -> bool:
-        """Tell whether the segment at ``addr`` is one free block (PyTorch: an unsplit free block)."""
-        return self.size_at.get(addr) == self.segment_size_at[addr]
+        """Tell whether ``addr`` starts a segment that is one free block (PyTorch: an unsplit free block).
+
+        False for any other address, such as a free piece inside a split segment: callers ask this of
+        free blocks to find the ones a cudaFree could release.
+        """
+        segment_size = self.segment_size_at.get(addr)
+        return segment_size is not None and self.size_at.get(addr) == segment_size
 
     def remove_segment(self, addr: int) -> int:
         """Forget the wholly free segment at ``addr`` and its free block; return its size."""

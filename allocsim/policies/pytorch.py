@@ -336,17 +336,23 @@ class PyTorchPolicy(PoolPolicy):
         return size
 
     def _release_available_cached_blocks(self, pool: FreeList, stream: int, size: int) -> bool:
-        """Free one cached block big enough, else oversize blocks from the largest down (needs max_split_size)."""
+        """Free one cached block big enough, else oversize blocks from the largest down (needs max_split_size).
+
+        Only a wholly free segment can be released (cudaFree takes a segment's base), so free pieces
+        of split segments are passed over. PyTorch's own rules never leave such a piece at or above
+        max_split_size, but a start state recorded under other settings (a snapshot taken without
+        max_split_size, replayed with it) does: a 230 MiB free piece of a partly used segment must
+        not be taken for a segment.
+        """
         max_split = self._max_split
         if max_split == SIZE_MAX or self._expandable is not None:
             return False
         key_size = max_split if size < max_split else size
         key = pool.best_fit(stream, key_size)
+        while key >= 0 and not pool.is_whole_free(key & ADDR_MASK):
+            key = pool.next_key(stream, key)
         if key >= 0:
-            addr = key & ADDR_MASK
-            if not pool.is_whole_free(addr):
-                return False   # cannot happen: blocks >= max_split_size are never split pieces
-            self._release_segment(pool, addr)
+            self._release_segment(pool, key & ADDR_MASK)
             return True
         released = 0
         for key in reversed(list(pool.keys(stream))):

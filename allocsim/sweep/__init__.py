@@ -8,8 +8,8 @@
 Modules, one idea each: ``grid`` (parse and expand grids), ``tasks`` (what a row needs and its
 key), ``worker`` (run one task where it lands, traces cached per process), ``flatten`` (summary ->
 tidy row), ``journal`` (finished rows on disk as they come), ``results`` (the Parquet file),
-``executors`` (in-process, process pool, Dask), ``driver`` (resume, run, write), ``pareto``
-(what ``allocsim winners`` reports).
+``executors`` (in-process, process pool, Dask), ``driver`` (resume, run, write), ``failures``
+(each distinct error with its rows), ``pareto`` (what ``allocsim winners`` reports).
 """
 
 from .driver import SweepReport, SweepStopped, executor_from_options, run_sweep

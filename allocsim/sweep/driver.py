@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .executors import InProcessExecutor, make_executor
+from .failures import ErrorGroup, error_groups
 from .grid import Config
 from .journal import Journal, journal_dir
 from .results import write_results
@@ -60,12 +61,17 @@ class SweepReport:
     #: The finished rows of this sweep, in task order (not part of ``to_dict``: they are in ``output``).
     finished_rows: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
+    def error_groups(self) -> list[ErrorGroup]:
+        """Each distinct error of the finished rows, with the rows it hit."""
+        return error_groups(self.finished_rows)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (what ``allocsim sweep --json`` prints)."""
         return {"output": self.output, "journal": self.journal, "executor": self.executor,
                 "expected_rows": self.expected, "rows": self.rows, "computed": self.computed,
                 "skipped": self.skipped, "errors": self.errors, "failed": len(self.failed),
                 "failures": self.failed[:20], "complete": self.complete,
+                "error_groups": [g.to_dict() for g in self.error_groups()],
                 "wall_seconds": round(self.wall_seconds, 3), "capacities": list(self.capacities)}
 
 
@@ -147,7 +153,8 @@ def capacity_lines(traces: list[tuple[str, str]], inferred: dict[str, Any],
     for path, sha in traces:
         own = inferred.get(sha)
         if own is not None:
-            out.append({"trace": path, "capacity_bytes": own.bytes, "source": own.source, "note": own.note})
+            out.append({"trace": path, "capacity_bytes": own.bytes, "source": own.source, "note": own.note,
+                        "range": list(own.range) if own.range is not None else None})
         else:
             out.append({"trace": path, "capacity_bytes": capacity_bytes,
                         "source": "given" if capacity_bytes is not None else None, "note": ""})

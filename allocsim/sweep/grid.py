@@ -9,8 +9,9 @@ Policies are specs: ``--policy pytorch --policy pytorch:expandable_segments:True
 by side (after ``pytorch:`` PYTORCH_CUDA_ALLOC_CONF syntax, after any other name ``KEY:VALUE,...``
 with allocsim's names); a spec's settings are fixed for that spec only.
 
-Scope: ``--grid`` and ``--set`` keys apply to every swept policy, so each policy must accept them.
-A grid file scopes keys per policy (a JSON object of policy name -> {key: [values] or value})::
+Scope: ``--grid`` and ``--set`` keys apply to every swept policy that has the key (the others run
+without it, their ``param.<key>`` null); a key no swept policy has is refused. A grid file scopes
+keys per policy (a JSON object of policy name -> {key: [values] or value})::
 
     {"pytorch": {"max_split_size": ["none", "256MiB"], "garbage_collection_threshold": [0, 0.6]},
      "deferred-gc": {"threshold": ["0", "64MiB", "1GiB"]}}
@@ -277,7 +278,8 @@ def build_configs(policies: list[str], grid_items: list[str] = (), set_items: li
     """Every config of the sweep, in order; ``ValueError`` (before anything runs) for bad keys, values or input.
 
     Policies: ``policies`` (specs, ``NAME[:SETTINGS]``) in order, or the grid file's when
-    ``policies`` is empty. CLI ``--grid`` and ``--set`` keys apply to every policy; grid-file keys
+    ``policies`` is empty. CLI ``--grid`` and ``--set`` keys apply to every policy that has them (a
+key none has is refused); grid-file keys
     to every spec of their policy; a spec's settings to that spec. A key given twice for one policy
     is refused. Duplicate points (same policy and canonical params) are kept once. Every point's
     values are parsed and its policy built once here, so a value that cannot work stops the sweep
@@ -310,19 +312,25 @@ def build_configs(policies: list[str], grid_items: list[str] = (), set_items: li
 
     configs: list[Config] = []
     seen: set[tuple[str, str]] = set()
+    cli_keys = list(cli_axes) + list(fixed)
+    used: set[str] = set()
     for spec in specs:
         policy = spec.name
-        axes = dict(cli_axes)
         for key, values in file_grids.get(policy, {}).items():
-            if key in axes or key in fixed:
+            if key in cli_axes or key in fixed:
                 raise ValueError(f"--grid-file {grid_file}: {policy}.{key} is also given on the command line")
-            axes[key] = values
-        clash = [k for k in spec.params if k in axes or k in fixed]
+        clash = [k for k in spec.params if k in cli_axes or k in fixed]
         if clash:
             raise ValueError(f"--policy {spec.text}: {', '.join(clash)} is also on the grid or in --set; give it once")
-        own = {**fixed, **spec.params}
-        inner = _inner_names(axes.get("inner", [own["inner"]] if "inner" in own else []))
-        _check_keys(policy, list(cli_axes) + list(fixed), inner, "--grid/--set")
+        every = {**cli_axes, **file_grids.get(policy, {})}
+        inner = _inner_names(every.get("inner", [spec.params.get("inner", fixed.get("inner"))]
+                                       if "inner" in spec.params or "inner" in fixed else []))
+        # --grid and --set apply to each listed policy that has the key; the others run without it.
+        table = accepted_keys(policy, inner)
+        used.update(k for k in cli_keys if k in table)
+        axes = {k: v for k, v in cli_axes.items() if k in table}
+        axes.update(file_grids.get(policy, {}))
+        own = {**{k: v for k, v in fixed.items() if k in table}, **spec.params}
         _check_keys(policy, list(spec.params), inner, f"--policy {spec.text}")
         _check_keys(policy, list(file_grids.get(policy, {})), inner, f"--grid-file {grid_file}")
         keys = list(axes)
@@ -332,4 +340,12 @@ def build_configs(policies: list[str], grid_items: list[str] = (), set_items: li
                 check_config(config)
                 seen.add((policy, config.params_json))
                 configs.append(config)
+    unused = [k for k in cli_keys if k not in used]
+    if unused:
+        if len(specs) == 1:
+            _check_keys(specs[0].name, unused, [], "--grid/--set")
+        valid = "; ".join(f"{name}: {', '.join(sorted({p.name for p in accepted_keys(name).values()})) or 'none'}"
+                          for name in dict.fromkeys(spec.name for spec in specs))
+        raise ValueError(f"--grid/--set: no listed policy has parameter {', '.join(map(repr, unused))} "
+                         f"(valid: {valid})")
     return configs

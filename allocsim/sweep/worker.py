@@ -95,14 +95,17 @@ def simulate_summary(task: Task, trace: Any) -> dict[str, Any]:
 
     from ..cost import CostModel
     from ..engine import select_device
-    from ..runner import Capacity, simulate_trace
+    from ..runner import Capacity, resolve_capacity, simulate_trace
 
     cost_model = (CostModel.from_overrides(json.loads(task.cost_model_json))
                   if task.cost_model_json is not None else None)
     source = task.capacity_source or ("given" if task.capacity_bytes is not None else None)
+    trace = select_device(trace, task.device)
+    # An inferred capacity carries the range the recording proves (the same inference as run's).
+    proven = resolve_capacity(trace, None).range if source == "inferred" else None
     capacity = Capacity(task.capacity_bytes, source if task.capacity_bytes is not None else None,
-                        task.capacity_note)
-    result = simulate_trace(select_device(trace, task.device), task.policy, dict(task.params),
+                        task.capacity_note, proven)
+    result = simulate_trace(trace, task.policy, dict(task.params),
                             capacity=capacity, cost_model=cost_model, fast=task.fast)
     return result.to_dict(include_perf=True)
 

@@ -250,8 +250,12 @@ class Trace:
     def for_device(self, device: int) -> "Trace":
         """Return the part of this trace that happened on one device (indices renumbered)."""
         # Markers (step boundaries) belong to the whole run, so every device keeps them.
-        keep = (self.events["device"].to_numpy() == device) | (self.events["kind"].to_numpy() == EventKind.MARKER)
+        marker = self.events["kind"].to_numpy() == EventKind.MARKER
+        keep = (self.events["device"].to_numpy() == device) | marker
         events = self.events.loc[keep].reset_index(drop=True)
+        # ... and are this device's now: a marker left on another device (a Kineto trace puts them on its
+        # first GPU) would make the part look like two devices, and --device N would be refused.
+        events.loc[marker[keep], "device"] = device
         decisions = self.decisions.loc[self.decisions["device"] == device].copy()
         if len(decisions):
             # Point each decision at the next kept request at or after its old position.

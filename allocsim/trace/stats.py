@@ -113,7 +113,7 @@ def _recorded_brief(run: dict[str, Any]) -> dict[str, Any]:
     """The recorded facts ``info`` shows: real peak, device calls, releases, OOMs, capacity."""
     keys = ("allocator", "start_reserved_bytes", "peak_reserved_bytes", "final_reserved_bytes",
             "peak_allocated_bytes", "segment_allocs", "segment_frees", "segment_maps", "segment_unmaps",
-            "empty_cache_calls", "oom_path_releases", "capacity_bytes", "capacity_source")
+            "empty_cache_calls", "oom_path_releases", "capacity_bytes", "capacity_source", "capacity_range")
     out = {k: run.get(k) for k in keys if run.get(k) is not None}
     out["ooms"] = len(run.get("ooms") or [])
     return out
