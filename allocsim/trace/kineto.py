@@ -66,11 +66,13 @@ from .columnar import OP_ALLOC, OP_FREE, OP_MARKER, OP_NONE, Records, build_colu
 from .frames import FrameTable, frame_tables
 from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, quote, read_bytes
 from .schema import (
+    BLOCK_DTYPES,
     DECISION_DTYPES,
     EVENT_DTYPES,
     FRAME_DTYPES,
     INITIAL_ALLOC_DTYPES,
     RECORDED_SERIES_DTYPES,
+    SEGMENT_DTYPES,
     STACK_DTYPES,
     Trace,
     check_schema,
@@ -661,7 +663,7 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: _RecColum
                 "(Total Allocated - Bytes at that event)")
     meta.devices = sorted(set(mem_devices) | ({marker_device} if state.step_seen else set()))
     trace = built_trace if built_trace is not None else builder.finish()
-    _start_of_window_allocations(trace, check)
+    _start_of_window_allocations(trace, check, cols)
     trace.recorded_series = frame_from_columns(series, RECORDED_SERIES_DTYPES)
     trace.frames = frame_from_columns(frame_tables["frames"], FRAME_DTYPES)
     trace.stacks = frame_from_columns(frame_tables["stacks"], STACK_DTYPES)
@@ -856,36 +858,74 @@ def _feed(builder: TraceBuilder, cols: _RecColumns, where: str, marker_device: i
     return index, None
 
 
-def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]]) -> None:
-    """Memory a GPU device held before the first recorded event, as one initial allocation per device.
+def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]], cols: _RecColumns) -> None:
+    """What a GPU device held before the first recorded event: start allocations and, where the
+    addresses tell it, the segments and blocks they and the cached free memory lay in.
 
     ``Total Allocated`` at a device's first event minus that event's own ``Bytes`` is what the
     allocator held when recording began. The window's orphan frees (already initial allocations)
     account for part of it; the rest was never freed in the window, so it becomes one allocation
-    alive from the start (never freed, no address): peaks, the lower bound and the verdict count it.
+    alive from the start (never freed): peaks, the lower bound and the verdict count it.
+    ``Total Reserved`` minus that is memory the allocator had cached free; ``kineto_layout`` lays
+    both out from the addresses the window uses, so a replay of the recorded allocator starts
+    where the real one did instead of allocating its cache anew.
     """
+    from .kineto_layout import DeviceWindow, start_layout
+
     ia = trace.initial_allocs
-    added = []
+    added, segments, blocks, laid_out = [], [], [], []
     next_id = max([int(t["alloc_id"].max()) + 1 for t in (trace.events, ia) if len(t)], default=0)
+    ia_device = ia["device"].to_numpy()
     for device, stats in sorted(check.items()):
-        if device < 0 or stats["baseline_bytes"] <= 0:
+        if device < 0:
             continue          # the CPU allocator is not the caching allocator
-        sizes = ia["size_bytes"].to_numpy()[ia["device"].to_numpy() == device]
-        orphan_bytes = sum(sizes.tolist())
+        mine = ia_device == device
+        orphans = list(zip(ia["alloc_id"].to_numpy()[mine].tolist(), ia["addr"].to_numpy()[mine].tolist(),
+                           ia["size_bytes"].to_numpy()[mine].tolist()))
+        orphan_bytes = sum(s for _, _, s in orphans)
         rest = stats["baseline_bytes"] - orphan_bytes
-        if rest <= 0 or rest > MAX_SIZE_BYTES:
+        rows = np.flatnonzero((cols.kind == _MEM) & (cols.device == device))
+        layout: Any = "no [memory] event records Total Reserved"
+        if len(rows) and cols.reserved[rows[0]] >= 0 and stats["baseline_bytes"] <= MAX_SIZE_BYTES:
+            window = DeviceWindow(
+                device=device, start_reserved_bytes=int(cols.reserved[rows[0]]),
+                baseline_bytes=max(stats["baseline_bytes"], 0), addr=cols.addr[rows].tolist(),
+                nbytes=cols.nbytes[rows].tolist(), reserved=cols.reserved[rows].tolist(), orphans=orphans)
+            layout = start_layout(window, next_id)
+        if isinstance(layout, str):
+            if stats["baseline_bytes"] > 0 and 0 < rest <= MAX_SIZE_BYTES:
+                trace.meta.notes.append(f"device {device}: no start-of-window layout: {layout}")
+        else:
+            trace.meta.notes.append(layout.note)
+            laid_out.append(device)
+            segments += [(device, a, s, 0, pool, False) for a, s, pool in layout.segments]
+            blocks += [(device, seg, a, s, s, "active_allocated" if aid >= 0 else "inactive", aid, -1)
+                       for seg, a, s, aid in layout.blocks]
+        if rest <= 0 or rest > MAX_SIZE_BYTES or stats["baseline_bytes"] <= 0:
             continue
-        added.append((next_id, rest, 0, device, -1, -1, -1))
+        placed = not isinstance(layout, str) and layout.baseline_alloc_addr >= 0
+        addr = layout.baseline_alloc_addr if placed else -1
+        added.append((next_id, rest, 0, device, addr, rest if placed else -1, -1))
         trace.meta.notes.append(
             f"device {device}: {rest:,} bytes allocated before the first recorded event and not freed in the "
             f"window (of {stats['baseline_bytes']:,} then allocated; {orphan_bytes:,} are freed in it) are one "
             f"start-of-window allocation, alloc_id {next_id}, never freed")
         next_id += 1
+    if segments:
+        # Kineto's Bytes are block sizes: the orphans' blocks are known exactly where they are laid out.
+        ia["block_size_bytes"] = np.where(np.isin(ia["device"].to_numpy(), laid_out), ia["size_bytes"].to_numpy(),
+                                          ia["block_size_bytes"].to_numpy())
+        trace.initial_segments = _table(segments, SEGMENT_DTYPES)
+        trace.initial_blocks = _table(blocks, BLOCK_DTYPES)
     if added:
-        rows = {name: np.array([r[k] for r in added], dtype=dtype)
-                for k, (name, dtype) in enumerate(INITIAL_ALLOC_DTYPES.items())}
-        extra = frame_from_columns(rows, INITIAL_ALLOC_DTYPES)
+        extra = _table(added, INITIAL_ALLOC_DTYPES)
         trace.initial_allocs = pd.concat([ia, extra], ignore_index=True) if len(ia) else extra
+
+
+def _table(rows: list[tuple], dtypes: dict) -> pd.DataFrame:
+    """A frame of ``rows`` (tuples in the order of ``dtypes``) with exactly those dtypes."""
+    columns = {name: np.array([r[k] for r in rows], dtype=dtype) for k, (name, dtype) in enumerate(dtypes.items())}
+    return frame_from_columns(columns, dtypes)
 
 
 def _recorded_series(cols: _RecColumns, index: np.ndarray) -> dict[str, np.ndarray]:
