@@ -273,9 +273,9 @@ def test_total_allocated_mismatch_is_a_note_not_an_error(tmp_path):
     assert any("Total Allocated changed" in n for n in trace.meta.notes)
 
 
-def test_empty_trace_events(tmp_path):
-    trace = read_kineto(write_json(tmp_path, {"traceEvents": []}))
-    assert len(trace) == 0 and trace.meta.devices == []
+def test_empty_trace_events_are_refused_with_how_to_record_memory(tmp_path):
+    with pytest.raises(TraceFormatError, match=r"no \[memory\] events.*profile_memory=True"):
+        read_kineto(write_json(tmp_path, {"traceEvents": []}))
 
 
 # --------------------------------------------------------------------------- bad input

@@ -272,6 +272,17 @@ def _refuse_without_addr(path: str, selected: list) -> None:
         "trace again with a newer PyTorch")
 
 
+def _refuse_without_memory(path: str, cols: "_RecColumns", state: "_ReadState", top_keys: Any) -> None:
+    """A profile with no [memory] event has nothing to replay: one line says how to record memory."""
+    if np.any(cols.kind != _STEP) or state.skipped_zero:
+        return
+    flag = top_keys.get("profile_memory") if isinstance(top_keys, dict) else None
+    said = f" (its profile_memory is {quote(flag)})" if flag is not None else ""
+    raise TraceFormatError(
+        path, None, f"no [memory] events{said}: the profile was recorded without memory profiling; record it "
+        "again with torch.profiler.profile(profile_memory=True) to replay its allocations")
+
+
 def _python_frame(name: str) -> dict:
     """A frame for an op: Python functions (``file.py(12): fn``) keep their file and line."""
     m = _PY_FUNCTION.fullmatch(name)
@@ -603,6 +614,7 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: _RecColum
     """The back half both routes share: order, frames, events, recorded totals, hints and notes."""
     device_types = state.device_types
     check_count(path, "devices", sum(len(v) for v in device_types.values()), limits, "devices", None)
+    _refuse_without_memory(path, cols, state, top_keys)
     cols = cols.sorted()
     is_mem = cols.kind == _MEM
     mem_devices = sorted(set(np.unique(cols.device[is_mem]).tolist()))
