@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from allocsim.cli import main as cli_main
 from allocsim.errors import TraceFormatError
 from allocsim.policies import kernel
 from allocsim.runner import Capacity, simulate_trace
@@ -28,6 +27,12 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "kin
 #: The 2021-format trace carries no Addr and is refused by the reader, so it has no replay.
 GPU_TRACES = sorted(p.name for p in SHARED.glob("*.json.gz") if "resnet50" not in p.name)
 TIMESFORMER = "AMD-AGI_TraceLens_h100_timesformer.json.gz"
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    code = cli_main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def _path(shared_dir, name: str) -> Path:
@@ -69,22 +74,22 @@ def test_timesformer_fits_where_the_recording_fit(shared_dir):
 
 
 @pytest.mark.shared
-def test_an_oom_the_recording_disproves_says_so(shared_dir):
+def test_an_oom_the_recording_disproves_says_so(shared_dir, capsys):
     """CuPy's pool runs out of memory in 4608 MiB where the recorded run fit: the verdict keeps the
     OOM but says the recording fit, by how much the replay asks for more, and why (text and JSON)."""
-    path = str(_path(shared_dir, TIMESFORMER))
-    argv = [sys.executable, "-m", "allocsim", "run", path, "--policy", "cupy", "--device", "0",
-            "--capacity", "4608MiB", "--fast"]
-    done = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=300)
-    verdict = json.loads(done.stdout)["verdict"]
-    assert done.returncode == 3 and verdict["fits"] is False
+    argv = ["run", str(_path(shared_dir, TIMESFORMER)), "--policy", "cupy", "--device", "0",
+            "--capacity", "4608MiB", "--fast", "--sites", "0"]
+    code, out, _ = run_cli(capsys, *argv, "--json")
+    verdict = json.loads(out)["verdict"]
+    assert code == 3 and verdict["fits"] is False
     fit = verdict["recording_fit"]
     assert fit["recorded_peak_reserved_bytes"] == 4_588_568_576
     assert fit["recorded_headroom_bytes"] == 4608 * MiB - 4_588_568_576
     assert fit["replay_over_recorded_bytes"] == fit["replay_demand_bytes"] - 4_588_568_576 > 0
     assert any("cupy is not the recorded allocator" in why for why in fit["why"])
-    text = subprocess.run(argv, capture_output=True, text=True, timeout=300).stdout.strip().splitlines()[-1]
-    assert text.startswith("OUT OF MEMORY in 4.50 GiB") and "the recording FIT in 4.50 GiB" in text
+    code, out, _ = run_cli(capsys, *argv)
+    last = out.strip().splitlines()[-1]
+    assert code == 3 and last.startswith("OUT OF MEMORY in 4.50 GiB") and "the recording FIT in 4.50 GiB" in last
 
 
 @pytest.mark.shared
@@ -97,7 +102,7 @@ def test_no_contradiction_note_when_the_recording_did_not_fit(shared_dir):
 
 # ---------------------------------------------------------------------- no memory recorded
 @pytest.mark.shared
-def test_a_profile_without_memory_is_refused_with_how_to_record_it(shared_dir, tmp_path):
+def test_a_profile_without_memory_is_refused_with_how_to_record_it(shared_dir, tmp_path, capsys):
     """The same real profile with its [memory] events taken out, as profile_memory=False writes it."""
     doc = json.loads(gzip.open(_path(shared_dir, "AMD-AGI_TraceLens_h100_bert-small.json.gz")).read())
     doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("name") != "[memory]"]
@@ -107,12 +112,10 @@ def test_a_profile_without_memory_is_refused_with_how_to_record_it(shared_dir, t
     for route in ("compiled", "reference"):
         with kernel.route(route), pytest.raises(TraceFormatError, match="profile_memory=True"):
             read_trace(path)
-    for command in ("run", "info"):
-        argv = [sys.executable, "-m", "allocsim", command, str(path)] + (["--policy", "pytorch"] if command == "run" else [])
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 2 and done.stdout == "", command
-        err = done.stderr.strip()
-        assert "\n" not in err and "no [memory] events" in err and "profile_memory=True" in err, err
+    for argv in (["run", path, "--policy", "pytorch"], ["info", path]):
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 2 and out == "", argv
+        assert "\n" not in err.strip() and "no [memory] events" in err and "profile_memory=True" in err, err
 
 
 # ---------------------------------------------------------------------- info on mixed devices
