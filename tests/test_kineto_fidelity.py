@@ -180,3 +180,30 @@ def test_layout_puts_the_start_allocation_in_a_gap_when_nothing_is_untouched():
 def test_layout_refuses_what_the_rules_cannot_explain(events, reason):
     got = start_layout(_window(8 * MiB, 0, events), baseline_alloc_id=0)
     assert isinstance(got, str) and reason in got
+
+
+def test_a_growth_beside_a_big_enough_free_block_is_another_pool():
+    R = 40 * MiB
+    events = [(BASE, 30 * MiB, R), (BASE, -30 * MiB, R),          # a 30 MiB cached block, free again
+              (BASE + 200 * MiB, 12 * MiB, R + 12 * MiB)]          # yet a new segment for 12 MiB
+    layout = start_layout(_window(R, 0, events), baseline_alloc_id=0)
+    assert layout.other_pool_growths == [(2, 12 * MiB, 30 * MiB)]
+    assert "another pool or stream" in layout.other_pool_sentence()
+    # Growth with no free block big enough in the proven layout: nothing to say.
+    events = [(BASE, 30 * MiB, R), (BASE + 200 * MiB, 12 * MiB, R + 12 * MiB)]
+    assert start_layout(_window(R, 0, events), baseline_alloc_id=0).other_pool_growths == []
+
+
+@pytest.mark.shared
+def test_replays_say_why_they_differ_or_that_they_reproduce(shared_dir):
+    """vLLM's graph capture made 13 segments that a one-pool replay serves from its cache: the
+    reproduction says it differs and why; the ROCm microbenchmark's 3 segments are reproduced."""
+    vllm = read_trace(_path(shared_dir, "AMD-AGI_TraceLens_vllm_piecewise_graph_capture.json.gz"))
+    assert recorded_run(vllm, 0).segment_allocs == 13
+    got = simulate_trace(vllm, "pytorch", fast=True).summary["reproduction"]
+    assert got["reproduces"] is False and any("another pool or stream" in why for why in got["why"])
+    assert "why: " in got["line"]
+    norm = read_trace(_path(shared_dir, "AMD-AGI_TraceLens_normalization_layer_test.json.gz")).for_device(0)
+    got = simulate_trace(norm, "pytorch", fast=True).summary
+    assert got["device_mallocs"] == recorded_run(norm, 0).segment_allocs == 3
+    assert got["reproduction"]["reproduces"] is True

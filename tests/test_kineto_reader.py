@@ -466,6 +466,6 @@ def test_shared_gpu_traces_peak_at_the_recorded_total(shared_dir):
         info = summarize(read_trace(path).for_device(0))
         assert info["peak_live_with_baseline_bytes"] == info["recorded"]["0"]["peak_allocated_bytes"], path.name
         checked += 1
-    assert checked == 5
+    assert checked == 6
     qwen = read_trace(next(p for p in paths if "qwen" in p.name))
     assert summarize(qwen)["baseline_live_bytes"] == 984_742_400

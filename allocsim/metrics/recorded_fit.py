@@ -24,7 +24,7 @@ def recording_fit(summary: dict[str, Any], recorded: Any, what_if: list[str]) ->
     if capacity is None or oom is None or peak is None or recorded.ooms or peak > capacity:
         return None
     demand = int(oom["reserved_bytes"]) + int(oom["requested_bytes"])
-    why = list(what_if) or [
+    why = list(what_if) or list(getattr(recorded, "unmodelled", None) or []) or [
         "the replay of the recorded allocator and settings diverges from the recording (where the trace does "
         "not record the start layout or pools, it is inferred: see the trace's notes)"]
     line = (f"the recording FIT in {format_bytes(capacity)}: its peak reserved was {format_bytes(peak)} "

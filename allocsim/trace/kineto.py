@@ -614,7 +614,8 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: _RecColum
     """The back half both routes share: order, frames, events, recorded totals, hints and notes."""
     device_types = state.device_types
     check_count(path, "devices", sum(len(v) for v in device_types.values()), limits, "devices", None)
-    _refuse_without_memory(path, cols, state, top_keys)
+    if not builder.meta.repairs:     # (lenient reads that skipped bad [memory] events saw some)
+        _refuse_without_memory(path, cols, state, top_keys)
     cols = cols.sorted()
     is_mem = cols.kind == _MEM
     mem_devices = sorted(set(np.unique(cols.device[is_mem]).tolist()))
@@ -675,11 +676,11 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: _RecColum
                 "(Total Allocated - Bytes at that event)")
     meta.devices = sorted(set(mem_devices) | ({marker_device} if state.step_seen else set()))
     trace = built_trace if built_trace is not None else builder.finish()
-    _start_of_window_allocations(trace, check, cols)
+    layouts = _start_of_window_allocations(trace, check, cols)
     trace.recorded_series = frame_from_columns(series, RECORDED_SERIES_DTYPES)
     trace.frames = frame_from_columns(frame_tables["frames"], FRAME_DTYPES)
     trace.stacks = frame_from_columns(frame_tables["stacks"], STACK_DTYPES)
-    _store_recorded_runs(trace, device_types)
+    _store_recorded_runs(trace, layouts)
     check_schema(trace)
     return trace
 
@@ -870,7 +871,7 @@ def _feed(builder: TraceBuilder, cols: _RecColumns, where: str, marker_device: i
     return index, None
 
 
-def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]], cols: _RecColumns) -> None:
+def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]], cols: _RecColumns) -> dict:
     """What a GPU device held before the first recorded event: start allocations and, where the
     addresses tell it, the segments and blocks they and the cached free memory lay in.
 
@@ -884,6 +885,7 @@ def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]],
     """
     from .kineto_layout import DeviceWindow, start_layout
 
+    layouts = {}                  # device -> Layout, for the recorded run
     ia = trace.initial_allocs
     added, segments, blocks, laid_out = [], [], [], []
     next_id = max([int(t["alloc_id"].max()) + 1 for t in (trace.events, ia) if len(t)], default=0)
@@ -909,7 +911,10 @@ def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]],
                 trace.meta.notes.append(f"device {device}: no start-of-window layout: {layout}")
         else:
             trace.meta.notes.append(layout.note)
+            if layout.other_pool_sentence():
+                trace.meta.notes.append(f"device {device}: {layout.other_pool_sentence()}")
             laid_out.append(device)
+            layouts[device] = layout
             segments += [(device, a, s, 0, pool, False) for a, s, pool in layout.segments]
             blocks += [(device, seg, a, s, s, "active_allocated" if aid >= 0 else "inactive", aid, -1)
                        for seg, a, s, aid in layout.blocks]
@@ -932,6 +937,7 @@ def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]],
     if added:
         extra = _table(added, INITIAL_ALLOC_DTYPES)
         trace.initial_allocs = pd.concat([ia, extra], ignore_index=True) if len(ia) else extra
+    return layouts
 
 
 def _table(rows: list[tuple], dtypes: dict) -> pd.DataFrame:
@@ -966,8 +972,12 @@ def _total_allocated_check(cols: _RecColumns) -> dict[int, dict[str, int]]:
     return check
 
 
-def _store_recorded_runs(trace: Trace, device_types: dict[int, set[int]]) -> None:
-    """The caching allocator's recorded totals per GPU device, as ``RecordedRun`` facts."""
+def _store_recorded_runs(trace: Trace, layouts: dict) -> None:
+    """The caching allocator's recorded totals per GPU device, as ``RecordedRun`` facts.
+
+    Where the start layout was inferred (``kineto_layout``), reserved never shrinks in the window,
+    so each growth of Total Reserved is one cudaMalloc: their count and bytes are recorded too.
+    """
     from .recorded import RecordedRun, set_recorded_run
 
     series = trace.recorded_series
@@ -985,6 +995,13 @@ def _store_recorded_runs(trace: Trace, device_types: dict[int, set[int]]) -> Non
             peak_allocated_bytes=int(allocated.max()) if len(allocated) else None,
             start_reserved_bytes=int(reserved[0]) if len(reserved) else None,
             final_reserved_bytes=int(reserved[-1]) if len(reserved) else None)
+        layout = layouts.get(device)
+        if layout is not None:
+            run.segment_allocs = layout.window_segments
+            run.segment_alloc_bytes = int(reserved[-1] - reserved[0]) if len(reserved) else 0
+            run.unmodelled = ["the start-of-window layout is inferred from the window's addresses, not recorded"]
+            if layout.other_pool_sentence():
+                run.unmodelled.append(layout.other_pool_sentence())
         set_recorded_run(trace, run)
 
 

@@ -66,6 +66,23 @@ class Layout:
     untouched_free_bytes: int                       #: cached bytes the window never touched, laid out free
     widened_bytes: int                              #: free bytes added by widening spans to 2 MiB bounds
     note: str
+    #: Segments the window made for requests that a free block of the laid-out cache could have
+    #: served: (position in the window's events, request bytes, largest free block of its pool).
+    other_pool_growths: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+    #: Segments laid out for the reserved bytes the window never touches (their layout is a guess).
+    guessed_segment_addrs: list[int] = dataclasses.field(default_factory=list)
+
+    def other_pool_sentence(self) -> str:
+        """Why a one-pool replay makes fewer segments than the recording ("" when nothing shows it)."""
+        if not self.other_pool_growths:
+            return ""
+        first_request, first_free = self.other_pool_growths[0][1:]
+        return (f"the real allocator made {self.window_segments} segment(s) in the window, "
+                f"{len(self.other_pool_growths)} of them for requests that a free cached block of the same pool "
+                f"could have served (the first: {first_request:,} bytes while a {first_free:,}-byte block was free): "
+                "those requests went to another pool or stream (a CUDA graph's private pool, a torch.cuda.MemPool, "
+                "another stream's blocks), which Kineto does not record, so a one-pool replay serves them from its "
+                "cache")
 
 
 def start_layout(window: DeviceWindow, baseline_alloc_id: int) -> Layout | str:
@@ -132,9 +149,76 @@ def start_layout(window: DeviceWindow, baseline_alloc_id: int) -> Layout | str:
             note += f" holding the {baseline_live:,} bytes allocated before the window as one block and"
         note += (f" {untouched - (0 if in_gap >= 0 else baseline_live):,} bytes free (where they really lay, "
                  "the file does not say)")
-    return Layout(segments=sorted(segments), blocks=blocks, baseline_alloc_addr=baseline_addr,
-                  window_segments=len(made), untouched_free_bytes=untouched - (0 if in_gap >= 0 else baseline_live),
-                  widened_bytes=widened, note=note)
+    layout = Layout(segments=sorted(segments), blocks=blocks, baseline_alloc_addr=baseline_addr,
+                    window_segments=len(made), untouched_free_bytes=untouched - (0 if in_gap >= 0 else baseline_live),
+                    widened_bytes=widened, note=note)
+    layout.guessed_segment_addrs = [a for a, _, _ in extra]
+    if made:
+        layout.other_pool_growths = _other_pool_growths(window, layout)
+    return layout
+
+
+def _other_pool_growths(window: DeviceWindow, layout: Layout) -> list[tuple[int, int, int]]:
+    """Growths of reserved while a free block of the request's pool was big enough (see ``Layout``).
+
+    Follows the free blocks of the laid-out segments and of the segments the window makes through
+    the window's allocations and frees (free neighbours in one segment merge, as in PyTorch). Gives
+    up (returns []) if an allocation lands outside every free block: then the layout is not exact.
+    """
+    import bisect
+
+    pool_of = {a: pool for a, _, pool in layout.segments}
+    guessed = set(layout.guessed_segment_addrs)
+    segments = sorted([(a, a + s) for a, s, _ in layout.segments] + _window_segments(window)[0])
+    segment_starts = [a for a, _ in segments]
+    free: list[list[int]] = [[a, a + s, seg] for seg, a, s, aid in layout.blocks if aid < 0]
+    free.sort()
+    starts = [f[0] for f in free]
+    found = []
+    previous = window.start_reserved_bytes
+    for pos, (addr, nbytes, reserved) in enumerate(zip(window.addr, window.nbytes, window.reserved)):
+        pool = "small" if abs(nbytes) <= K_SMALL_SIZE else "large"
+        if reserved > previous:
+            # Only blocks the window's addresses prove: the untouched segments' layout is a guess.
+            best = max((b - a for a, b, seg in free if pool_of[seg] == pool and seg not in guessed), default=0)
+            if best >= nbytes:
+                found.append((pos, nbytes, best))
+            # The new segment: the request takes its start, the rest is a free block of it.
+            pool_of[addr] = "small" if reserved - previous == K_SMALL_BUFFER and nbytes <= K_SMALL_SIZE else "large"
+            if reserved - previous > nbytes:
+                k = bisect.bisect_left(starts, addr + nbytes)
+                free.insert(k, [addr + nbytes, addr + reserved - previous, addr])
+                starts.insert(k, addr + nbytes)
+            previous = reserved
+            continue
+        previous = reserved
+        if nbytes > 0:
+            k = bisect.bisect_right(starts, addr) - 1
+            if k < 0 or free[k][1] < addr + nbytes:
+                return []
+            a, b, seg = free[k]
+            del free[k], starts[k]
+            for lo, hi in ((addr + nbytes, b), (a, addr)):
+                if hi > lo:
+                    free.insert(k, [lo, hi, seg])
+                    starts.insert(k, lo)
+        else:
+            j = bisect.bisect_right(segment_starts, addr) - 1
+            if j < 0 or addr - nbytes > segments[j][1]:
+                return []
+            seg = segments[j][0]
+            lo, hi = addr, addr - nbytes
+            k = bisect.bisect_left(starts, lo)
+            if k < len(free) and free[k][0] == hi and free[k][2] == seg:
+                hi = free[k][1]
+                del free[k], starts[k]
+            if k > 0 and free[k - 1][1] == lo and free[k - 1][2] == seg:
+                lo = free[k - 1][0]
+                del free[k - 1], starts[k - 1]
+                k -= 1
+            free.insert(k, [lo, hi, seg])
+            starts.insert(k, lo)
+    return found
 
 
 def _window_segments(window: DeviceWindow) -> tuple[list[tuple[int, int]], str]:
