@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,7 @@ def _path(shared_dir, name: str) -> Path:
 @pytest.mark.shared
 @pytest.mark.parametrize("route", ["compiled", "reference"])
 def test_every_shared_gpu_kineto_trace_meets_the_target(shared_dir, route):
-    checked = []
+    checked, figures = [], {}
     with kernel.route(route):
         for name in GPU_TRACES:
             trace = read_trace(_path(shared_dir, name))
@@ -57,7 +58,18 @@ def test_every_shared_gpu_kineto_trace_meets_the_target(shared_dir, route):
                 assert abs(got["peak_allocated_bytes"] - real.peak_allocated_bytes) * 1000 <= real.peak_allocated_bytes, name
                 assert got["start_state"] == "recorded", name      # the inferred layout was loaded
                 checked.append(name)
+                figures[name] = [real.peak_reserved_bytes, got["peak_reserved_bytes"], real.peak_allocated_bytes,
+                                 got["peak_allocated_bytes"]]
     assert len(checked) == len(GPU_TRACES) == 6
+    assert readme_table() == figures      # the README's table is what these replays give
+
+
+def readme_table() -> dict[str, list[int]]:
+    """The README's Kineto fidelity table: trace -> [recorded, simulated reserved, recorded, simulated allocated]."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `([\w.-]+)` \| ([\d,]+) \| ([\d,]+) \| [^|]+ \| ([\d,]+) \| ([\d,]+) \|", text, re.M)
+    return {f"AMD-AGI_TraceLens_{name}.json.gz": [int(v.replace(",", "")) for v in values]
+            for name, *values in rows}
 
 
 @pytest.mark.shared
