@@ -34,8 +34,11 @@ The 2021 format (``[memory]`` events without ``Addr``) is refused: frees cannot 
 allocations without it. Frees of blocks allocated before profiling began become initial-state
 allocations of ``|Bytes|``. The rest of what a GPU device held when recording began (``Total
 Allocated`` minus ``Bytes`` at its first event, less those orphan frees) becomes one more initial
-allocation, never freed and without an address (a note names it), so peaks and lower bounds count
-the memory the window never touches.
+allocation, never freed (a note names it), so peaks and lower bounds count the memory the window
+never touches. ``Total Reserved`` at the first event is laid out as ``initial_segments`` /
+``initial_blocks`` from the addresses the window uses (``kineto_layout``: the cache the real
+allocator held, free blocks included), so a ``pytorch`` replay starts where the real one did. A
+profile with no ``[memory]`` event (recorded without ``profile_memory=True``) is refused.
 
 Decoding: on the compiled route (``allocsim.trace.compiled``) a strict JSON scanner in C reads the
 [memory] events into columns and keeps only the ops that can frame them; the reference route uses
