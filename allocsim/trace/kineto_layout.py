@@ -40,6 +40,8 @@ K_SMALL_BUFFER = 2 << 20
 K_ROUND_LARGE = 2 << 20
 #: ``kMinBlockSize``: every block size and address is a multiple of this.
 K_MIN_BLOCK_SIZE = 512
+#: Free blocks and findings the other-pool check follows at most (real traces: hundreds).
+_MAX_TRACKED = 1_000
 
 
 @dataclasses.dataclass
@@ -147,6 +149,8 @@ def start_layout(window: DeviceWindow, baseline_alloc_id: int) -> Layout | str:
         note += f"; the {untouched:,} reserved bytes the window never touches form {len(extra)} more segment(s)"
         if in_gap < 0 and baseline_live > 0:
             note += f" holding the {baseline_live:,} bytes allocated before the window as one block and"
+        else:
+            note += " holding"
         note += (f" {untouched - (0 if in_gap >= 0 else baseline_live):,} bytes free (where they really lay, "
                  "the file does not say)")
     layout = Layout(segments=sorted(segments), blocks=blocks, baseline_alloc_addr=baseline_addr,
@@ -154,11 +158,11 @@ def start_layout(window: DeviceWindow, baseline_alloc_id: int) -> Layout | str:
                     widened_bytes=widened, note=note)
     layout.guessed_segment_addrs = [a for a, _, _ in extra]
     if made:
-        layout.other_pool_growths = _other_pool_growths(window, layout)
+        layout.other_pool_growths = _other_pool_growths(window, layout, made)
     return layout
 
 
-def _other_pool_growths(window: DeviceWindow, layout: Layout) -> list[tuple[int, int, int]]:
+def _other_pool_growths(window: DeviceWindow, layout: Layout, made: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
     """Growths of reserved while a free block of the request's pool was big enough (see ``Layout``).
 
     Follows the free blocks of the laid-out segments and of the segments the window makes through
@@ -169,16 +173,20 @@ def _other_pool_growths(window: DeviceWindow, layout: Layout) -> list[tuple[int,
 
     pool_of = {a: pool for a, _, pool in layout.segments}
     guessed = set(layout.guessed_segment_addrs)
-    segments = sorted([(a, a + s) for a, s, _ in layout.segments] + _window_segments(window)[0])
+    segments = sorted([(a, a + s) for a, s, _ in layout.segments] + made)
     segment_starts = [a for a, _ in segments]
     free: list[list[int]] = [[a, a + s, seg] for seg, a, s, aid in layout.blocks if aid < 0]
     free.sort()
     starts = [f[0] for f in free]
     found = []
+    checked = 0
     previous = window.start_reserved_bytes
     for pos, (addr, nbytes, reserved) in enumerate(zip(window.addr, window.nbytes, window.reserved)):
+        if len(free) > _MAX_TRACKED or checked > _MAX_TRACKED:
+            return found      # a crafted file: stop before the list work turns quadratic
         pool = "small" if abs(nbytes) <= K_SMALL_SIZE else "large"
         if reserved > previous:
+            checked += 1
             # Only blocks the window's addresses prove: the untouched segments' layout is a guess.
             best = max((b - a for a, b, seg in free if pool_of[seg] == pool and seg not in guessed), default=0)
             if best >= nbytes:
@@ -314,7 +322,8 @@ def _gap_for(size: int, segments: list[tuple[int, int]], touched: list[tuple[int
     ends = [b for _, b in covered]
     for lo, hi in sorted(segments):
         cursor = lo
-        for a, b in covered[bisect.bisect_right(ends, lo):]:
+        for k in range(bisect.bisect_right(ends, lo), len(covered)):
+            a, b = covered[k]
             if a >= hi:
                 break
             if a - cursor >= size:
