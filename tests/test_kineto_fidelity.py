@@ -219,3 +219,11 @@ def test_replays_say_why_they_differ_or_that_they_reproduce(shared_dir):
     got = simulate_trace(norm, "pytorch", fast=True).summary
     assert got["device_mallocs"] == recorded_run(norm, 0).segment_allocs == 3
     assert got["reproduction"]["reproduces"] is True
+
+
+def test_layout_refuses_addresses_at_the_ends_of_the_address_space():
+    top = (1 << 63) - 64 * MiB
+    got = start_layout(_window(128 * MiB, 0, [(top, 4 * MiB, 128 * MiB)]), baseline_alloc_id=0)
+    assert isinstance(got, str) and "address space" in got
+    got = start_layout(_window(8 * MiB, 0, [(-(1 << 40), 4 * MiB, 8 * MiB)]), baseline_alloc_id=0)
+    assert isinstance(got, str) and "address space" in got

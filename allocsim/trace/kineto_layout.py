@@ -125,6 +125,8 @@ def start_layout(window: DeviceWindow, baseline_alloc_id: int) -> Layout | str:
     segments = [(a, b - a, "small") for a, b in small] + [(a, b - a, "large") for a, b in large]
     top = max([b for _, b in small + large + made], default=0)
     extra_addr = -(-top // K_ROUND_LARGE) * K_ROUND_LARGE + K_ROUND_LARGE   # past every address seen
+    if min([a for a, _ in small + large + made], default=0) < 0 or extra_addr + untouched >= 1 << 63:
+        return "its addresses leave no room in the 64-bit address space for the memory the window never touches"
     extra, baseline_addr = _untouched_segments(extra_addr, untouched, 0 if in_gap >= 0 else baseline_live)
     if in_gap >= 0:
         baseline_addr = in_gap
