@@ -26,6 +26,7 @@ import numpy as np
 from .cost import CostModel
 from .device import SimulatedDevice
 from .engine import run_fast, run_simpy, select_device
+from .metrics.recorded_fit import recording_fit
 from .metrics.reproduction import capacity_matches, recorded_figures, reproduction
 from .metrics.verdict import GIVEN, INFERRED, summary_verdict
 from .result import RunResult
@@ -199,7 +200,7 @@ def add_recording(result: RunResult, trace: Trace, policy: str, params: Mapping[
     summary.setdefault("timed_memory", None)
     recorded = recording(trace)
     if recorded is None:
-        summary["recorded"] = summary["reproduction"] = None
+        summary["recorded"] = summary["reproduction"] = summary["verdict"]["recording_fit"] = None
         return
     figures = recorded_figures(recorded)
     what_if = []
@@ -218,3 +219,8 @@ def add_recording(result: RunResult, trace: Trace, policy: str, params: Mapping[
         what_if.append(mismatch)
     summary["recorded"] = figures
     summary["reproduction"] = reproduction(summary, figures, what_if)
+    fit = recording_fit(summary, recorded, what_if)
+    summary["verdict"]["recording_fit"] = fit
+    if fit is not None:
+        # An OOM the recording disproves must say so in the verdict itself, not only beside it.
+        summary["verdict"]["line"] += "; but " + fit["line"]

@@ -273,9 +273,9 @@ def test_total_allocated_mismatch_is_a_note_not_an_error(tmp_path):
     assert any("Total Allocated changed" in n for n in trace.meta.notes)
 
 
-def test_empty_trace_events(tmp_path):
-    trace = read_kineto(write_json(tmp_path, {"traceEvents": []}))
-    assert len(trace) == 0 and trace.meta.devices == []
+def test_empty_trace_events_are_refused_with_how_to_record_memory(tmp_path):
+    with pytest.raises(TraceFormatError, match=r"no \[memory\] events.*profile_memory=True"):
+        read_kineto(write_json(tmp_path, {"traceEvents": []}))
 
 
 # --------------------------------------------------------------------------- bad input
@@ -466,6 +466,6 @@ def test_shared_gpu_traces_peak_at_the_recorded_total(shared_dir):
         info = summarize(read_trace(path).for_device(0))
         assert info["peak_live_with_baseline_bytes"] == info["recorded"]["0"]["peak_allocated_bytes"], path.name
         checked += 1
-    assert checked == 5
+    assert checked == 6
     qwen = read_trace(next(p for p in paths if "qwen" in p.name))
     assert summarize(qwen)["baseline_live_bytes"] == 984_742_400

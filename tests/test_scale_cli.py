@@ -53,7 +53,9 @@ def test_json_report_has_the_shares_and_laws(specs, tmp_path, capsys):
 ])
 def test_bad_arguments_exit_2_with_one_line(argv, message, tmp_path, capsys):
     for name in ("only.json", "a.json", "b.json"):
-        (tmp_path / name).write_text(json.dumps({"traceEvents": []}))
+        # One CPU [memory] event: a readable profile (one without memory is refused on reading).
+        (tmp_path / name).write_text(json.dumps({"traceEvents": [{"ph": "i", "name": "[memory]", "ts": 1, "args": {
+            "Addr": 4096, "Bytes": 512, "Device Type": 0, "Device Id": -1}}]}))
     argv = [str(tmp_path / a) if "@" in a or a.endswith(".json") else a for a in argv]
     assert main(["scale", *argv, "--to", "8", "-o", str(tmp_path / "o.parquet")]) == 2
     err = capsys.readouterr().err.strip()

@@ -45,6 +45,8 @@ def recorded_figures(recorded: Any) -> dict[str, Any]:
                empty_cache_calls=recorded.empty_cache_calls,
                capacity_bytes=recorded.capacity_bytes, capacity_source=recorded.capacity_source or None,
                capacity_range=list(recorded.capacity_range) if recorded.capacity_range else None)
+    if getattr(recorded, "unmodelled", None):
+        out["unmodelled"] = list(recorded.unmodelled)
     return out
 
 
@@ -83,7 +85,12 @@ def reproduction(summary: dict[str, Any], recorded: dict[str, Any], what_if: lis
                       f"vs {_value(m['metric'], m['recorded'])} recorded" for m in mismatches)
     line = ("does NOT reproduce the recording although allocator, settings, start state and capacity are the "
             f"recorded ones: {shown}")
-    return {"reproduces": False, "what_if": [], "mismatches": mismatches, "line": line}
+    out = {"reproduces": False, "what_if": [], "mismatches": mismatches, "line": line}
+    if recorded.get("unmodelled"):
+        # What the recording shows and the replay does not model: the likely reasons, said with the gap.
+        out["why"] = list(recorded["unmodelled"])
+        out["line"] += "; why: " + "; ".join(out["why"])
+    return out
 
 
 def _value(key: str, value: Any) -> str:

@@ -34,8 +34,11 @@ The 2021 format (``[memory]`` events without ``Addr``) is refused: frees cannot 
 allocations without it. Frees of blocks allocated before profiling began become initial-state
 allocations of ``|Bytes|``. The rest of what a GPU device held when recording began (``Total
 Allocated`` minus ``Bytes`` at its first event, less those orphan frees) becomes one more initial
-allocation, never freed and without an address (a note names it), so peaks and lower bounds count
-the memory the window never touches.
+allocation, never freed (a note names it), so peaks and lower bounds count the memory the window
+never touches. ``Total Reserved`` at the first event is laid out as ``initial_segments`` /
+``initial_blocks`` from the addresses the window uses (``kineto_layout``: the cache the real
+allocator held, free blocks included), so a ``pytorch`` replay starts where the real one did. A
+profile with no ``[memory]`` event (recorded without ``profile_memory=True``) is refused.
 
 Decoding: on the compiled route (``allocsim.trace.compiled``) a strict JSON scanner in C reads the
 [memory] events into columns and keeps only the ops that can frame them; the reference route uses
@@ -66,11 +69,13 @@ from .columnar import OP_ALLOC, OP_FREE, OP_MARKER, OP_NONE, Records, build_colu
 from .frames import FrameTable, frame_tables
 from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, quote, read_bytes
 from .schema import (
+    BLOCK_DTYPES,
     DECISION_DTYPES,
     EVENT_DTYPES,
     FRAME_DTYPES,
     INITIAL_ALLOC_DTYPES,
     RECORDED_SERIES_DTYPES,
+    SEGMENT_DTYPES,
     STACK_DTYPES,
     Trace,
     check_schema,
@@ -274,6 +279,17 @@ def _refuse_without_addr(path: str, selected: list) -> None:
         path, None, f"its {len(memory):,} [memory] events carry no 'Addr' (the 2021 Kineto format), so frees "
         f"cannot be matched to allocations; 'Addr' is recorded since PyTorch {ADDR_SINCE}: record the "
         "trace again with a newer PyTorch")
+
+
+def _refuse_without_memory(path: str, cols: "_RecColumns", state: "_ReadState", top_keys: Any) -> None:
+    """A profile with no [memory] event has nothing to replay: one line says how to record memory."""
+    if np.any(cols.kind != _STEP) or state.skipped_zero:
+        return
+    flag = top_keys.get("profile_memory") if isinstance(top_keys, dict) else None
+    said = f" (its profile_memory is {quote(flag)})" if flag is not None else ""
+    raise TraceFormatError(
+        path, None, f"no [memory] events{said}: the profile was recorded without memory profiling; record it "
+        "again with torch.profiler.profile(profile_memory=True) to replay its allocations")
 
 
 def _python_frame(name: str) -> dict:
@@ -616,6 +632,8 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: _RecColum
     """The back half both routes share: order, frames, events, recorded totals, hints and notes."""
     device_types = state.device_types
     check_count(path, "devices", sum(len(v) for v in device_types.values()), limits, "devices", None)
+    if not builder.meta.repairs:     # (lenient reads that skipped bad [memory] events saw some)
+        _refuse_without_memory(path, cols, state, top_keys)
     cols = cols.sorted()
     is_mem = cols.kind == _MEM
     mem_devices = sorted(set(np.unique(cols.device[is_mem]).tolist()))
@@ -676,11 +694,11 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: _RecColum
                 "(Total Allocated - Bytes at that event)")
     meta.devices = sorted(set(mem_devices) | ({marker_device} if state.step_seen else set()))
     trace = built_trace if built_trace is not None else builder.finish()
-    _start_of_window_allocations(trace, check)
+    layouts = _start_of_window_allocations(trace, check, cols)
     trace.recorded_series = frame_from_columns(series, RECORDED_SERIES_DTYPES)
     trace.frames = frame_from_columns(frame_tables["frames"], FRAME_DTYPES)
     trace.stacks = frame_from_columns(frame_tables["stacks"], STACK_DTYPES)
-    _store_recorded_runs(trace, device_types)
+    _store_recorded_runs(trace, layouts)
     check_schema(trace)
     return trace
 
@@ -871,36 +889,79 @@ def _feed(builder: TraceBuilder, cols: _RecColumns, where: str, marker_device: i
     return index, None
 
 
-def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]]) -> None:
-    """Memory a GPU device held before the first recorded event, as one initial allocation per device.
+def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]], cols: _RecColumns) -> dict:
+    """What a GPU device held before the first recorded event: start allocations and, where the
+    addresses tell it, the segments and blocks they and the cached free memory lay in.
 
     ``Total Allocated`` at a device's first event minus that event's own ``Bytes`` is what the
     allocator held when recording began. The window's orphan frees (already initial allocations)
     account for part of it; the rest was never freed in the window, so it becomes one allocation
-    alive from the start (never freed, no address): peaks, the lower bound and the verdict count it.
+    alive from the start (never freed): peaks, the lower bound and the verdict count it.
+    ``Total Reserved`` minus that is memory the allocator had cached free; ``kineto_layout`` lays
+    both out from the addresses the window uses, so a replay of the recorded allocator starts
+    where the real one did instead of allocating its cache anew.
     """
+    from .kineto_layout import DeviceWindow, start_layout
+
+    layouts = {}                  # device -> Layout, for the recorded run
     ia = trace.initial_allocs
-    added = []
+    added, segments, blocks, laid_out = [], [], [], []
     next_id = max([int(t["alloc_id"].max()) + 1 for t in (trace.events, ia) if len(t)], default=0)
+    ia_device = ia["device"].to_numpy()
     for device, stats in sorted(check.items()):
-        if device < 0 or stats["baseline_bytes"] <= 0:
+        if device < 0:
             continue          # the CPU allocator is not the caching allocator
-        sizes = ia["size_bytes"].to_numpy()[ia["device"].to_numpy() == device]
-        orphan_bytes = sum(sizes.tolist())
+        mine = ia_device == device
+        orphans = list(zip(ia["alloc_id"].to_numpy()[mine].tolist(), ia["addr"].to_numpy()[mine].tolist(),
+                           ia["size_bytes"].to_numpy()[mine].tolist()))
+        orphan_bytes = sum(s for _, _, s in orphans)
         rest = stats["baseline_bytes"] - orphan_bytes
-        if rest <= 0 or rest > MAX_SIZE_BYTES:
+        rows = np.flatnonzero((cols.kind == _MEM) & (cols.device == device))
+        layout: Any = "no [memory] event records Total Reserved"
+        if len(rows) and cols.reserved[rows[0]] >= 0 and stats["baseline_bytes"] <= MAX_SIZE_BYTES:
+            window = DeviceWindow(
+                device=device, start_reserved_bytes=int(cols.reserved[rows[0]]),
+                baseline_bytes=max(stats["baseline_bytes"], 0), addr=cols.addr[rows].tolist(),
+                nbytes=cols.nbytes[rows].tolist(), reserved=cols.reserved[rows].tolist(), orphans=orphans)
+            layout = start_layout(window, next_id)
+        if isinstance(layout, str):
+            if stats["baseline_bytes"] > 0 and 0 < rest <= MAX_SIZE_BYTES:
+                trace.meta.notes.append(f"device {device}: no start-of-window layout: {layout}")
+        else:
+            trace.meta.notes.append(layout.note)
+            if layout.other_pool_sentence():
+                trace.meta.notes.append(f"device {device}: {layout.other_pool_sentence()}")
+            laid_out.append(device)
+            layouts[device] = layout
+            segments += [(device, a, s, 0, pool, False) for a, s, pool in layout.segments]
+            blocks += [(device, seg, a, s, s, "active_allocated" if aid >= 0 else "inactive", aid, -1)
+                       for seg, a, s, aid in layout.blocks]
+        if rest <= 0 or rest > MAX_SIZE_BYTES or stats["baseline_bytes"] <= 0:
             continue
-        added.append((next_id, rest, 0, device, -1, -1, -1))
+        placed = not isinstance(layout, str) and layout.baseline_alloc_addr >= 0
+        addr = layout.baseline_alloc_addr if placed else -1
+        added.append((next_id, rest, 0, device, addr, rest if placed else -1, -1))
         trace.meta.notes.append(
             f"device {device}: {rest:,} bytes allocated before the first recorded event and not freed in the "
             f"window (of {stats['baseline_bytes']:,} then allocated; {orphan_bytes:,} are freed in it) are one "
             f"start-of-window allocation, alloc_id {next_id}, never freed")
         next_id += 1
+    if segments:
+        # Kineto's Bytes are block sizes: the orphans' blocks are known exactly where they are laid out.
+        ia["block_size_bytes"] = np.where(np.isin(ia["device"].to_numpy(), laid_out), ia["size_bytes"].to_numpy(),
+                                          ia["block_size_bytes"].to_numpy())
+        trace.initial_segments = _table(segments, SEGMENT_DTYPES)
+        trace.initial_blocks = _table(blocks, BLOCK_DTYPES)
     if added:
-        rows = {name: np.array([r[k] for r in added], dtype=dtype)
-                for k, (name, dtype) in enumerate(INITIAL_ALLOC_DTYPES.items())}
-        extra = frame_from_columns(rows, INITIAL_ALLOC_DTYPES)
+        extra = _table(added, INITIAL_ALLOC_DTYPES)
         trace.initial_allocs = pd.concat([ia, extra], ignore_index=True) if len(ia) else extra
+    return layouts
+
+
+def _table(rows: list[tuple], dtypes: dict) -> pd.DataFrame:
+    """A frame of ``rows`` (tuples in the order of ``dtypes``) with exactly those dtypes."""
+    columns = {name: np.array([r[k] for r in rows], dtype=dtype) for k, (name, dtype) in enumerate(dtypes.items())}
+    return frame_from_columns(columns, dtypes)
 
 
 def _recorded_series(cols: _RecColumns, index: np.ndarray) -> dict[str, np.ndarray]:
@@ -929,8 +990,12 @@ def _total_allocated_check(cols: _RecColumns) -> dict[int, dict[str, int]]:
     return check
 
 
-def _store_recorded_runs(trace: Trace, device_types: dict[int, set[int]]) -> None:
-    """The caching allocator's recorded totals per GPU device, as ``RecordedRun`` facts."""
+def _store_recorded_runs(trace: Trace, layouts: dict) -> None:
+    """The caching allocator's recorded totals per GPU device, as ``RecordedRun`` facts.
+
+    Where the start layout was inferred (``kineto_layout``), reserved never shrinks in the window,
+    so each growth of Total Reserved is one cudaMalloc: their count and bytes are recorded too.
+    """
     from .recorded import RecordedRun, set_recorded_run
 
     series = trace.recorded_series
@@ -948,6 +1013,13 @@ def _store_recorded_runs(trace: Trace, device_types: dict[int, set[int]]) -> Non
             peak_allocated_bytes=int(allocated.max()) if len(allocated) else None,
             start_reserved_bytes=int(reserved[0]) if len(reserved) else None,
             final_reserved_bytes=int(reserved[-1]) if len(reserved) else None)
+        layout = layouts.get(device)
+        if layout is not None:
+            run.segment_allocs = layout.window_segments
+            run.segment_alloc_bytes = int(reserved[-1] - reserved[0]) if len(reserved) else 0
+            run.unmodelled = ["the start-of-window layout is inferred from the window's addresses, not recorded"]
+            if layout.other_pool_sentence():
+                run.unmodelled.append(layout.other_pool_sentence())
         set_recorded_run(trace, run)
 
 

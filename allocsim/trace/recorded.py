@@ -66,6 +66,9 @@ class RecordedRun:
     #: ``reserved_before_bytes`` and, on the OOM path, ``failed_demand_bytes`` (reserved + the
     #: cudaMalloc that failed).
     release_points: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: What the recording shows that a replay does not model (inferred start layout, other pools):
+    #: sentences for people, the reasons a replay may not reproduce it.
+    unmodelled: list[str] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict (inverse of ``from_dict``): ``dataclasses.asdict`` without its generic walk."""
@@ -73,6 +76,7 @@ class RecordedRun:
         data["settings"] = copy.deepcopy(self.settings)
         data["ooms"] = [dict(vars(o)) for o in self.ooms]
         data["release_points"] = copy.deepcopy(self.release_points)
+        data["unmodelled"] = list(self.unmodelled)
         if self.capacity_range is not None:
             data["capacity_range"] = list(self.capacity_range)
         return data

@@ -74,12 +74,19 @@ def summarize(trace: Trace) -> dict[str, Any]:
     """Return the ``allocsim info`` fields for ``trace`` as a JSON-ready dict."""
     kind = trace.column("kind")
     t_ns = trace.column("t_ns")
-    window, total = live_bytes_series(trace)
-    baseline_bytes = _exact_sum(trace.initial_allocs["size_bytes"].to_numpy())
+    # The devices that hold memory (markers carry a device too, but no bytes).
+    held = set(np.unique(trace.column("device")[kind != EventKind.MARKER]).tolist())
+    held |= set(trace.initial_allocs["device"].unique().tolist())
+    gpus = sorted(int(d) for d in held if d >= 0)
+    others = sorted(int(d) for d in held if d < 0)
+    # Host and GPU bytes are different memories: on a mixed trace the byte figures count the GPUs only.
+    bytes_of = _gpu_part(trace) if gpus and others else trace
+    window, total = live_bytes_series(bytes_of)
+    baseline_bytes = _exact_sum(bytes_of.initial_allocs["size_bytes"].to_numpy())
     mem_kinds = np.isin(kind, [EventKind.ALLOC, EventKind.FREE_REQUESTED, EventKind.FREE_COMPLETED])
     streams = sorted(int(s) for s in np.unique(trace.column("stream")[mem_kinds]))
     decisions = trace.decisions["action"].value_counts().to_dict() if len(trace.decisions) else {}
-    return {
+    out = {
         "file": trace.meta.source,
         "format": trace.meta.format,
         "events": int(len(trace.events)),
@@ -100,13 +107,33 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "peak_live_bytes": int(max(0, int(window.max()))) if len(window) else 0,
         "peak_live_with_baseline_bytes": int(max(baseline_bytes, int(total.max()))) if len(total) else baseline_bytes,
         "initial_segments": int(len(trace.initial_segments)),
-        "initial_reserved_bytes": _exact_sum(trace.initial_segments["size_bytes"].to_numpy()),
+        "initial_reserved_bytes": _exact_sum(bytes_of.initial_segments["size_bytes"].to_numpy()),
         "recorded_decisions": {str(k): int(v) for k, v in sorted(decisions.items())},
         "allocator_settings": trace.meta.allocator_settings,
         "recorded": {device: _recorded_brief(run) for device, run in sorted(trace.meta.recorded.items())},
         "repairs": list(trace.meta.repairs),
         "notes": list(trace.meta.notes),
     }
+    if bytes_of is not trace:
+        said = (f"GPU device(s) {gpus} only: host memory (device(s) {others}) is another memory and is not "
+                "added to it; each device's own figures are in its section")
+        # Right after the byte figures it qualifies.
+        items = list(out.items())
+        at = [k for k, _ in items].index("initial_reserved_bytes") + 1
+        out = dict(items[:at] + [("bytes_counted", said)] + items[at:])
+    return out
+
+
+def _gpu_part(trace: Trace) -> Trace:
+    """The GPU devices' events and start state of a trace that also holds host memory."""
+    import dataclasses
+
+    ev = trace.events
+    keep = (ev["device"].to_numpy() >= 0) | (ev["kind"].to_numpy() == EventKind.MARKER)
+    gpu = lambda frame: frame.loc[frame["device"].to_numpy() >= 0].reset_index(drop=True)
+    return dataclasses.replace(trace, events=ev.loc[keep].reset_index(drop=True),
+                               initial_allocs=gpu(trace.initial_allocs), initial_segments=gpu(trace.initial_segments),
+                               initial_blocks=gpu(trace.initial_blocks))
 
 
 def _recorded_brief(run: dict[str, Any]) -> dict[str, Any]:
