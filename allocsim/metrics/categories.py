@@ -275,3 +275,78 @@ def dominant(split: dict[str, int]) -> str:
     """The category holding the most bytes of ``split`` (ties: the first listed); "unknown" when empty."""
     best = max(CATEGORIES, key=lambda c: (split.get(c, 0), -CATEGORIES.index(c)))
     return best if split.get(best, 0) > 0 else "unknown"
+
+
+# ----------------------------------------------------------------------------- a run's moments
+def run_categories(trace: Trace, result: Any, categories: Categories, *, continue_on_oom: bool = False
+                   ) -> dict[str, Any]:
+    """The ``categories`` object of a run: bytes per category at its peak of requested memory and first OOM.
+
+    Each split adds up exactly to the run's live requested bytes there (checked), the same live set
+    as the code-site tables (``sites.live_at_row``).
+    """
+    from .sites import live_at_row, oom_row, peak_row
+
+    ts, ooms, summary = result.timeseries, result.ooms, result.summary
+    peak = live_at_row(trace, ts, ooms, peak_row(ts), continue_on_oom=continue_on_oom)
+    out: dict[str, Any] = {
+        "at_peak": split_check(categories.split(peak.alloc_ids, peak.size_bytes), peak.live_bytes, "the peak"),
+        "at_oom": None,
+        "moments": {"at_peak": {"event_index": peak.event_index, "bytes": peak.live_bytes}, "at_oom": None},
+        "rules": categories.rules,
+    }
+    oom = summary.get("oom")
+    if oom is not None:
+        live = live_at_row(trace, ts, ooms, oom_row(ts, int(oom["event_index"])), continue_on_oom=continue_on_oom)
+        out["at_oom"] = split_check(categories.split(live.alloc_ids, live.size_bytes), live.live_bytes, "the OOM")
+        out["moments"]["at_oom"] = {"event_index": int(oom["event_index"]), "bytes": live.live_bytes}
+    return out
+
+
+def label_site_rows(rows: list[dict[str, Any]], index: Any, alloc_ids: np.ndarray, stack_ids: np.ndarray,
+                    size_bytes: np.ndarray, categories: Categories) -> None:
+    """Give each site row (``sites.rows_by_site`` over these allocations) its ``category``: the one holding
+    most of its bytes, and ``categories``: its bytes per category (adding up to the row's bytes)."""
+    from .sites import OTHER, UNATTRIBUTED
+
+    site = index.site_of(np.asarray(stack_ids, dtype=np.int64))
+    codes = categories.of(alloc_ids)
+    shown = {r["site"] for r in rows if r["site"] not in (OTHER, UNATTRIBUTED)}
+    names = np.array([UNATTRIBUTED if s < 0 else (index.names[s] if index.names[s] in shown else OTHER)
+                      for s in site.tolist()], dtype=object)
+    for r in rows:
+        mask = names == r["site"]
+        split = {k: v for k, v in zip(CATEGORIES, group_sums(codes[mask], np.asarray(size_bytes)[mask],
+                                                             len(CATEGORIES))) if v}
+        r["category"] = dominant(split)
+        r["categories"] = split
+
+
+def format_run_categories(categories: dict[str, Any]) -> list[str]:
+    """Text lines of a run's ``categories`` (before its code sites and verdict)."""
+    m = categories["moments"]
+    lines = [f"Memory by category at the peak of requested memory: "
+             f"{format_split(categories['at_peak'], m['at_peak']['bytes'])}"]
+    if categories.get("at_oom") is not None:
+        lines.append(f"Memory by category at the first out-of-memory: "
+                     f"{format_split(categories['at_oom'], m['at_oom']['bytes'])}")
+    return lines
+
+
+def trace_categories(trace: Trace, site_filter: SiteFilter | None = None) -> dict[str, Any]:
+    """Bytes per category at the trace's own peak of live bytes (``info``), with the rules' evidence."""
+    from .sites import live_at_peak
+
+    categories = categorize(trace, site_filter)
+    peak = live_at_peak(trace)
+    return {"at_peak": split_check(categories.split(peak.alloc_ids, peak.size_bytes), peak.live_bytes, "the peak"),
+            "moments": {"at_peak": {"event_index": peak.event_index, "bytes": peak.live_bytes}},
+            "rules": categories.rules}
+
+
+def format_rules(rules: list[dict[str, Any]], indent: str = "    ") -> list[str]:
+    """One line per rule that decided anything: allocations, bytes, category, the rule."""
+    from ..units import format_bytes
+
+    return [f"{indent}{r['allocations']:>7,} {format_bytes(r['bytes']):>12}  {LABELS[r['category']]:<16} {r['rule']}"
+            for r in rules]
