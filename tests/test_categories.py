@@ -111,3 +111,17 @@ def test_info_prints_categories_and_their_evidence(capsys):
     code, out = run_cli(capsys, "info", ROOT / "traces" / "bert_fp32.json.gz", "--json")
     cats = json.loads(out)["categories"]
     assert sum(cats["at_peak"].values()) == cats["moments"]["at_peak"]["bytes"] > 0
+
+
+def test_category_timeline_adds_up_and_keeps_the_peak():
+    """Over time: per bucket the categories add up to the live bytes there, and the peak bucket is the peak."""
+    from allocsim.metrics.categories import category_timeline
+    from allocsim.trace.stats import live_bytes_series
+
+    trace = read_trace(ROOT / "traces" / "bert_recompute.json.gz")
+    tl = category_timeline(trace, categorize(trace), columns=300)
+    _, total = live_bytes_series(trace)
+    sums = [sum(tl["bytes"][c][i] for c in CATEGORIES) for i in range(len(tl["x"]))]
+    assert sums == [int(total[e]) for e in tl["event_index"]]
+    assert max(sums) == int(total.max()) and len(tl["x"]) == 300
+    assert max(tl["bytes"]["gradient"]) > 0 and max(tl["bytes"]["activation"]) > 0

@@ -350,3 +350,36 @@ def format_rules(rules: list[dict[str, Any]], indent: str = "    ") -> list[str]
 
     return [f"{indent}{r['allocations']:>7,} {format_bytes(r['bytes']):>12}  {LABELS[r['category']]:<16} {r['rule']}"
             for r in rules]
+
+
+def category_timeline(trace: Trace, categories: Categories, columns: int = 2000) -> dict[str, Any]:
+    """Live bytes per category over the trace, thinned by the per-pixel rule (``metrics.decimate``).
+
+    ``x``: the first event of each bucket; ``event_index``: the bucket's event of largest live total;
+    ``bytes``: per category, the live bytes there (they add up to that total, so the drawn stack
+    reaches every bucket's peak). An allocation counts from its ALLOC event until its free completes.
+    """
+    from .decimate import bucket_starts, max_rows
+
+    kind = trace.column("kind")
+    ids = trace.column("alloc_id").astype(np.int64)
+    sizes = trace.column("size_bytes").astype(np.int64)
+    init = trace.initial_allocs
+    alloc = kind == EventKind.ALLOC
+    done = kind == EventKind.FREE_COMPLETED
+    code = np.full(len(kind), -1, dtype=np.int64)
+    code[alloc] = categories.of(ids[alloc])
+    known = np.isin(ids[done], categories.alloc_ids)
+    freed = np.flatnonzero(done)[known]
+    code[freed] = categories.of(ids[freed])
+    delta = np.where(alloc, sizes, 0) - np.where(done & (code >= 0), sizes, 0)
+    baseline = group_sums(categories.of(init["alloc_id"].to_numpy()), init["size_bytes"].to_numpy(), len(CATEGORIES))
+    total = np.cumsum(np.where(code >= 0, delta, 0)) + sum(baseline)
+    if not len(total):
+        return {"x": [], "event_index": [], "bytes": {c: [] for c in CATEGORIES}}
+    starts = bucket_starts(np.arange(len(total)), columns)
+    picks = max_rows(total, starts)
+    out = {"x": starts.tolist(), "event_index": picks.tolist(), "bytes": {}}
+    for k, name in enumerate(CATEGORIES):
+        out["bytes"][name] = (np.cumsum(np.where(code == k, delta, 0))[picks] + baseline[k]).tolist()
+    return out

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..metrics.categories import CATEGORIES, Categories
+from ..metrics.categories import CATEGORIES, Categories, category_timeline
 from ..metrics.decimate import bucket_max, bucket_starts
 from ..trace.schema import EventKind, Trace
 
@@ -234,6 +234,7 @@ def report_data(trace: Trace, runs: list[PolicyRun], categories: Categories, pro
         "time_synthesized": bool(trace.meta.time_synthesized),
         "categories": list(CATEGORIES), "states": list(SEGMENT_STATES),
         "timelines": timelines(trace, runs), "runs": out_runs,
+        "category_timeline": category_timeline(trace, categories, TIMELINE_COLUMNS),
         "allocs": allocs.rows, "stacks": stacks.stacks, "frames": stacks.frames,
         "advice": advice, "advice_text": advice_text,
     }

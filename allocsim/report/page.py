@@ -124,6 +124,7 @@ function drawTimeline(){
     cols[j].forEach((v,p)=>{ if(v<0){on=false;return;} const y=T+ph-v/ymax*ph; if(!on){g.moveTo(L+p,y);on=true;} else g.lineTo(L+p,y); g.lineTo(L+p+1,y); });
     g.stroke(); }); g.setLineDash([]); g.lineWidth=1;
   if(TL.sel){ g.fillStyle="rgba(31,95,168,.15)"; g.fillRect(Math.min(TL.sel[0],TL.sel[1]),T,Math.abs(TL.sel[1]-TL.sel[0]),ph); }
+  drawCatTimeline();
   const lg=document.getElementById("tllegend"); lg.textContent="";
   series.forEach(s=>{ const sp=el("span"); const i=el("i"); i.style.background=s.color; sp.appendChild(i); sp.appendChild(document.createTextNode(s.name)); lg.appendChild(sp); });
 }
@@ -141,6 +142,31 @@ function timelineEvents(){
   c.addEventListener("wheel",ev=>{ ev.preventDefault(); const at=toEvent(ev.offsetX), f=ev.deltaY>0?1.25:0.8;
     TL.lo=Math.max(0,at-(at-TL.lo)*f); TL.hi=Math.min(D.timelines.events,at+(TL.hi-at)*f); if(TL.hi-TL.lo<1) TL.hi=TL.lo+1; drawTimeline(); },{passive:false});
   document.getElementById("tlreset").addEventListener("click",()=>{ TL.lo=0; TL.hi=Math.max(D.timelines.events,1); drawTimeline(); });
+}
+
+// ------------------------------------------------------------------ live bytes by category over time
+function drawCatTimeline(){
+  const c=document.getElementById("cattimeline"), g=c.getContext("2d"), W=c.width, H=c.height, L=70, R=10, T=10, B=24;
+  const ct=D.category_timeline; g.clearRect(0,0,W,H); if(!ct||!ct.x.length) return; const pw=W-L-R, ph=H-T-B, n=D.timelines.events||1;
+  // Per pixel column: the bucket of largest total that starts in it, its categories stacked.
+  const totals=ct.x.map((_,i)=>D.categories.reduce((a,k)=>a+ct.bytes[k][i],0)); const best=new Array(pw).fill(-1);
+  ct.x.forEach((a,i)=>{ const b=(i+1<ct.x.length?ct.x[i+1]:n); if(b<=TL.lo||a>=TL.hi) return;
+    let p0=Math.floor((Math.max(a,TL.lo)-TL.lo)/(TL.hi-TL.lo)*pw), p1=Math.ceil((Math.min(b,TL.hi)-TL.lo)/(TL.hi-TL.lo)*pw)-1;
+    p0=Math.max(0,Math.min(pw-1,p0)); p1=Math.max(p0,Math.min(pw-1,p1));
+    for(let p=p0;p<=p1;p++) if(best[p]<0||totals[i]>totals[best[p]]) best[p]=i; });
+  let ymax=1; best.forEach(i=>{ if(i>=0&&totals[i]>ymax) ymax=totals[i]; });
+  g.fillStyle="#333"; g.font="11px sans-serif"; for(let k=0;k<=2;k++){ const y=T+ph-k/2*ph; g.fillText(fmt(ymax*k/2),4,y+4); }
+  best.forEach((i,p)=>{ if(i<0) return; let y=T+ph; D.categories.forEach(k=>{ const v=ct.bytes[k][i]; if(!v) return; const h=v/ymax*ph;
+    g.fillStyle=CAT_COLORS[k]; g.fillRect(L+p,y-h,1,h); y-=h; }); });
+  CT.best=best; CT.totals=totals;
+}
+const CT={};
+function catTimelineEvents(){
+  const c=document.getElementById("cattimeline"), L=70;
+  c.addEventListener("mousemove",ev=>{ const p=ev.offsetX-L; if(!CT.best||p<0||p>=CT.best.length||CT.best[p]<0){ hideTip(); return; }
+    const i=CT.best[p], ct=D.category_timeline; const lines=["after event "+ct.event_index[i].toLocaleString()+" (the largest total in this column): "+fmt(CT.totals[i])];
+    D.categories.forEach(k=>{ if(ct.bytes[k][i]) lines.push(k.replace("_"," ")+": "+fmt(ct.bytes[k][i])); }); showTip(ev, lines.join("\n")); });
+  c.addEventListener("mouseleave",hideTip);
 }
 
 // ------------------------------------------------------------------ segment map (rows = segments)
@@ -212,7 +238,7 @@ function advice(){
   if(D.advice_text){ const d=el("details"); d.appendChild(el("summary",{},"the whole advice, as allocsim advise prints it")); d.appendChild(el("pre",{},D.advice_text)); box.appendChild(d); }
 }
 
-verdicts(); categories(); drawTimeline(); timelineEvents(); mapEvents(); mapChoices(); sites(); advice();
+verdicts(); categories(); drawTimeline(); timelineEvents(); catTimelineEvents(); mapEvents(); mapChoices(); sites(); advice();
 document.body.dataset.ready="1";
 """
 
@@ -245,6 +271,8 @@ def render(data: dict[str, Any]) -> str:
 <div class="controls">drag to zoom, wheel to zoom at the pointer, <button id="tlreset">show all</button>
 each pixel column shows the maximum of the events it covers, so no peak is lost</div>
 <canvas id="timeline" width="1200" height="320"></canvas><div id="tllegend" class="legend"></div>
+<div>live bytes by category (zooms with the timeline above; colours as in the segment map)</div>
+<canvas id="cattimeline" width="1200" height="140"></canvas>
 <h2>Segments and blocks</h2>
 <div class="controls"><select id="mapsel"></select> <span id="mapnote"></span></div>
 <div id="maplegend" class="legend"></div>
