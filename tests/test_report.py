@@ -42,7 +42,7 @@ def test_page_is_self_contained_and_agrees_with_run(tmp_path, capsys):
     trace = ROOT / "traces" / "bert_fp32.json.gz"
     out = tmp_path / "r.html"
     code, text, _ = run_cli(capsys, "report", trace, "--policy", "pytorch", "--policy", "cuda-async",
-                            "--capacity", "2GiB", "-o", out)
+                            "--capacity", "2GiB", "--advise", "-o", out)
     assert code == 0 and out.is_file()
     html = out.read_text(encoding="utf-8")
     assert not re.search(r'(src|href)\s*=\s*["\']?(https?:)?//', html), "nothing may be fetched"
@@ -57,6 +57,11 @@ def test_page_is_self_contained_and_agrees_with_run(tmp_path, capsys):
         assert run["categories"]["at_peak"] == summary["categories"]["at_peak"]
         assert sum(run["categories"]["at_peak"].values()) == summary["peak_requested_bytes"]
         assert f"{policy}: {run['verdict']}" in text
+    # --advise: the recommendations and their paste-ready lines are advise's own.
+    code, printed, _ = run_cli(capsys, "advise", trace, "--capacity", "2GiB", "--fast", "--json")
+    advice = json.loads(printed)
+    assert [r["line"] for r in data["advice"]["recommendations"]] == [r["line"] for r in advice["recommendations"]]
+    assert data["advice"]["recommendations"] and data["advice_text"].startswith("allocsim advise:")
     # The timeline keeps the peak: its per-bucket maxima reach the runs' peaks exactly.
     tl = data["timelines"]
     assert max(tl["runs"][0]["reserved_bytes"]) == data["runs"][0]["peak_reserved_bytes"]
