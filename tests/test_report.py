@@ -94,6 +94,14 @@ def test_report_bad_input_is_one_line(tmp_path, capsys):
     assert code == 2 and "does not exist" in err
 
 
+@pytest.mark.shared
+def test_report_of_a_state_only_snapshot_says_what_to_run(shared_dir, tmp_path, capsys):
+    path = shared_dir / "traces" / "state-only-snapshots" / "volcengine_verl_mem.pickle"
+    code, _, err = run_cli(capsys, "report", path, "-o", tmp_path / "r.html")
+    assert code == 2 and "records the final state only" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r.html").exists()
+
+
 # ----------------------------------------------------------------------------- in a real browser
 def _chrome():
     """A headless Chromium with its network blocked, or a skip that says why none could be started."""

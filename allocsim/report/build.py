@@ -88,6 +88,11 @@ def build_report(trace_path: str, policies: list[str], *, capacity: str | None =
     read_options = list(read_options or [])
     first = _run_args(trace_path, policies[0], capacity, device, sites, read_options)
     trace = select_device(load_trace(first), device)
+    from ..metrics.state import is_state_only
+
+    if is_state_only(trace):
+        raise ValueError(f"{trace.meta.source or trace_path} records the final state only, no history to replay: "
+                         f"`allocsim run {trace_path} --policy pytorch` reports that state")
     runs = []
     for text in policies:
         args = _run_args(trace_path, text, capacity, device, sites, read_options)
