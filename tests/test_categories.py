@@ -125,3 +125,15 @@ def test_category_timeline_adds_up_and_keeps_the_peak():
     assert sums == [int(total[e]) for e in tl["event_index"]]
     assert max(sums) == int(total.max()) and len(tl["x"]) == 300
     assert max(tl["bytes"]["gradient"]) > 0 and max(tl["bytes"]["activation"]) > 0
+
+
+@pytest.mark.shared
+def test_inference_kineto_trace_has_no_gradients(shared_dir):
+    """Qwen chat inference on an H100 (operators recorded, no backward): nothing is a gradient or optimizer
+    state, though the step ends by freeing its outputs in one run."""
+    trace = read_trace(shared_dir / "traces" / "kineto-gpu" / "AMD-AGI_TraceLens_h100_qwen1.5-0.5b.json.gz")
+    one = trace.for_device(0)
+    cats = categorize(one)
+    assert not np.isin(cats.codes, [CATEGORIES.index("gradient"), CATEGORIES.index("optimizer_state")]).any()
+    split = trace_categories(one)["at_peak"]
+    assert split["unknown"] == 0 and split["parameter"] > 0

@@ -23,7 +23,9 @@ decided (``Categories.rules``), so a user can see on what evidence a byte was na
    alike).
 7. ``gradient`` (traces with step markers): made in the step and freed after its last allocation,
    in the run of frees that ends it (``zero_grad(set_to_none=True)`` after ``optimizer.step()``);
-   on the CPU captures of ``traces/`` this finds the model's parameter bytes plus the 4-byte loss.
+   on the CPU captures of ``traces/`` this finds the model's parameter bytes plus a few scalars.
+   Only in traces that show a backward pass or no operator at all (inference frees its outputs
+   and caches at the end of a step too).
 8. ``temporary``: freed within the operator that made it: before any allocation by another code
    site (no frames: before the next allocation at all).
 9. ``activation``: made before its step's peak of live bytes and freed after it, or made with
@@ -247,7 +249,10 @@ def categorize(trace: Trace, site_filter: SiteFilter | None = None) -> Categorie
     if optimizer_made_state or not runs_optimizer:
         apply("alive before and through the window; the window holds no older optimizer state", start_kept,
               PARAMETER)
-    apply("freed by the run of frees that ends a step (zero_grad)", ends_step, GRADIENT)
+    # Only where a backward pass can have run: the trace shows one, or shows no operator at all (a
+    # step-only capture). An inference window also frees its outputs and caches at its end.
+    if bool(np.any(engine)) or not bool(np.any(has_frames)):
+        apply("freed by the run of frees that ends a step (zero_grad)", ends_step, GRADIENT)
     apply("freed within the operator that made it", in_window & temporary, TEMPORARY)
     apply("made before the step's peak of live bytes, freed after it", in_window & (born <= peak_of) & (died > peak_of),
           ACTIVATION)
