@@ -185,8 +185,8 @@ def execute(args: argparse.Namespace, trace: Any = None):
     check_capacity(trace, capacity)
     result = simulate_trace(trace, name, params, capacity=capacity, cost_model=cost_model, fast=args.fast,
                             continue_on_oom=args.continue_on_oom)
-    categories = add_categories(result, trace, site_filter, args.continue_on_oom)
-    if top > 0:
+    if top > 0:   # categories, like code sites, are a report of this one run: --sites 0 skips both
+        categories = add_categories(result, trace, site_filter, args.continue_on_oom)
         add_sites(result, trace, name, params, capacity.bytes, cost_model, site_filter, top, args.continue_on_oom,
                   categories)
     return result
