@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..metrics.categories import trace_categories
 from ..metrics.sites import allocation_sites
 from ..metrics.state import format_state_report, is_state_only, state_report
 from ..trace.stats import summarize
@@ -88,12 +89,18 @@ def main(args: argparse.Namespace) -> int:
     state = state_report(selected, **options) if is_state_only(selected) else None
     if state is not None:
         summary["state"] = state
-    elif args.sites > 0:
-        summary["sites"] = allocation_sites(selected, top=args.sites, site_filter=options["site_filter"])
+    else:
+        if len(selected.devices) <= 1 and len(selected.events):
+            summary["categories"] = trace_categories(selected, options["site_filter"])
+        if args.sites > 0:
+            summary["sites"] = allocation_sites(selected, top=args.sites, site_filter=options["site_filter"])
     if args.json:
         print_json(summary)
     else:
-        print(format_summary({k: v for k, v in summary.items() if k not in ("state", "sites")}))
+        print(format_summary({k: v for k, v in summary.items() if k not in ("state", "sites", "categories")}))
+        if "categories" in summary:
+            print()
+            print(format_trace_categories(summary["categories"]))
         if state is not None:
             print()
             print(format_state_report(state))
@@ -101,6 +108,16 @@ def main(args: argparse.Namespace) -> int:
             print()
             print(format_allocation_sites(summary["sites"]))
     return 0
+
+
+def format_trace_categories(categories: dict[str, Any]) -> str:
+    """The trace's live bytes at its peak by memory category, then the rules and their evidence."""
+    from ..metrics.categories import format_rules, format_split
+
+    peak = categories["moments"]["at_peak"]
+    lines = [f"Memory by category at the peak of live bytes: {format_split(categories['at_peak'], peak['bytes'])}",
+             "  rules (first match wins; allocations and bytes each decided over the whole trace):"]
+    return "\n".join(lines + format_rules(categories["rules"]))
 
 
 def format_allocation_sites(sites: dict[str, Any]) -> str:

@@ -100,7 +100,8 @@ class Writer:
             fig.set_size_inches(11, 1.6 + 0.25 * max(len(ax.get_yticks()), 4))
         for ext in ("png", "svg"):
             path = self.out / f"{stem}.{ext}"
-            fig.savefig(path, dpi=120 if ext == "png" else None)
+            # "tight": legends placed beside or below the axes and long titles are never cut off.
+            fig.savefig(path, dpi=120 if ext == "png" else None, bbox_inches="tight", pad_inches=0.15)
             self.written.append(path)
 
     def table(self, name: str, df: pd.DataFrame) -> None:
@@ -219,15 +220,24 @@ def plot_trace(args: argparse.Namespace, out: Path) -> list[Path]:
     return written
 
 
+def _peak_text(table: pd.DataFrame) -> str:
+    from ..units import format_bytes
+
+    return format_bytes(int(table.groupby("sample")["live_bytes"].sum().max()))
+
+
 def write_site_timeline(w: Writer, trace: Any, top: int, site_filter: Any) -> list[Path]:
     """The trace's live bytes stacked by code site: ``sites_timeline.parquet`` and the ``sites`` figure."""
     from ..metrics.site_timeline import site_timeline
     from ..plots import plot_site_timeline
 
-    table = site_timeline(trace, top=top, site_filter=site_filter)
+    # One step per 1.5 pixel columns of the 12-inch, 120-dpi figure's axes (about 900 px wide): every
+    # step, the peak's included, is at least a pixel wide.
+    table = site_timeline(trace, top=top, site_filter=site_filter, max_points=600)
     w.table("sites_timeline.parquet", table)
     w.figure("sites", plot_site_timeline, size=(12, 5), table=table, time_synthesized=trace.meta.time_synthesized,
-             title=f"Live memory by code site — {trace.meta.source or 'trace'}")
+             title=None if not len(table) else
+             f"Live memory by code site, peak {_peak_text(table)} — {trace.meta.source or 'trace'}")
     return w.written
 
 

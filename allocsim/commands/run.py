@@ -235,13 +235,24 @@ def execute(args: argparse.Namespace, trace: Any = None):
     check_capacity(trace, capacity)
     result = simulate_trace(trace, name, params, capacity=capacity, cost_model=cost_model, fast=args.fast,
                             continue_on_oom=args.continue_on_oom)
-    if top > 0:
-        add_sites(result, trace, name, params, capacity.bytes, cost_model, site_filter, top, args.continue_on_oom)
+    if top > 0:   # categories, like code sites, are a report of this one run: --sites 0 skips both
+        categories = add_categories(result, trace, site_filter, args.continue_on_oom)
+        add_sites(result, trace, name, params, capacity.bytes, cost_model, site_filter, top, args.continue_on_oom,
+                  categories)
     return result
 
 
+def add_categories(result: Any, trace: Any, site_filter: Any, continue_on_oom: bool) -> Any:
+    """Add the run's memory categories (``categories``: bytes per category at the peak and first OOM)."""
+    from ..metrics.categories import categorize, run_categories
+
+    categories = categorize(trace, site_filter)
+    result.summary["categories"] = run_categories(trace, result, categories, continue_on_oom=continue_on_oom)
+    return categories
+
+
 def add_sites(result: Any, trace: Any, policy: str, params: dict[str, Any], capacity_bytes: int | None,
-              cost_model: Any, site_filter: Any, top: int, continue_on_oom: bool) -> None:
+              cost_model: Any, site_filter: Any, top: int, continue_on_oom: bool, categories: Any = None) -> None:
     """Add the run's code sites to its summary (``sites``) and name the failed request in its verdict."""
     from ..metrics.site_report import name_failed_request, run_sites
     from ..policies.registry import build_policy
@@ -251,21 +262,25 @@ def add_sites(result: Any, trace: Any, policy: str, params: dict[str, Any], capa
         return build_policy(policy, device=device_for(capacity_bytes, cost_model), params=dict(params or {}),
                             allocator_settings=trace.meta.allocator_settings)
 
-    sites = run_sites(trace, result, build, site_filter=site_filter, top=top, continue_on_oom=continue_on_oom)
+    sites = run_sites(trace, result, build, site_filter=site_filter, top=top, continue_on_oom=continue_on_oom,
+                      categories=categories)
     result.summary["sites"] = sites
     name_failed_request(result.summary, sites)
 
 
 def format_run(result: Any) -> str:
-    """The run's report; its code sites (if any) just before the verdict line, which stays last."""
+    """The run's report; its memory categories and code sites (if any) just before the verdict line, which stays last."""
+    from ..metrics.categories import format_run_categories
     from ..metrics.site_report import format_sites
 
     text = result.format_text()
     sites = result.summary.get("sites")
-    if not sites:
+    categories = result.summary.get("categories")
+    if not sites and not categories:
         return text
     head, _, verdict = text.rpartition("\n")
-    return "\n".join([head, *format_sites(sites), verdict])
+    extra = format_run_categories(categories) if categories else []
+    return "\n".join([head, *extra, *(format_sites(sites) if sites else []), verdict])
 
 
 def exit_status(summary: dict[str, Any]) -> int:

@@ -21,6 +21,7 @@ from ..policies.base import Policy
 from ..trace.schema import Trace
 from ..units import format_bytes
 from .attribution import LABELS
+from .categories import LABELS as CATEGORY_LABELS
 from .site_rule import SiteFilter, SiteIndex
 from .site_waste import WASTE_CAUSES, stacks_and_causes, waste_by_site, waste_total_check
 from .sites import (DEFAULT_TOP, OTHER, UNATTRIBUTED, SiteAccountingError, failed_request, live_at_row,
@@ -49,8 +50,13 @@ def waste_rows(index: SiteIndex, stacks: np.ndarray, causes: list[str], sizes: n
 
 
 def run_sites(trace: Trace, result: Any, build_policy: Callable[[], Policy], *, site_filter: SiteFilter | None = None,
-              top: int = DEFAULT_TOP, continue_on_oom: bool = False) -> dict[str, Any]:
-    """The ``sites`` object of a run of ``trace`` (``result``) whose policy ``build_policy`` makes afresh."""
+              top: int = DEFAULT_TOP, continue_on_oom: bool = False, categories: Any = None) -> dict[str, Any]:
+    """The ``sites`` object of a run of ``trace`` (``result``) whose policy ``build_policy`` makes afresh.
+
+    With ``categories`` (``categories.categorize``'s result) the live rows carry their ``category``.
+    """
+    from .categories import label_site_rows
+
     index = SiteIndex(trace, site_filter or SiteFilter())
     ts, ooms, summary = result.timeseries, result.ooms, result.summary
     peak = live_at_row(trace, ts, ooms, peak_row(ts), continue_on_oom=continue_on_oom)
@@ -65,10 +71,14 @@ def run_sites(trace: Trace, result: Any, build_policy: Callable[[], Policy], *, 
         "moments": {"at_peak": {"event_index": peak.event_index, "bytes": peak.live_bytes},
                     "at_oom": None, "waste": None},
     }
+    if categories is not None:
+        label_site_rows(out["at_peak"], index, peak.alloc_ids, peak.stack_ids, peak.size_bytes, categories)
     oom = summary.get("oom")
     if oom is not None:
         live = live_at_row(trace, ts, ooms, oom_row(ts, int(oom["event_index"])), continue_on_oom=continue_on_oom)
         out["at_oom"] = rows_by_site(index, live.stack_ids, live.size_bytes, top=top)
+        if categories is not None:
+            label_site_rows(out["at_oom"], index, live.alloc_ids, live.stack_ids, live.size_bytes, categories)
         out["moments"]["at_oom"] = {"event_index": int(oom["event_index"]), "bytes": live.live_bytes,
                                     "failed_request": failed_request(trace, index, oom)}
     target = int(summary["at_peak_reserved"]["event_index"])
@@ -121,6 +131,8 @@ def format_rows(rows: list[dict[str, Any]], indent: str = "    ", causes: bool =
         elif r["site"] == UNATTRIBUTED:
             name = "unattributed (no frames recorded)"
         line = f"{indent}{format_bytes(r['bytes']):>12} {r['count']:>7,}  {name}"
+        if r.get("category") and r["bytes"]:
+            line += f"  ({CATEGORY_LABELS[r['category']]})"
         if causes and r.get("causes"):
             line += "  [" + ", ".join(f"{LABELS[c]} {format_bytes(v)}" for c, v in r["causes"].items()) + "]"
         lines.append(line)

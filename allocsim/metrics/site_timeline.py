@@ -5,7 +5,9 @@ completes, as the lower bound counts it) split into the ``top`` sites holding th
 trace's peak of live bytes, ``other sites`` and ``unattributed``. A tidy table, one row per
 (sample, site): ``sample``, ``event_index`` (-1: the start state), ``t_ns``, ``site``,
 ``live_bytes``; at every sample the sites add up to the live bytes exactly. Long traces are
-sampled at about ``max_points`` events, the peak and each bucket's extremes of the total kept.
+thinned by the per-pixel rule of ``metrics.decimate``: ``max_points`` equal buckets of events, each
+sampled at its largest total (``event_index``, ``t_ns``) and drawn from the bucket's first event
+(``from_event_index``, ``from_t_ns``) as one step, so the drawn stack reaches the peak it names.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from ..trace.schema import EventKind, Trace
 from .site_rule import SiteFilter, SiteIndex
 from .sites import DEFAULT_TOP, OTHER, UNATTRIBUTED, allocation_stacks, group_sums, live_at_peak, rows_by_site
 
-#: Samples kept at most (about two per pixel column of a wide figure).
-MAX_POINTS = 4000
+#: Samples kept at most (one per pixel column of a wide figure).
+MAX_POINTS = 2000
 
 
 def _groups(index: SiteIndex, trace: Trace, top: int) -> list[str]:
@@ -28,11 +30,12 @@ def _groups(index: SiteIndex, trace: Trace, top: int) -> list[str]:
     return [r["site"] for r in rows[:-2] if r["bytes"] > 0] + [OTHER, UNATTRIBUTED]
 
 
-def _sample(total: np.ndarray, max_points: int) -> np.ndarray:
-    """Event indices to keep: all of them, or per bucket the min and max of the total, plus the ends."""
-    from ..plots._common import downsample
+def _sample(total: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first event of each bucket, the event of its largest total): the per-pixel rule of ``decimate``."""
+    from .decimate import bucket_starts, max_rows
 
-    return downsample(np.arange(len(total)), {"total": total}, max_points)
+    starts = bucket_starts(np.arange(len(total)), max_points)
+    return starts, max_rows(total, starts)
 
 
 def site_timeline(trace: Trace, *, top: int = DEFAULT_TOP, site_filter: SiteFilter | None = None,
@@ -67,15 +70,18 @@ def site_timeline(trace: Trace, *, top: int = DEFAULT_TOP, site_filter: SiteFilt
     baseline = group_sums(group_of[:len(init)], init["size_bytes"].to_numpy(), len(names))
 
     total = np.cumsum(np.where(event_group >= 0, delta, 0)) + sum(baseline)
-    picks = _sample(total, max_points) if len(total) else np.empty(0, dtype=np.int64)
+    starts, picks = _sample(total, max_points) if len(total) else (np.empty(0, np.int64), np.empty(0, np.int64))
     t_ns = trace.column("t_ns")
     t0 = int(t_ns[0]) if len(t_ns) else 0
     events = np.concatenate([[-1], picks]).astype(np.int64)
     times = np.concatenate([[t0], t_ns[picks]]).astype(np.int64)
+    from_events = np.concatenate([[-1], starts]).astype(np.int64)
+    from_times = np.concatenate([[t0], t_ns[starts]]).astype(np.int64)
     frames = []
     for k, name in enumerate(names):
         live = np.cumsum(np.where(event_group == k, delta, 0))[picks] + baseline[k]
         frames.append(pd.DataFrame({"sample": np.arange(len(events)), "event_index": events, "t_ns": times,
+                                    "from_event_index": from_events, "from_t_ns": from_times,
                                     "site": name, "live_bytes": np.concatenate([[baseline[k]], live])}))
     table = pd.concat(frames, ignore_index=True)
     return table.sort_values(["sample", "site"], key=lambda c: c.map(number) if c.name == "site" else c,
