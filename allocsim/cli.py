@@ -9,7 +9,7 @@ import sys
 from .errors import AllocsimError
 
 #: Subcommand modules under ``allocsim.commands``, in the order ``--help`` lists them.
-COMMANDS = ("info", "convert", "run", "advise", "policies", "sweep", "winners", "plot", "scale")
+COMMANDS = ("info", "convert", "run", "advise", "policies", "sweep", "winners", "plot", "scale", "capture", "gpus")
 
 
 def build_parser() -> argparse.ArgumentParser:
