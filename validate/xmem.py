@@ -102,9 +102,13 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 def calibrate(results: list[dict[str, Any]]) -> dict[str, Any]:
     """``library_bytes``: median of ground - reserved peak - workspaces over the calibration rows."""
     gaps = [r["ground_bytes"] - r["reserved_peak_bytes"] - r["workspace_bytes"] for r in results]
-    return {"library_bytes": int(statistics.median(gaps)),
+    fitted = int(statistics.median(gaps))
+    # Memory the libraries hold cannot be negative: a negative median says the simulated reserved
+    # peak already covers the calibration runs, and the model then adds nothing for libraries.
+    return {"fitted_bytes": fitted, "library_bytes": max(0, fitted),
             "about": "median over xMem 001-Anova rows (RTX 3060) of ground - allocsim reserved peak - cuBLAS "
-                     "workspaces; allocsim.gpus.LIBRARY_BYTES_CALIBRATED holds this value",
+                     "workspaces (fitted_bytes), floored at 0 (library_bytes); allocsim.gpus."
+                     "LIBRARY_BYTES_CALIBRATED holds library_bytes",
             "rows": [{"folder": r["folder"], "gap_bytes": g} for r, g in zip(results, gaps)]}
 
 
