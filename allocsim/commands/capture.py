@@ -50,9 +50,12 @@ def child_argv(command: list[str], out_path: str, steps: int) -> list[str]:
 
 def default_output(command: list[str]) -> str:
     """``train.capture.parquet`` for ``python train.py`` (or ``python -m pkg.train``)."""
-    script = [a for a in command[1:] if a != "-m"][:1] or command[:1]
-    stem = os.path.splitext(os.path.basename(script[0]))[0].rsplit(".", 1)[-1] or "script"
-    return f"{stem}.capture.parquet"
+    if len(command) > 2 and command[1] == "-m":
+        stem = command[2].rsplit(".", 1)[-1]
+    else:
+        script = command[1] if len(command) > 1 and not command[0].endswith(".py") else command[0]
+        stem = os.path.splitext(os.path.basename(script))[0]
+    return f"{stem or 'script'}.capture.parquet"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -66,6 +69,11 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.steps < 0:
         print(f"allocsim capture: error: --steps must be >= 0, got {args.steps}", file=sys.stderr)
+        return 2
+    argv = child_argv(command, "-", args.steps)
+    script = argv[argv.index("--") + 1:]
+    if script and script[0] != "-m" and not os.path.isfile(script[0]):
+        print(f"allocsim capture: error: no script {script[0]!r}", file=sys.stderr)
         return 2
     out_path = args.output or default_output(command)
     env = dict(os.environ)
