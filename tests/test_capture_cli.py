@@ -42,3 +42,16 @@ def test_advise_takes_gpu_or_capacity_not_both(tmp_path):
     assert done.returncode == 2 and "not both" in done.stderr
     done = _cli("advise", str(path), "--gpu", "T4", "--fast", "--json")
     assert done.returncode == 0, done.stderr
+
+
+def test_block_rule_of_the_kineto_comparison():
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "validate"))
+    import kineto_resnet50 as k
+    from collections import Counter
+
+    assert k.could_serve(4, 512) and not k.could_serve(4, 1024)          # small: rounded to 512, slack < 512
+    assert k.could_serve(51_380_224, 52_428_800)                         # large: a remainder of exactly 1 MiB
+    assert not k.could_serve(51_380_224, 52_428_800 + 512)
+    report = k.match(Counter({512: 2, 52_428_800: 1, 9_000_000: 1}), Counter({4: 1, 512: 1, 51_380_224: 1}))
+    assert report == {"real_allocations": 4, "captured_requests": 3, "exact": 1, "served_by_rule": 2,
+                      "captured_unmatched": 0, "real_left": 1, "real_left_bytes": 9_000_000}
