@@ -162,3 +162,19 @@ def test_a_script_that_raises_keeps_its_trace_and_exits_3(tmp_path):
     trace = read_trace(str(out))
     assert _allocs(trace) == [4000]
     assert any("ValueError: boom" in note for note in trace.meta.notes)
+
+
+def test_attention_takes_the_memory_efficient_kernel_not_the_l_by_l_matrix(tmp_path):
+    script = tmp_path / "attn.py"
+    script.write_text(
+        "import torch\nimport torch.nn.functional as F\n"
+        "q, k, v = (torch.randn(2, 4, 1000, 64, device='cuda', requires_grad=True) for _ in range(3))\n"
+        "F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()\n")
+    out = tmp_path / "attn.parquet"
+    assert child.main([str(out), "0", "--", str(script)]) == 0
+    sizes = _allocs(read_trace(str(out)))
+    qkv = 2 * 4 * 1000 * 64 * 4
+    assert sizes[:3] == [qkv, qkv, qkv]
+    # output, then logsumexp (float32, sequence padded to 32), never a 1000 x 1000 score matrix per head
+    assert sizes[3:5] == [qkv, 2 * 4 * 1024 * 4]
+    assert max(sizes) == qkv

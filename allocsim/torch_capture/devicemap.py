@@ -14,6 +14,10 @@ What the mapping does, each because the CUDA run does it:
   CUDA parameters and the for-loop for others);
 * ``F.dropout`` in training is ``native_dropout``, CUDA's fused kernel with a one-byte mask, where
   the generic path would keep a mask of the input's dtype;
+* ``F.scaled_dot_product_attention`` is the kernel PyTorch picks on an Ampere-or-newer GPU: flash
+  attention for half precision without a mask, memory-efficient attention for float32 or a float
+  mask (no L x L matrix is kept); a boolean mask, ``enable_gqa`` or a head size over 256 keep the
+  generic path;
 * reading a value back (``item()``, ``float()``, ``tolist()``, ``.cpu()``, printing it with a format)
   gives zeros: the run's numbers are not computed, only its memory;
 * ``torch.cuda`` answers as one GPU would (``is_available()`` is true, ``synchronize()`` returns,
@@ -76,6 +80,10 @@ class CudaOnMeta(TorchFunctionMode):
             return _host_zeros(self_t)
         if func is F.dropout and args and _dropout_fused(args, kwargs):
             return _native_dropout(args, kwargs)
+        if func is F.scaled_dot_product_attention:
+            fused = _fused_attention(args, kwargs)
+            if fused is not None:
+                return fused
         args = tuple(_map(a) for a in args)
         return func(*args, **kwargs)
 
@@ -104,6 +112,29 @@ def _native_dropout(args: tuple, kwargs: dict) -> torch.Tensor:
     if given.get("inplace", False):
         return given["input"].copy_(out)
     return out
+
+
+_SDPA_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+def _fused_attention(args: tuple, kwargs: dict) -> Any:
+    """The flash or memory-efficient kernel's output for a meta ``scaled_dot_product_attention``, else None."""
+    given = dict(zip(_SDPA_NAMES, args)) | kwargs
+    q, k, v = given.get("query"), given.get("key"), given.get("value")
+    mask = given.get("attn_mask")
+    if not all(isinstance(t, torch.Tensor) and t.device.type == CAPTURE_DEVICE for t in (q, k, v)):
+        return None
+    if given.get("enable_gqa") or q.dim() != 4 or q.shape[-1] > 256 or k.shape[1] != q.shape[1]:
+        return None
+    dropout_p, is_causal, scale = given.get("dropout_p", 0.0), given.get("is_causal", False), given.get("scale")
+    aten = torch.ops.aten
+    if mask is None and q.dtype in (torch.float16, torch.bfloat16):
+        return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
+    if mask is None or (isinstance(mask, torch.Tensor) and mask.dtype == q.dtype):
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        return aten._scaled_dot_product_efficient_attention(q, k, v, mask, needs_grad, dropout_p, is_causal,
+                                                            scale=scale)[0]
+    return None
 
 
 @contextlib.contextmanager
