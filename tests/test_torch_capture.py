@@ -178,3 +178,21 @@ def test_attention_takes_the_memory_efficient_kernel_not_the_l_by_l_matrix(tmp_p
     # output, then logsumexp (float32, sequence padded to 32), never a 1000 x 1000 score matrix per head
     assert sizes[3:5] == [qkv, 2 * 4 * 1024 * 4]
     assert max(sizes) == qkv
+
+
+def test_a_pinned_multiprocess_dataloader_feeds_the_device(tmp_path):
+    script = tmp_path / "dl.py"
+    script.write_text(
+        "import torch\n"
+        "ds = torch.utils.data.TensorDataset(torch.randn(32, 10), torch.randint(0, 2, (32,)))\n"
+        "dl = torch.utils.data.DataLoader(ds, batch_size=16, num_workers=1, pin_memory=True)\n"
+        "m = torch.nn.Linear(10, 2).cuda()\n"
+        "for x, y in dl:\n"
+        "    x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)\n"
+        "    m(x).sum().backward()\n"
+        "    torch.accelerator.synchronize() if hasattr(torch, 'accelerator') else None\n")
+    out = tmp_path / "dl.parquet"
+    assert child.main([str(out), "0", "--", str(script)]) == 0
+    sizes = _allocs(read_trace(str(out)))
+    assert sizes[:2] == [10 * 2 * 4, 2 * 4]                    # weight, bias
+    assert sizes.count(16 * 10 * 4) >= 2 and sizes.count(16 * 8) == 2   # each batch's x and y copied

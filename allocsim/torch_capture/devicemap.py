@@ -174,9 +174,17 @@ def cuda_on_meta(tracker: StorageTracker, total_bytes: int = 80 << 30) -> Iterat
         "manual_seed": lambda seed: None,
         "manual_seed_all": lambda seed: None,
     }
+    # torch.accelerator is what the DataLoader's pin-memory thread and newer code ask instead
+    accelerator_shims = {"is_available": lambda: True, "device_count": lambda: 1,
+                         "current_device_index": lambda: 0, "set_device_index": lambda device: None,
+                         "synchronize": lambda device=None: None}
+    accelerator = getattr(torch, "accelerator", None)
     with contextlib.ExitStack() as stack:
         for name, fn in shims.items():
             stack.enter_context(_patched(cuda, name, fn))
+        for name, fn in accelerator_shims.items():
+            if accelerator is not None and hasattr(accelerator, name):
+                stack.enter_context(_patched(accelerator, name, fn))
         stack.enter_context(_patched(torch.Tensor, "pin_memory", lambda self, *a, **k: self))
         stack.enter_context(_patched(optimizer_mod, "_get_foreach_kernels_supported_devices",
                                      _foreach_devices_with_meta(optimizer_mod._get_foreach_kernels_supported_devices)))
