@@ -10,7 +10,8 @@ import sys
 from .errors import AllocsimError
 
 #: Subcommand modules under ``allocsim.commands``, in the order ``--help`` lists them.
-COMMANDS = ("info", "convert", "run", "advise", "policies", "sweep", "winners", "plot", "report", "scale")
+COMMANDS = ("info", "convert", "run", "advise", "policies", "sweep", "winners", "plot", "report", "scale",
+            "capture", "gpus")
 
 
 def build_parser() -> argparse.ArgumentParser:

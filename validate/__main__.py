@@ -13,6 +13,7 @@ COMMANDS = {
     "snapshot": "validate.fidelity_cmd",   # recorded PyTorch decisions vs the pytorch preset
     "replay": "validate.replay_cmd",       # policies on a real device (CuPy or host memory)
     "calibrate": "validate.calibrate_cmd", # measure the device's costs into a cost-model file
+    "xmem": "validate.xmem_cmd",           # CPU capture + GPU model vs xMem's published ground truth
 }
 
 

@@ -45,6 +45,9 @@ def register(subparsers) -> None:
                         help="allocator whose settings to search: pytorch (default), paddle or cupy")
     parser.add_argument("--capacity", metavar="SIZE",
                         help="device memory, e.g. 20GiB (default: what the recording implies)")
+    parser.add_argument("--gpu", metavar="NAME",
+                        help="advise for this GPU (see `allocsim gpus`): its memory less the CUDA context, libraries "
+                             "and cuBLAS workspaces is the capacity")
     parser.add_argument("--device", type=int, metavar="N", help="device to advise on (required if several)")
     parser.add_argument("--top", type=int, default=3, metavar="N",
                         help="how many fitting settings to show, with their smallest capacity (default 3)")
@@ -89,6 +92,12 @@ def main(args: argparse.Namespace) -> int:
 
             check_results_output(args.output)
         capacity = parse_bytes(args.capacity) if args.capacity is not None else None
+        if args.gpu:
+            from ..gpus import allocator_capacity, find_gpu
+
+            if capacity is not None:
+                raise ValueError("give --gpu or --capacity, not both")
+            capacity = allocator_capacity(find_gpu(args.gpu))
         cost_model = cost_model_from_args(args)
         site_filter, top_sites = site_options(args)
         executor = executor_from_options(args.workers, args.scheduler, args.dask)

@@ -36,7 +36,7 @@ from typing import Any
 from ..engine import select_device
 from ..errors import AllocsimError
 from ..output_file import check_output_folder
-from ..units import parse_bytes
+from ..units import format_bytes, parse_bytes
 from .common import add_cost_model_args, add_trace_args, cost_model_from_args, load_trace, print_json
 from .info import add_site_args, add_state_args, site_options, state_options
 
@@ -78,6 +78,10 @@ def register(subparsers) -> None:
     add_flags_args(conf)
     parser.add_argument("--capacity", metavar="SIZE",
                         help="device memory, e.g. 80GiB (default: what the recording implies, else unlimited)")
+    parser.add_argument("--gpu", metavar="NAME",
+                        help="the GPU to judge against (see `allocsim gpus`): its memory less the CUDA context, "
+                             "libraries and cuBLAS workspaces is the allocator's capacity; the summary gets "
+                             "gpu_estimate")
     parser.add_argument("--device", type=int, metavar="N", help="device to replay (required if the trace has several)")
     parser.add_argument("--fast", action="store_true", help="no timing: memory results only, much faster")
     parser.add_argument("--continue-on-oom", action="store_true",
@@ -223,6 +227,13 @@ def execute(args: argparse.Namespace, trace: Any = None):
     from ..runner import GIVEN, Capacity, check_capacity, resolve_capacity, simulate_trace
 
     given = parse_bytes(args.capacity) if args.capacity is not None else None
+    gpu = _gpu(args)
+    if gpu is not None:
+        from ..gpus import allocator_capacity
+
+        if given is not None:
+            raise ValueError("give --gpu or --capacity, not both")
+        given = allocator_capacity(gpu)
     cost_model = cost_model_from_args(args)
     name, params = resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf, paddle_flags(args))
     limit = flags_limit_bytes(args)
@@ -239,6 +250,8 @@ def execute(args: argparse.Namespace, trace: Any = None):
         categories = add_categories(result, trace, site_filter, args.continue_on_oom)
         add_sites(result, trace, name, params, capacity.bytes, cost_model, site_filter, top, args.continue_on_oom,
                   categories)
+    if gpu is not None:
+        add_gpu_estimate(result, gpu)
     return result
 
 
@@ -249,6 +262,32 @@ def add_categories(result: Any, trace: Any, site_filter: Any, continue_on_oom: b
     categories = categorize(trace, site_filter)
     result.summary["categories"] = run_categories(trace, result, categories, continue_on_oom=continue_on_oom)
     return categories
+
+
+def _gpu(args: argparse.Namespace) -> Any:
+    from ..gpus import find_gpu
+
+    name = getattr(args, "gpu", None)
+    return find_gpu(name) if name else None
+
+
+def add_gpu_estimate(result: Any, gpu: Any) -> None:
+    """Put ``gpu_estimate`` in the summary and say the GPU's memory in the verdict line."""
+    from ..gpus import gpu_estimate
+
+    summary = result.summary
+    estimate = gpu_estimate(gpu, int(summary.get("peak_reserved_bytes") or 0))
+    verdict = summary.get("verdict") or {}
+    if verdict.get("fits") is False:
+        estimate["fits"] = False          # the allocator ran out of the memory the GPU leaves it
+    summary["gpu_estimate"] = estimate
+    word = "FITS" if estimate["fits"] else "DOES NOT FIT"
+    verdict["line"] = (f"{word} on {gpu.name} ({format_bytes(gpu.total_bytes)}): needs "
+                       f"{format_bytes(estimate['total_bytes'])} = reserved peak "
+                       f"{format_bytes(estimate['reserved_peak_bytes'])} + cuBLAS workspaces "
+                       f"{format_bytes(estimate['workspace_bytes'])} + libraries "
+                       f"{format_bytes(estimate['library_bytes'])} + CUDA context "
+                       f"{format_bytes(estimate['context_bytes'])}. " + str(verdict.get("line", "")))
 
 
 def add_sites(result: Any, trace: Any, policy: str, params: dict[str, Any], capacity_bytes: int | None,

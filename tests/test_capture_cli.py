@@ -1,0 +1,57 @@
+"""``allocsim capture`` and ``advise --gpu`` refuse bad input in one line with exit 2 (no torch needed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from allocsim.commands.capture import child_argv, default_output
+
+
+def _cli(*argv):
+    return subprocess.run([sys.executable, "-m", "allocsim", *argv], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("argv", [["capture"], ["capture", "--", "python", "/no/such/train.py"],
+                                  ["capture", "--steps", "-1", "--", "python", __file__]])
+def test_capture_usage_errors(argv):
+    done = _cli(*argv)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("allocsim capture: error:")
+
+
+def test_child_command_uses_the_named_interpreter_or_this_one_for_a_bare_script():
+    assert child_argv(["python3", "t.py", "--b", "8"], "o.parquet", 4) == [
+        "python3", "-m", "allocsim.torch_capture.child", "o.parquet", "4", "--", "t.py", "--b", "8"]
+    assert child_argv(["t.py"], "o.parquet", 0)[0] == sys.executable
+    assert default_output(["python", "dir/train.py", "--x"]) == "train.capture.parquet"
+    assert default_output(["python", "-m", "pkg.train"]) == "train.capture.parquet"
+
+
+def test_advise_takes_gpu_or_capacity_not_both(tmp_path):
+    from allocsim.trace import write_trace
+    from allocsim.trace.builder import TraceBuilder
+
+    builder = TraceBuilder("t", "test")
+    builder.alloc(0, 0, 0, 0, 0x1000, 1 << 20)
+    path = tmp_path / "t.parquet"
+    write_trace(builder.finish(), str(path))
+    done = _cli("advise", str(path), "--gpu", "T4", "--capacity", "1GiB")
+    assert done.returncode == 2 and "not both" in done.stderr
+    done = _cli("advise", str(path), "--gpu", "T4", "--fast", "--json")
+    assert done.returncode == 0, done.stderr
+
+
+def test_block_rule_of_the_kineto_comparison():
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "validate"))
+    import kineto_resnet50 as k
+    from collections import Counter
+
+    assert k.could_serve(4, 512) and not k.could_serve(4, 1024)          # small: rounded to 512, slack < 512
+    assert k.could_serve(51_380_224, 52_428_800)                         # large: a remainder of exactly 1 MiB
+    assert not k.could_serve(51_380_224, 52_428_800 + 512)
+    report = k.match(Counter({512: 2, 52_428_800: 1, 9_000_000: 1}), Counter({4: 1, 512: 1, 51_380_224: 1}))
+    assert report == {"real_allocations": 4, "captured_requests": 3, "exact": 1, "served_by_rule": 2,
+                      "captured_unmatched": 0, "real_left": 1, "real_left_bytes": 9_000_000}

@@ -1,0 +1,100 @@
+"""GPU models (``allocsim gpus``, ``run --gpu``) and the xMem comparison's bookkeeping (no torch needed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from allocsim.errors import AllocsimError
+from allocsim.gpus import (CUBLAS_WORKSPACE_BYTES, LIBRARY_BYTES_CALIBRATED, allocator_capacity, find_gpu,
+                           gpu_estimate, workspace_bytes)
+from allocsim.trace import write_trace
+from allocsim.trace.builder import TraceBuilder
+from validate import xmem
+
+REPO = Path(__file__).resolve().parents[1]
+MiB = 1 << 20
+
+
+def test_names_match_without_case_spaces_or_dashes():
+    assert find_gpu("rtx3060").name == find_gpu("NVIDIA GeForce RTX 3060").name == "RTX 3060"
+    assert find_gpu("a100-80gb").total_bytes == 80 << 30
+    with pytest.raises(AllocsimError, match="unknown GPU 'Voodoo'"):
+        find_gpu("Voodoo")
+
+
+def test_cublas_workspaces_follow_pytorch_defaults_per_architecture():
+    # :4096:2:16:8 = 8 MiB + 128 KiB before Hopper, rounded to the 2 MiB a large segment takes; :4096:8 on sm90
+    assert CUBLAS_WORKSPACE_BYTES == 8 * MiB + 128 * 1024
+    assert workspace_bytes(find_gpu("RTX 3060")) == 2 * 10 * MiB
+    assert workspace_bytes(find_gpu("H100")) == 2 * 32 * MiB
+
+
+def test_estimate_adds_the_parts_and_judges_against_the_gpu():
+    gpu = find_gpu("RTX 3060")
+    small = gpu_estimate(gpu, 1 << 30)
+    assert small["total_bytes"] == (1 << 30) + small["workspace_bytes"] + small["library_bytes"] + small["context_bytes"]
+    assert small["fits"] is True
+    assert gpu_estimate(gpu, allocator_capacity(gpu))["fits"] is True
+    assert gpu_estimate(gpu, allocator_capacity(gpu) + 1)["fits"] is False
+
+
+def _trace(tmp_path, sizes):
+    builder = TraceBuilder("t", "test")
+    for i, size in enumerate(sizes):
+        builder.alloc(i, i, 0, 0, 0x1000 + i * (1 << 34), size)
+    path = tmp_path / "t.parquet"
+    write_trace(builder.finish(), str(path))
+    return path
+
+
+def _run(*argv):
+    return subprocess.run([sys.executable, "-m", "allocsim", *argv], capture_output=True, text=True, timeout=120)
+
+
+def test_run_gpu_verdict_uses_the_memory_left_to_the_allocator(tmp_path):
+    gpu = find_gpu("RTX 4060")
+    fits = _trace(tmp_path, [1 << 30, 1 << 30])
+    done = _run("run", str(fits), "--policy", "pytorch", "--fast", "--json", "--gpu", "RTX 4060", "--sites", "0")
+    summary = json.loads(done.stdout)
+    assert done.returncode == 0 and summary["gpu_estimate"]["fits"] is True
+    assert summary["capacity_bytes"] == allocator_capacity(gpu)
+    too_big = _trace(tmp_path, [4 << 30, 4 << 30])        # 8 GiB of tensors on an 8 GiB card
+    done = _run("run", str(too_big), "--policy", "pytorch", "--fast", "--gpu", "4060", "--sites", "0")
+    assert done.returncode == 3
+    assert done.stdout.strip().splitlines()[-1].startswith("DOES NOT FIT on RTX 4060")
+
+
+def test_run_gpu_refuses_bad_input_in_one_line(tmp_path):
+    path = _trace(tmp_path, [1024])
+    for extra in (["--gpu", "Voodoo"], ["--gpu", "T4", "--capacity", "1GiB"]):
+        done = _run("run", str(path), "--policy", "pytorch", *extra)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_gpus_lists_every_model_with_sources():
+    done = _run("gpus", "--json")
+    rows = json.loads(done.stdout)["gpus"]
+    assert {"RTX 3060", "A100 80GB", "H100"} <= {r["name"] for r in rows}
+    assert all(set(r["sources"]) == {"total_bytes", "context_bytes", "library_bytes", "workspace_bytes"} for r in rows)
+
+
+def test_library_bytes_is_what_the_anova_calibration_wrote():
+    calibration = json.loads(Path(xmem.CALIBRATION_PATH).read_text())
+    assert LIBRARY_BYTES_CALIBRATED == calibration["library_bytes"] == max(0, calibration["fitted_bytes"])
+    calibrated = {row["folder"] for row in calibration["rows"]}
+    assert calibrated == {r["folder"] for r in xmem.load_rows("calibrate")}
+    assert all(folder.startswith("001-Anova/") for folder in calibrated)
+    assert all(r["folder"].startswith("002-Monte Carlo/") for r in xmem.load_rows("check"))
+
+
+def test_summary_counts_false_fits_at_five_percent_under():
+    rows = [{"allocsim_error": e, "xmem_error": 2 * e, "allocsim_false_fit": f, "xmem_false_fit": True}
+            for e, f in ((0.01, False), (0.02, True), (0.10, False))]
+    summary = xmem.summarize(rows)
+    assert summary["allocsim_median_error"] == 0.02 and summary["xmem_median_error"] == 0.04
+    assert summary["allocsim_false_fits"] == pytest.approx(1 / 3) and summary["xmem_false_fits"] == 1.0
