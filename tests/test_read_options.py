@@ -33,7 +33,7 @@ def test_a_cap_the_file_exceeds_is_one_line_naming_the_option(argv, tmp_path, ca
 def test_sweep_workers_read_with_the_options_the_user_gave(tmp_path, capsys):
     out = tmp_path / "rows.parquet"
     assert main(["sweep", str(BERT), "--policy", "pytorch", "--fast", "--workers", "1", "-o", str(out),
-                 "--max-events", "100"]) == 0
+                 "--max-events", "100"]) == 1   # a row that failed makes the sweep exit 1
     rows = pd.read_parquet(out)
     assert "--max-events" in rows["error"].iat[0]
     assert main(["sweep", str(BERT), "--policy", "pytorch", "--fast", "--workers", "1", "-o", str(out),
