@@ -133,7 +133,5 @@ def run_task(task: Task) -> dict[str, Any]:
     else:
         for key, value in flatten(summary).items():
             row.setdefault(key, value)
-        if row.get("device") is None:   # the device the run replayed, as `run --json` says (the key keeps the option)
-            row["device"] = summary.get("device")
     row["wall_seconds"] = round(time.perf_counter() - started, 6)
     return row
