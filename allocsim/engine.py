@@ -73,6 +73,7 @@ from .metrics.summary import RunInfo, RunOutput, build_result
 from .policies.base import Policy, ReplayRun
 from .policies.kernel import route_of
 from .result import RunResult
+from .trace.recorded import start_layout_origin
 from .trace.schema import EventKind, Trace
 
 ALLOC, FREE_REQUESTED, FREE_COMPLETED, EMPTY_CACHE = (int(EventKind.ALLOC), int(EventKind.FREE_REQUESTED),
@@ -191,9 +192,10 @@ class _Replay:
             return False  # the reconstruction left some start allocations outside the segments
         capacity = policy.device.capacity_bytes
         start_reserved = int(trace.initial_segments["size_bytes"].sum())
+        origin = start_layout_origin(trace)
         if capacity is not None and start_reserved > capacity:
             # That layout cannot exist on this device: place the live allocations anew under its limit.
-            self.start_state_note = (f"recorded start state not used: it reserves {start_reserved:,} bytes, more "
+            self.start_state_note = (f"{origin} start state not used: it reserves {start_reserved:,} bytes, more "
                                      f"than the capacity ({capacity:,}); the allocations alive at the start were "
                                      "placed anew")
             return False
@@ -201,7 +203,7 @@ class _Replay:
             load_state(trace.initial_segments, trace.initial_blocks)
         except ValueError as exc:
             # e.g. expandable_segments overridden against the recorded layout: start fresh instead.
-            self.start_state_note = f"recorded start state not used: {exc}"
+            self.start_state_note = f"{origin} start state not used: {exc}"
             return False
         follow = getattr(policy.device, "follow_addresses", None)
         if follow is not None:
@@ -213,10 +215,11 @@ class _Replay:
         return True
 
     def place_initial(self) -> None:
-        """Place the trace's start state (recorded layout, else allocations in alloc_id order); write row 0."""
-        self.start_state = "recorded" if self.load_recorded_state() else "allocated"
+        """Place the trace's start state (its recorded or inferred layout, else allocations in alloc_id order)."""
+        loaded = self.load_recorded_state()
+        self.start_state = start_layout_origin(self.trace) if loaded else "allocated"
         init = self.trace.initial_allocs.sort_values("alloc_id", kind="stable")
-        if self.start_state == "recorded":
+        if loaded:
             init = init.iloc[:0]
         malloc = self.policy.malloc
         for aid, size, stream in zip(init["alloc_id"].tolist(), init["size_bytes"].tolist(),

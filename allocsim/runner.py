@@ -30,7 +30,7 @@ from .metrics.recorded_fit import recording_fit
 from .metrics.reproduction import capacity_matches, recorded_figures, reproduction
 from .metrics.verdict import GIVEN, INFERRED, summary_verdict
 from .result import RunResult
-from .trace.recorded import RecordedRun, recorded_run
+from .trace.recorded import RecordedRun, recorded_run, start_layout_origin
 from .trace.schema import EventKind, Trace
 from .units import format_bytes
 
@@ -208,9 +208,9 @@ def add_recording(result: RunResult, trace: Trace, policy: str, params: Mapping[
         what_if.append(f"policy {policy} is not the recorded allocator ({recorded.allocator})")
     else:
         what_if += [f"settings changed: {change}" for change in _settings_changes(trace, policy, build())]
-    if len(trace.initial_segments) and summary["start_state"] != "recorded":
+    if len(trace.initial_segments) and summary["start_state"] == "allocated":
         note = summary.get("start_state_note")
-        what_if.append("the recorded start state was not loaded" + (f" ({note})" if note else ""))
+        what_if.append(f"the {start_layout_origin(trace)} start state was not loaded" + (f" ({note})" if note else ""))
     elif not len(trace.initial_segments) and recorded.start_reserved_bytes:
         what_if.append(f"the recording began with {format_bytes(recorded.start_reserved_bytes)} reserved that the "
                        "trace does not lay out")

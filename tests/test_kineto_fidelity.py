@@ -56,7 +56,7 @@ def test_every_shared_gpu_kineto_trace_meets_the_target(shared_dir, route):
                 tolerance = max(real.peak_reserved_bytes // 100, 16 * MiB)
                 assert abs(got["peak_reserved_bytes"] - real.peak_reserved_bytes) <= tolerance, (name, got["peak_reserved_bytes"], real.peak_reserved_bytes)
                 assert abs(got["peak_allocated_bytes"] - real.peak_allocated_bytes) * 1000 <= real.peak_allocated_bytes, name
-                assert got["start_state"] == "recorded", name      # the inferred layout was loaded
+                assert got["start_state"] == "inferred", name      # the inferred layout was loaded
                 checked.append(name)
                 figures[name] = [real.peak_reserved_bytes, got["peak_reserved_bytes"], real.peak_allocated_bytes,
                                  got["peak_allocated_bytes"]]
@@ -110,6 +110,20 @@ def test_no_contradiction_note_when_the_recording_did_not_fit(shared_dir):
     got = simulate_trace(trace, "pytorch", capacity=Capacity(4096 * MiB), fast=True).summary
     # 4096 MiB is below the recorded peak reserved: the recording proves nothing there.
     assert got["oom_count"] == 1 and got["verdict"]["recording_fit"] is None
+
+
+@pytest.mark.shared
+def test_an_inferred_start_layout_is_never_called_recorded(shared_dir):
+    """Kineto records no segment: the start layout a replay loads, or cannot load, is the inferred one."""
+    trace = read_trace(_path(shared_dir, "AMD-AGI_TraceLens_h100_bert-small.json.gz")).for_device(0)
+    assert recorded_run(trace, 0).start_layout == "inferred"
+    assert simulate_trace(trace, "pytorch", fast=True).summary["start_state"] == "inferred"
+    # Below the 116 MiB the inferred layout reserves, it cannot exist: the live allocations are placed anew.
+    got = simulate_trace(trace, "pytorch", capacity=Capacity(100 * MiB), fast=True).summary
+    assert got["start_state"] == "allocated"
+    assert got["start_state_note"].startswith("inferred start state not used: it reserves 121,634,816 bytes")
+    why = got["reproduction"]["line"]
+    assert "the inferred start state was not loaded" in why and "recorded start state" not in why
 
 
 # ---------------------------------------------------------------------- no memory recorded

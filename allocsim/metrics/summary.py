@@ -54,8 +54,10 @@ class RunOutput:
     ooms: list[dict[str, Any]]
     completed: bool                      #: False when the run stopped at an OOM
     continue_on_oom: bool
-    start_state: str                     #: "recorded" (the real allocator's layout) or "allocated"
-    start_state_note: str                #: why the recorded layout was not used, if it was not
+    #: "recorded" (the real allocator's layout, from the file), "inferred" (rebuilt from the window's
+    #: addresses: Kineto) or "allocated" (the live allocations placed anew)
+    start_state: str
+    start_state_note: str                #: why the recorded or inferred layout was not used, if it was not
     t0_ns: int                           #: the trace's first timestamp (the run's time origin)
     #: Reserved bytes when the largest free block was last probed, and that block's size.
     probed_peak_reserved_bytes: int = -1

@@ -285,8 +285,8 @@ class Scaler:
             if any(effects.values()):
                 low, high = min(effects.values()), max(effects.values())
                 report.checks.append(
-                    f"the inputs' recorded start-of-window layout moves their peak reserved by {low:+,} .. {high:+,} "
-                    "bytes against the same state placed anew, as the prediction places it (the layout at the target "
+                    "the inputs' start-of-window layout (recorded, or inferred for Kineto) moves their peak reserved "
+                    f"by {low:+,} .. {high:+,} bytes against the same state placed anew, as the prediction places it (the layout at the target "
                     "is unknown; cached segments of an earlier run in the same process show here): peak reserved is "
                     "that much less certain than its range")
         return result

@@ -22,8 +22,9 @@ LIMITS = (
     "appears past some size) cannot be predicted: the output has the reference input's allocations only",
     "the order of allocations and frees is the reference input's; a program whose schedule changes with "
     "scale (e.g. a different number of micro-batches) is not modelled",
-    "the start-of-window state is placed anew: its recorded layout (segments cached before the window, by an "
-    "earlier run in the same process too) is unknown at the target and outside the range of peak reserved",
+    "the start-of-window state is placed anew: its layout, recorded or inferred (segments cached before the "
+    "window, by an earlier run in the same process too) is unknown at the target and outside the range of peak "
+    "reserved",
     "memory alive before the recording window (e.g. weights in CPU Kineto captures) is not in the trace "
     "and so not in the prediction",
     "inputs must be one program in one configuration (same precision, dtypes, driver line, allocator "

@@ -1017,6 +1017,7 @@ def _store_recorded_runs(trace: Trace, layouts: dict) -> None:
         if layout is not None:
             run.segment_allocs = layout.window_segments
             run.segment_alloc_bytes = int(reserved[-1] - reserved[0]) if len(reserved) else 0
+            run.start_layout = "inferred"
             run.unmodelled = ["the start-of-window layout is inferred from the window's addresses, not recorded"]
             if layout.other_pool_sentence():
                 run.unmodelled.append(layout.other_pool_sentence())

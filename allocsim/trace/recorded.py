@@ -69,6 +69,9 @@ class RecordedRun:
     #: What the recording shows that a replay does not model (inferred start layout, other pools):
     #: sentences for people, the reasons a replay may not reproduce it.
     unmodelled: list[str] = dataclasses.field(default_factory=list)
+    #: Where the start-of-window layout (segments, blocks) comes from: "recorded" (the file lays it
+    #: out, as a snapshot does) or "inferred" (rebuilt from the window's addresses, as for Kineto).
+    start_layout: str = "recorded"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict (inverse of ``from_dict``): ``dataclasses.asdict`` without its generic walk."""
@@ -117,6 +120,16 @@ def reindex_recorded(data: dict[str, Any], kept_positions: np.ndarray) -> dict[s
 def set_recorded_run(trace: Trace, run: RecordedRun) -> None:
     """Store ``run`` in ``trace.meta.recorded`` (readers call this once per device)."""
     trace.meta.recorded[str(run.device)] = run.to_dict()
+
+
+def start_layout_origin(trace: Trace) -> str:
+    """Say "inferred" when the trace's start-of-window layout was rebuilt rather than recorded, else "recorded".
+
+    Kineto files record no segment: their start layout is inferred from the window's addresses
+    (``kineto_layout``), and wording about it must not call it recorded.
+    """
+    inferred = any(run.get("start_layout") == "inferred" for run in trace.meta.recorded.values())
+    return "inferred" if inferred else "recorded"
 
 
 # ---------------------------------------------------------------------- inference (PyTorch snapshots)
