@@ -71,7 +71,8 @@ def test_info_convert_round_trip(tmp_path, capsys):
                 "peak_live_with_baseline_bytes", "recorded_decisions"):
         assert before[key] == after[key], key
     assert set(before["per_device"]) == {"0", "1"}
-    assert before["baseline_allocs"] == 2 and before["baseline_live_bytes"] == 4096 + 1000
+    assert before["baseline_allocs"] == 2 and before["per_device"]["0"]["baseline_live_bytes"] == 4096 + 1000
+    assert before["baseline_live_bytes"] is None          # two GPUs: bytes per device only
 
 
 def test_info_text_and_bad_files(tmp_path, capsys):
@@ -90,3 +91,35 @@ def test_info_text_and_bad_files(tmp_path, capsys):
     assert "bad.json" in err and "Traceback" not in err
     assert main(["info", str(src), "--device", "9"]) == 2
     assert "no device 9" in capsys.readouterr().err
+
+
+BYTE_KEYS = ("baseline_live_bytes", "peak_live_bytes", "peak_live_with_baseline_bytes", "initial_reserved_bytes")
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("folder,name,reserved", [
+    # shared/traces/README.md: device 0 has a 2 MB and a 40 MB segment, device 1 one of 40 MB.
+    ("state-only-snapshots", "albi2_thesis-text-to-SQL_dump_snapshot.pickle", {"0": 44_040_192, "1": 41_943_040}),
+    ("pytorch-snapshots", "Constructor-Sun__memory_snapshot.pickle", None),
+])
+def test_info_never_adds_the_memory_of_several_gpus(shared_dir, capsys, folder, name, reserved):
+    """Each GPU is its own memory: the byte figures are per device, the whole-trace ones say so instead."""
+    path = shared_dir / "traces" / folder / name
+    info = run_json(capsys, "info", str(path), "--json", "--sites", "0")
+    assert len(info["devices"]) > 1
+    assert all(info[key] is None for key in BYTE_KEYS)
+    assert info["bytes_counted"].startswith(f"per device only: GPUs {info['devices']} are separate memories")
+    per_device = info["per_device"]
+    assert sorted(per_device) == [str(d) for d in info["devices"]]
+    for device, sub in per_device.items():       # each device's figures are its own, as --device gives them
+        alone = run_json(capsys, "info", str(path), "--json", "--sites", "0", "--device", device)
+        assert all(isinstance(sub[key], int) and sub[key] == alone[key] for key in BYTE_KEYS)
+        assert "bytes_counted" not in alone
+    if reserved is not None:
+        assert {d: sub["initial_reserved_bytes"] for d, sub in per_device.items()} == reserved
+    assert main(["info", str(path), "--sites", "0"]) == 0
+    text = capsys.readouterr().out
+    whole = text[:text.index("device 0:")]
+    assert not any(line.startswith(key) for line in whole.splitlines() for key in BYTE_KEYS)
+    assert "bytes_counted                  per device only" in whole
+    assert text.count("initial_reserved_bytes") == len(info["devices"])

@@ -151,6 +151,8 @@ def format_summary(summary: dict, indent: str = "") -> str:
         if key in ("repairs", "notes") and not value:
             continue
         if key in _BYTE_KEYS:
+            if value is None:     # several GPUs: only per device (bytes_counted says so)
+                continue
             value = f"{value:,} ({format_bytes(value)})"
         elif key == "time_span_ns":
             value = f"{value:,} ns ({value / 1e9:.3f} s)"

@@ -71,7 +71,11 @@ def _exact_sum(values: np.ndarray) -> int:
 
 
 def summarize(trace: Trace) -> dict[str, Any]:
-    """Return the ``allocsim info`` fields for ``trace`` as a JSON-ready dict."""
+    """Return the ``allocsim info`` fields for ``trace`` as a JSON-ready dict.
+
+    Byte figures count one memory: on a trace of several GPUs they are None (each device's are in
+    ``summarize(trace.for_device(d))``), and host memory is never added to a GPU's.
+    """
     kind = trace.column("kind")
     t_ns = trace.column("t_ns")
     # The devices that hold memory (markers carry a device too, but no bytes).
@@ -114,14 +118,27 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "repairs": list(trace.meta.repairs),
         "notes": list(trace.meta.notes),
     }
-    if bytes_of is not trace:
+    said = None
+    if len(gpus) > 1:
+        # Each GPU is its own memory: a sum would fit no device, so the figures are per device only.
+        for key in _BYTE_KEYS:
+            out[key] = None
+        said = (f"per device only: GPUs {gpus} are separate memories and their bytes are not added together"
+                + (f", nor host memory (device(s) {others})" if others else "")
+                + "; each device's own figures are in its section (or pass --device N)")
+    elif bytes_of is not trace:
         said = (f"GPU device(s) {gpus} only: host memory (device(s) {others}) is another memory and is not "
                 "added to it; each device's own figures are in its section")
+    if said is not None:
         # Right after the byte figures it qualifies.
         items = list(out.items())
         at = [k for k, _ in items].index("initial_reserved_bytes") + 1
         out = dict(items[:at] + [("bytes_counted", said)] + items[at:])
     return out
+
+
+#: The figures that count bytes of one memory (None on a trace of several GPUs: see ``bytes_counted``).
+_BYTE_KEYS = ("baseline_live_bytes", "peak_live_bytes", "peak_live_with_baseline_bytes", "initial_reserved_bytes")
 
 
 def _gpu_part(trace: Trace) -> Trace:
