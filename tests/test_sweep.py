@@ -158,6 +158,7 @@ def test_rows_hold_every_run_json_metric(tmp_path, tiny, capsys):
     assert not missing
     for key, value in expected.items():
         if key == "device":   # a key column: the sweep's --device option (the row's identity), not run's answer
+            assert row["replayed_device"] == value      # run's answer has its own column
             continue
         assert row[key] == value or (value is None and pd.isna(row[key])), key
     assert "alloc_latency_ns.p99" in df.columns and "sim_seconds" in df.columns

@@ -2,8 +2,9 @@
 
 Columns, in order: ``trace``, ``trace_sha256``, ``policy``, ``params_json``, ``param.<key>`` (the
 ``--set`` text of each parameter; null where a policy lacks the key), ``capacity_bytes``,
-``device``, ``fast``, ``row_key``, ``error`` (null or the message), every metric of
-``allocsim run --json`` flattened (``peak_reserved_bytes``, ``alloc_latency_ns.p99``, ...), then the
+``device`` (the ``--device`` option, null when not given), ``fast``, ``row_key``, ``error`` (null or the
+message), every metric of ``allocsim run --json`` flattened (``peak_reserved_bytes``,
+``alloc_latency_ns.p99``, ...; ``replayed_device`` is the device the row replayed), then the
 wall-clock columns ``sim_seconds``, ``events_per_second``, ``wall_seconds``.
 
 The file's key-value metadata ``allocsim.sweep`` holds ``{"complete": bool, "expected_rows": N,

@@ -133,5 +133,8 @@ def run_task(task: Task) -> dict[str, Any]:
     else:
         for key, value in flatten(summary).items():
             row.setdefault(key, value)
+        # The key column ``device`` is the --device option (the row's identity, None when not given);
+        # this one is the device the row replayed, as ``run --json``'s ``device`` (-1: host memory).
+        row["replayed_device"] = summary.get("device")
     row["wall_seconds"] = round(time.perf_counter() - started, 6)
     return row
