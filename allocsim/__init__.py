@@ -1,8 +1,8 @@
 """allocsim: replay real GPU allocation traces through allocator policies and see what memory they need.
 
 Start with ``allocsim.read_trace(path)`` and ``allocsim.run(trace, "pytorch")``; the public API is
-``allocsim.api`` (its names are also here, but for ``advise``, which is a subpackage's name: use
-``from allocsim.api import advise``); the command line is ``allocsim --help``.
+``allocsim.api`` (its names are also here, but for ``advise``, ``scale`` and ``sweep``, which are
+subpackages' names: use ``from allocsim.api import advise``); the command line is ``allocsim --help``.
 """
 
 from typing import Any
@@ -11,8 +11,9 @@ from .trace import EventKind, Trace, read_trace, write_trace
 
 __version__ = "0.1.0"
 #: The public API's functions, imported on first use (``import allocsim`` stays light).
-_API = ("GiB", "MiB", "RecordedRun", "RunResult", "format_advice", "format_bytes", "format_sites",
-        "parse_alloc_conf", "parse_bytes", "recorded_run", "run", "short_site", "site_timeline")
+_API = ("ATTRIBUTION_LABELS", "ATTRIBUTION_PARTS", "GiB", "MiB", "RecordedRun", "RunResult", "attribute_run",
+        "find_max", "format_advice", "format_bytes", "format_sites", "parse_alloc_conf", "parse_bytes",
+        "recorded_run", "run", "short_site", "site_timeline", "winners")
 __all__ = ["EventKind", "Trace", "read_trace", "write_trace", "__version__", *_API]
 
 
