@@ -1,4 +1,10 @@
-"""Notebook 04 takes its snapshot as one papermill-style parameter and holds on another real snapshot too."""
+"""Every notebook takes its input file(s) as one papermill-style parameter cell and holds on other real files too.
+
+The first code cell of each notebook is tagged ``parameters`` and assigns only the inputs; the code uses the
+public API only (``allocsim.api``, plots from ``allocsim.plots``). Each notebook's assertions are invariants,
+so they hold on a real file its text never quotes: papermill's injection (a cell right after the parameters)
+gives it one from ``../shared/traces``.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +20,18 @@ nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
-NOTEBOOK = NOTEBOOKS_DIR / "04_fixing_an_oom.ipynb"
 KERNEL = "allocsim-test-params"
+SNAPSHOTS = "traces/pytorch-snapshots"
+SERIES = "traces/scale-series"
+
+#: notebook -> its parameters, in order
+PARAMETERS = {
+    "01_where_did_my_memory_go.ipynb": ["TRACE_PATH"],
+    "02_paddle_articles_checked.ipynb": ["TRACES", "PADDLE_TRACES"],
+    "03_tuning_pytorch_on_a_snapshot.ipynb": ["TRACE_PATH"],
+    "04_fixing_an_oom.ipynb": ["TRACE_PATH"],
+    "05_will_it_fit.ipynb": ["CAPTURES", "MIXED_PAIR", "SERIES"],
+}
 
 
 def parameters_cell(nb) -> int:
@@ -23,22 +39,21 @@ def parameters_cell(nb) -> int:
     return index
 
 
-def test_the_input_file_is_the_one_parameter_at_the_top_and_only_the_public_api_is_used():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+@pytest.mark.parametrize("name", sorted(PARAMETERS))
+def test_the_inputs_are_one_parameter_cell_at_the_top_and_only_the_public_api_is_used(name):
+    nb = nbformat.read(NOTEBOOKS_DIR / name, as_version=4)
     index = parameters_cell(nb)
     assert [c.cell_type for c in nb.cells[:index]] == ["markdown"]           # the first code cell
     assignments = re.findall(r"^(\w+)\s*=", nb.cells[index].source, flags=re.M)
-    assert assignments == ["TRACE_PATH"]
+    assert assignments == PARAMETERS[name]
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     modules = set(re.findall(r"^\s*(?:from|import) (allocsim[\w.]*)", code, flags=re.M))
-    assert modules == {"allocsim.api", "allocsim.plots"}
+    assert "allocsim.api" in modules and modules <= {"allocsim.api", "allocsim.plots"}, modules
+    assert "allocsim." not in re.sub(r"(?:from|import) allocsim\.(?:api|plots)\b", "", code)
 
 
-@pytest.mark.slow          # a whole notebook run (the default suite runs it on its own snapshot already)
-@pytest.mark.shared
-def test_notebook_04_runs_on_another_snapshot(shared_dir, tmp_path, monkeypatch):
-    """Its assertions are invariants, so they hold on a snapshot the text never quotes (papermill's injection)."""
-    snapshot = shared_dir / "traces" / "pytorch-snapshots" / "silmont2000__mem_snapshot.pickle"
+def execute_with(name: str, values: dict, tmp_path: Path, monkeypatch) -> str:
+    """Run ``name`` with ``values`` injected after its parameter cell; return what it printed."""
     spec_dir = tmp_path / "jupyter" / "kernels" / KERNEL
     spec_dir.mkdir(parents=True)
     (spec_dir / "kernel.json").write_text(json.dumps({
@@ -47,11 +62,30 @@ def test_notebook_04_runs_on_another_snapshot(shared_dir, tmp_path, monkeypatch)
         "env": {"MPLBACKEND": "module://matplotlib_inline.backend_inline"}}))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     monkeypatch.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    nb.cells.insert(parameters_cell(nb) + 1, nbformat.v4.new_code_cell(f"TRACE_PATH = {str(snapshot)!r}"))
+    nb = nbformat.read(NOTEBOOKS_DIR / name, as_version=4)
+    injected = "\n".join(f"{key} = {value!r}" for key, value in values.items())
+    nb.cells.insert(parameters_cell(nb) + 1, nbformat.v4.new_code_cell(injected))
     nbclient.NotebookClient(nb, kernel_name=KERNEL, timeout=120,
                             resources={"metadata": {"path": str(NOTEBOOKS_DIR)}}).execute()
-    out = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+@pytest.mark.slow          # a whole notebook run (the default suite runs it on its own snapshot already)
+@pytest.mark.shared
+def test_notebook_04_runs_on_another_snapshot(shared_dir, tmp_path, monkeypatch):
+    """Its assertions are invariants, so they hold on a snapshot the text never quotes (papermill's injection)."""
+    snapshot = shared_dir / SNAPSHOTS / "silmont2000__mem_snapshot.pickle"
+    out = execute_with("04_fixing_an_oom.ipynb", {"TRACE_PATH": str(snapshot)}, tmp_path, monkeypatch)
     assert out.startswith("silmont2000__mem_snapshot.pickle: ") and "all claims hold" in out
     assert "Maphsge4" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.shared
+def test_notebook_01_runs_on_a_gpu_snapshot(shared_dir, tmp_path, monkeypatch):
+    """A real GPU snapshot with a start state (the default is a CPU profiler trace without one)."""
+    snapshot = shared_dir / SNAPSHOTS / "Wedsonlin__medium_128_inference_memory_snapshot.pickle"
+    out = execute_with("01_where_did_my_memory_go.ipynb", {"TRACE_PATH": str(snapshot)}, tmp_path, monkeypatch)
+    assert out.startswith("Wedsonlin__medium_128_inference_memory_snapshot.pickle: ") and "all claims hold" in out
+    assert "resident before the window" not in out and "bert" not in out
