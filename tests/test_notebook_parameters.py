@@ -89,3 +89,12 @@ def test_notebook_01_runs_on_a_gpu_snapshot(shared_dir, tmp_path, monkeypatch):
     out = execute_with("01_where_did_my_memory_go.ipynb", {"TRACE_PATH": str(snapshot)}, tmp_path, monkeypatch)
     assert out.startswith("Wedsonlin__medium_128_inference_memory_snapshot.pickle: ") and "all claims hold" in out
     assert "resident before the window" not in out and "bert" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.shared
+def test_notebook_03_runs_on_another_snapshot(shared_dir, tmp_path, monkeypatch):
+    snapshot = shared_dir / SNAPSHOTS / "Wedsonlin__medium_128_training_memory_snapshot.pickle"
+    out = execute_with("03_tuning_pytorch_on_a_snapshot.ipynb", {"TRACE_PATH": str(snapshot)}, tmp_path, monkeypatch)
+    assert out.startswith("Wedsonlin__medium_128_training_memory_snapshot.pickle: ") and "all claims hold" in out
+    assert "MercuryB1" not in out

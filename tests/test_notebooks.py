@@ -92,4 +92,4 @@ def test_tuning_notebook_without_the_shared_folder(kernel_env, monkeypatch, tmp_
     nb = execute(NOTEBOOKS_DIR / NOTEBOOKS[2], repo / "notebooks", kernel_env, monkeypatch)
     text = printed(nb)
     assert "is absent: using the project's BERT-base trace instead" in text
-    assert "general ones only: fallback trace" in text
+    assert "bert_fp32.json.gz: " in text and "all claims hold" in text
