@@ -65,14 +65,23 @@ def run(trace: Trace | str | os.PathLike, policy: str = "pytorch", params: Mappi
     ``alloc_conf`` a ``PYTORCH_CUDA_ALLOC_CONF`` value; ``capacity`` bytes or a size (``"20GiB"``),
     else the one the recording implies (``summary["verdict"]`` says which); ``device`` picks one of
     several; ``sites=N`` adds the N top code sites (``summary["sites"]``). ``fast`` (the default
-    here) leaves out timing. Bad input raises ``ValueError`` with the command's one-line message.
+    here) leaves out timing. A trace ``scale`` predicted with an open range gets both ends replayed
+    (``summary["prediction_range"]``: ``fits``, ``line``). Bad input raises ``ValueError`` with the
+    command's one-line message.
     """
     from .commands.run import add_sites
     from .metrics.site_rule import SiteFilter
     from .runner import simulate_trace
 
+    from .scale.ranges import judge_ends
+
     trace, name, merged, resolved = _prepare(trace, policy, params, alloc_conf, capacity, device)
     result = simulate_trace(trace, name, merged, capacity=resolved, fast=fast, continue_on_oom=continue_on_oom)
+    # A trace predicted by `allocsim scale` carries a range: both ends replayed, as `run` does.
+    ends = judge_ends(lambda end: simulate_trace(end, name, merged, capacity=resolved, fast=fast,
+                                                 continue_on_oom=continue_on_oom).summary, trace)
+    if ends is not None:
+        result.summary["prediction_range"] = ends
     if sites > 0:
         add_sites(result, trace, name, merged, resolved.bytes, None, SiteFilter.parse(site_filter), sites,
                   continue_on_oom)

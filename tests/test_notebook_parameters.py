@@ -30,7 +30,7 @@ PARAMETERS = {
     "02_paddle_articles_checked.ipynb": ["TRACES", "PADDLE_TRACES"],
     "03_tuning_pytorch_on_a_snapshot.ipynb": ["TRACE_PATH"],
     "04_fixing_an_oom.ipynb": ["TRACE_PATH"],
-    "05_will_it_fit.ipynb": ["CAPTURES", "MIXED_PAIR", "SERIES"],
+    "05_will_it_fit.ipynb": ["CAPTURES", "SCALE_NAME", "DEVICE", "MIXED_PAIR", "SERIES"],
 }
 
 
@@ -98,3 +98,20 @@ def test_notebook_03_runs_on_another_snapshot(shared_dir, tmp_path, monkeypatch)
     out = execute_with("03_tuning_pytorch_on_a_snapshot.ipynb", {"TRACE_PATH": str(snapshot)}, tmp_path, monkeypatch)
     assert out.startswith("Wedsonlin__medium_128_training_memory_snapshot.pickle: ") and "all claims hold" in out
     assert "MercuryB1" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.shared
+def test_notebook_05_runs_on_other_series(shared_dir, tmp_path, monkeypatch):
+    """GPU snapshots of a 2.7B model at three sequence lengths, another mixed pair and another series."""
+    series = shared_dir / SERIES
+    charlie = "charliesabino_cs336-assignment2_2.7B-{}-fwd-memory-snapshot{}.pickle"
+    values = {"CAPTURES": {v: str(series / charlie.format(v, "")) for v in (128, 256, 512)},
+              "SCALE_NAME": "seq", "DEVICE": "40GiB",
+              "MIXED_PAIR": {256: str(series / charlie.format(256, "")), 512: str(series / charlie.format(512, "_mixed"))},
+              "SERIES": {v: str(series / f"yyin-dev_cs336-a2_xl_b4_fwd_ctx_{v}.pickle") for v in (128, 256, 512)}}
+    out = execute_with("05_will_it_fit.ipynb", values, tmp_path, monkeypatch)
+    assert out.startswith("seq 128: ") and "all claims hold" in out
+    assert "the largest seq that fits in 40.00 GiB" in out
+    assert "refused: inputs are not one configuration" in out and "512-fwd-memory-snapshot_mixed.pickle" in out
+    assert "bert" not in out and "Hyperion" not in out
