@@ -115,3 +115,17 @@ def test_notebook_05_runs_on_other_series(shared_dir, tmp_path, monkeypatch):
     assert "the largest seq that fits in 40.00 GiB" in out
     assert "refused: inputs are not one configuration" in out and "512-fwd-memory-snapshot_mixed.pickle" in out
     assert "bert" not in out and "Hyperion" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.shared
+def test_notebook_02_runs_on_gpu_snapshots(shared_dir, tmp_path, monkeypatch):
+    """A GPU forward pass recorded in fp32 and bf16 as the PyTorch program; no recompute or accumulation run."""
+    snapshots = shared_dir / SNAPSHOTS
+    values = {"TRACES": {"fp32": str(snapshots / "silmont2000__memory_forward_fp32_128.pickle"),
+                         "bf16": str(snapshots / "silmont2000__memory_forward_bf16_128.pickle"),
+                         "recompute": None, "accum": None,
+                         "other": str(snapshots / "MAGMA27__memory_snapshot.pickle")}}
+    out = execute_with("02_paddle_articles_checked.ipynb", values, tmp_path, monkeypatch)
+    assert out.startswith("silmont2000__memory_forward_fp32_128: ") and "all claims hold" in out
+    assert "bf16: peak live" in out and "recompute: peak live" not in out and "bert" not in out
