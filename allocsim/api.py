@@ -72,7 +72,6 @@ def run(trace: Trace | str | os.PathLike, policy: str = "pytorch", params: Mappi
     from .commands.run import add_sites
     from .metrics.site_rule import SiteFilter
     from .runner import simulate_trace
-
     from .scale.ranges import judge_ends
 
     trace, name, merged, resolved = _prepare(trace, policy, params, alloc_conf, capacity, device)

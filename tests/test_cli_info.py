@@ -123,3 +123,17 @@ def test_info_never_adds_the_memory_of_several_gpus(shared_dir, capsys, folder, 
     assert not any(line.startswith(key) for line in whole.splitlines() for key in BYTE_KEYS)
     assert "bytes_counted                  per device only" in whole
     assert text.count("initial_reserved_bytes") == len(info["devices"])
+
+
+def test_info_keeps_host_and_pinned_memory_apart():
+    """Paddle's host (-1) and pinned (-2) memories are two memories: no whole-trace byte figure adds them."""
+    from allocsim.trace.builder import TraceBuilder
+    from allocsim.trace.stats import summarize
+
+    b = TraceBuilder("paddle.json", "paddle")
+    b.alloc(0, 0, -1, 0, 0x1000, 4096)
+    b.alloc(1, 1, -2, 0, 0x1000, 1000)
+    trace = b.finish()
+    whole = summarize(trace)
+    assert whole["peak_live_bytes"] is None and whole["bytes_counted"].startswith("per device only: devices [-2, -1]")
+    assert [summarize(trace.for_device(d))["peak_live_bytes"] for d in (-1, -2)] == [4096, 1000]

@@ -119,12 +119,13 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "notes": list(trace.meta.notes),
     }
     said = None
-    if len(gpus) > 1:
-        # Each GPU is its own memory: a sum would fit no device, so the figures are per device only.
+    if len(gpus) > 1 or (not gpus and len(others) > 1):
+        # Each GPU (or host memory and pinned memory) is its own memory: a sum would fit none of them.
         for key in _BYTE_KEYS:
             out[key] = None
-        said = (f"per device only: GPUs {gpus} are separate memories and their bytes are not added together"
-                + (f", nor host memory (device(s) {others})" if others else "")
+        what = f"GPUs {gpus}" if gpus else f"devices {others}"
+        said = (f"per device only: {what} are separate memories and their bytes are not added together"
+                + (f", nor host memory (device(s) {others})" if gpus and others else "")
                 + "; each device's own figures are in its section (or pass --device N)")
     elif bytes_of is not trace:
         said = (f"GPU device(s) {gpus} only: host memory (device(s) {others}) is another memory and is not "
