@@ -136,7 +136,7 @@ class SimulatedDevice:
         """Really free what ``_back_malloc`` returned."""
 
     def _back_adopt(self, size_bytes: int) -> object:
-        """Really allocate a range taken over from a recorded start state (not a timed call)."""
+        """Really allocate a range taken over from a recorded or inferred start state (not a timed call)."""
         return None
 
     def _back_reserve(self, size_bytes: int, timed: bool = True) -> object:

@@ -30,7 +30,7 @@ def _latency(row: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def verdict_text(row: dict[str, Any], capacity_bytes: int) -> str:
-    """The run's verdict line (a recorded start state bigger than the device is placed anew by the engine)."""
+    """The run's verdict line (a start state bigger than the device is placed anew by the engine)."""
     return row.get("verdict.line") or ""
 
 
