@@ -1,7 +1,8 @@
 """The notebooks are committed executed (they read on a code host without running) and run again here.
 
-Each notebook asserts the claims its text makes, so a change in allocsim that changes a conclusion fails
-here instead of silently contradicting the prose. Each runs from a temporary copy (the committed file,
+Each notebook asserts invariants that hold on any input (parts add up, its figures are ``allocsim run``'s,
+orderings), so a change in allocsim that breaks one fails here; ``test_notebook_parameters.py`` runs them
+on other real files. Each runs from a temporary copy (the committed file,
 with its outputs, is never rewritten by the tests). The kernel is this interpreter (``sys.executable``),
 registered under a private name in a temporary ``JUPYTER_PATH``, so the test works in a fresh CI venv
 where ``pip install -e '.[test]'`` installed ipykernel and nbclient, whatever kernels the machine has.
