@@ -65,7 +65,7 @@ def execute_with(name: str, values: dict, tmp_path: Path, monkeypatch) -> str:
     nb = nbformat.read(NOTEBOOKS_DIR / name, as_version=4)
     injected = "\n".join(f"{key} = {value!r}" for key, value in values.items())
     nb.cells.insert(parameters_cell(nb) + 1, nbformat.v4.new_code_cell(injected))
-    nbclient.NotebookClient(nb, kernel_name=KERNEL, timeout=120,
+    nbclient.NotebookClient(nb, kernel_name=KERNEL, timeout=300,     # per cell: find-max on GPU series takes a while
                             resources={"metadata": {"path": str(NOTEBOOKS_DIR)}}).execute()
     assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
