@@ -108,7 +108,8 @@ def test_notebook_05_runs_on_other_series(shared_dir, tmp_path, monkeypatch):
     charlie = "charliesabino_cs336-assignment2_2.7B-{}-fwd-memory-snapshot{}.pickle"
     values = {"CAPTURES": {v: str(series / charlie.format(v, "")) for v in (128, 256, 512)},
               "SCALE_NAME": "seq", "DEVICE": "40GiB",
-              "MIXED_PAIR": {256: str(series / charlie.format(256, "")), 512: str(series / charlie.format(512, "_mixed"))},
+              "MIXED_PAIR": {256: str(series / charlie.format(256, "")),
+                             512: str(series / charlie.format(512, "_mixed"))},
               "SERIES": {v: str(series / f"yyin-dev_cs336-a2_xl_b4_fwd_ctx_{v}.pickle") for v in (128, 256, 512)}}
     out = execute_with("05_will_it_fit.ipynb", values, tmp_path, monkeypatch)
     assert out.startswith("seq 128: ") and "all claims hold" in out

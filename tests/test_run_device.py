@@ -74,8 +74,9 @@ def test_sweep_rows_name_the_device_they_replayed(capsys, tmp_path):
     import pandas as pd
 
     rows = {}
-    for name, rel, option in (("one", "pytorch-snapshots/silmont2000__mem_snapshot.pickle", []),
-                              ("three", "pytorch-snapshots/Constructor-Sun__memory_snapshot.pickle", ["--device", "2"])):
+    for name, rel, option in (
+            ("one", "pytorch-snapshots/silmont2000__mem_snapshot.pickle", []),
+            ("three", "pytorch-snapshots/Constructor-Sun__memory_snapshot.pickle", ["--device", "2"])):
         path, out_file = shared(rel), tmp_path / f"{name}.parquet"
         code, _, err = cli(capsys, "sweep", path, "--policy", "pytorch", "--fast", "--workers", "1", *option,
                            "-o", out_file)
