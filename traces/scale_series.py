@@ -7,8 +7,9 @@ through the ``pytorch`` preset (no timing). Prints a Markdown table of peak live
 predicted vs recorded, with the range the inputs leave open; then tries the mixed pair (the
 charliesabino fp32 run at 128 with its autocast run at 256), which must be refused. Targets: peak
 live within 2%, peak reserved within 5%, the truth inside the stated range. The last column
-replays the recording with its start-of-window state placed anew, as a prediction places it: the
-difference to the recorded column is the start-of-window layout, which no input can tell.
+replays the recording with its start-of-window state placed as a prediction places it (the layout
+a period of the window leaves behind, else anew): the difference to the recorded column is what
+that rule misses of the real start-of-window layout.
 
     python traces/scale_series.py [--dir ../shared/traces/scale-series] [--json]
 """
@@ -27,7 +28,7 @@ from allocsim.scale import load_input  # noqa: E402
 from allocsim.scale.build import Scaler  # noqa: E402
 from allocsim.scale.consistency import MixedInputs  # noqa: E402
 from allocsim.scale.evaluate import peaks, relative_error  # noqa: E402
-from allocsim.scale.ranges import fresh_start  # noqa: E402
+from allocsim.scale.start_layout import as_predicted  # noqa: E402
 
 DEFAULT_DIR = HERE.parent.parent / "shared" / "traces" / "scale-series"
 
@@ -60,8 +61,8 @@ def series_row(directory: Path, name: str, two_inputs: bool = False) -> dict:
     result = Scaler(inputs, "seq").at(truth.value)
     rng = result.report.prediction_range
     true = peaks(truth.trace)
-    # The same recording with its start-of-window state placed anew, as a prediction places it.
-    fresh = peaks(fresh_start(truth.trace))["peak_reserved_bytes"]
+    # The same recording with its start-of-window state placed as a prediction places it.
+    fresh = peaks(as_predicted(truth.trace))["peak_reserved_bytes"]
     row = {"series": name, "inputs": ",".join(str(i.value) for i in inputs), "target": str(truth.value),
            "aligned_share": result.report.aligned_share, "undetermined": result.report.undetermined,
            "no_monomial": result.report.no_monomial}
@@ -95,7 +96,7 @@ def _gb(n: int) -> str:
 def table(rows: list[dict]) -> str:
     """The rows as the Markdown table of the README."""
     out = ["| series | inputs | predicted at | peak live GB: predicted / recorded | error | range | "
-           "peak reserved GB: predicted / recorded | error | range | recorded from a fresh start: GB, error |",
+           "peak reserved GB: predicted / recorded | error | range | recorded, start placed as predicted: GB, error |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         def rng(short: str) -> str:

@@ -36,11 +36,15 @@ from .laws import LAW_KINDS, SizeLaw, fit_law
 from .ranges import encode_range, layout_effect_bytes, prediction_range
 from .report import InputSummary, ScaleReport
 from .sites import frame_origin
+from .start_layout import steady_start
 from .steps import live_bytes
 
 UNALIGNED_RULE = "kept at the reference input's size (assumed constant)"
 INITIAL_RULE = ("paired by stream and code site, then size class c*v^k (classes every input holds most of first), "
                 "in order, never by position; unpaired ones kept at the reference size")
+LAYOUT_STEADY = ("the one a period of the window leaves behind (the window repeats itself: weights placed first, "
+                 "then one step and the part of the next up to where the window opens)")
+LAYOUT_PLACED = "placed anew in id order (the window does not repeat itself)"
 TIME_RULE = "reference times scaled by D(target)/D(reference), D = least-squares line through mean step durations"
 
 
@@ -325,7 +329,7 @@ def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, 
         initial["block_size_bytes"] = -1
 
     report = _report(inputs, ref_index, others, alignment, fits, init_fits, prepared.init_aligned, ratio, target,
-                     scale_name)
+                     scale_name, LAYOUT_PLACED)
     meta = TraceMeta(
         format="allocsim-scale",
         source=f"{reference.path}@{target} ({scale_name})",
@@ -345,6 +349,14 @@ def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, 
     )
     trace = Trace(events=events, meta=meta, labels=list(reference.trace.labels), initial_allocs=initial,
                   frames=reference.trace.frames, stacks=reference.trace.stacks)
+    # Where the start-of-window allocations sit: the layout the window's own steps leave behind when
+    # it repeats itself (a ring buffer's tail); else placed anew in id order.
+    laid_out = steady_start(trace)
+    layout_rule = LAYOUT_PLACED
+    if laid_out is not None:
+        trace, layout_rule = laid_out, LAYOUT_STEADY
+    report.initial["layout"] = layout_rule
+    meta.notes.append(f"start-of-window layout: {layout_rule}")
     check_schema(trace)
     report.output_events = len(events)
     report.output_peak_live_bytes = int(live_bytes(trace).max()) if len(events) else int(initial["size_bytes"].sum())
@@ -352,7 +364,7 @@ def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, 
 
 
 def _report(inputs, ref_index, others, alignment: Alignment, fits: _Fits, init_fits: _Fits | None,
-            init_aligned: int, ratio: float, target: Fraction, scale_name: str) -> ScaleReport:
+            init_aligned: int, ratio: float, target: Fraction, scale_name: str, layout_rule: str) -> ScaleReport:
     reference = inputs[ref_index]
     found = alignment.matched_counts()
     ref_sizes = reference.size_bytes.astype(np.int64)
@@ -390,7 +402,7 @@ def _report(inputs, ref_index, others, alignment: Alignment, fits: _Fits, init_f
         assumed={term: int(assumed.get(term, 0)) for term in ("b", "c")},
         rounded=fits.rounded, clamped=fits.clamped, per_input=per_input,
         initial={"allocations": len(init_fits.sizes) if init_fits else 0, "aligned": init_aligned,
-                 "rule": INITIAL_RULE},
+                 "rule": INITIAL_RULE, "layout": layout_rule},
         time_rule=TIME_RULE, time_ratio=ratio, unaligned_rule=UNALIGNED_RULE,
         output_events=0, output_peak_live_bytes=0, notes=notes,
         extrapolation=float(target / max(item.value for item in inputs)),

@@ -64,8 +64,14 @@ def with_sizes(trace: Trace, ids: np.ndarray, sizes: np.ndarray) -> Trace:
         lookup = dict(zip(ids.tolist(), sizes.tolist()))
         initial["size_bytes"] = [lookup.get(int(i), int(s)) for i, s in
                                  zip(initial["alloc_id"].tolist(), initial["size_bytes"].tolist())]
-    return Trace(events=events, meta=trace.meta, labels=list(trace.labels), initial_allocs=initial,
-                 frames=trace.frames, stacks=trace.stacks)
+    resized = Trace(events=events, meta=trace.meta, labels=list(trace.labels), initial_allocs=initial,
+                    frames=trace.frames, stacks=trace.stacks)
+    if not len(trace.initial_segments):
+        return resized
+    # The start layout was laid out for the old sizes: lay it out again for these (``start_layout``).
+    from .start_layout import as_predicted
+
+    return as_predicted(resized)
 
 
 def end_traces(trace: Trace) -> tuple[Trace, Trace] | None:

@@ -145,6 +145,7 @@ class ScaleReport:
             f"unaligned allocations: {self.unaligned_rule}",
             f"start-of-window state: {self.initial['aligned']} of {self.initial['allocations']} allocations "
             f"aligned ({self.initial['rule']})",
+            f"start-of-window layout: {self.initial.get('layout', 'placed anew in id order')}",
             f"times: {self.time_rule} (ratio {self.time_ratio:.4f})",
             "",
             f"output: {self.output_events} events, peak live {format_bytes(self.output_peak_live_bytes)}",
