@@ -272,12 +272,16 @@ def test_every_shared_series_as_the_readme_table_says(shared_dir):
     rows = {name: scale_series.series_row(directory, name) for name in scale_series.SERIES}
     for name, row in rows.items():
         assert abs(row["live_error"]) <= 0.0002 and row["live_in_range"], name
-        # Replayed with its start placed as the prediction places it, the recording is within 0.02%.
-        assert abs(row["reserved_fresh_error"]) <= 0.0002, name
-    misses = {name: round(100 * row["reserved_error"], 2) for name, row in rows.items()
-              if abs(row["reserved_error"]) > 0.05}
-    # GPT-2 medium's ring-buffer tail starts from the layout a period leaves behind (+6.29% placed anew).
-    assert round(100 * rows["cherryni2022 medium"]["reserved_error"], 2) == -0.20
-    assert misses == {"charliesabino 2.7B fp32": -6.86}
+        # Peak reserved within 5% and inside the range on every series.
+        assert abs(row["reserved_error"]) <= 0.05 and row["reserved_in_range"], name
+    errors = {name: round(100 * row["reserved_error"], 2) for name, row in rows.items()}
+    layouts = {name: row["start_layout"] for name, row in rows.items()}
+    # GPT-2 medium's ring-buffer tail starts from the layout a step leaves behind (+6.29% placed anew),
+    # GPT-2 XL's whole-step window from the one its warm-up step left (-0.22% placed anew).
+    assert errors["cherryni2022 medium"] == errors["cherryni2022 small"] == errors["yyin-dev xl b4"] == 0
+    assert layouts["cherryni2022 medium"] == layouts["yyin-dev xl b4"] == "steady"
+    # One process ran the charliesabino sizes in turn (-6.86% without the segments it kept cached).
+    assert layouts["charliesabino 2.7B fp32"] == layouts["charliesabino 2.7B mixed"] == "cached"
+    assert errors["charliesabino 2.7B fp32"] == -2.98 and errors["charliesabino 2.7B mixed"] == -1.28
     assert rows["Hyperion-shuo large"]["undetermined"] == 72
     assert scale_series.mixed_pair(directory).startswith("refused: inputs are not one configuration: autocast in")

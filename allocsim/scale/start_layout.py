@@ -12,11 +12,17 @@ are alive: the weights), ``steady_start`` rebuilds that history: the weights pla
 whole step from the boundary and the part of the next up to where the window opened (events
 ``b .. 2L-1``). Each block alive then stands for the start allocation whose free came ``2L``
 events before its own, and the trace starts from that layout (segments, free blocks and all). A
-window with no such period keeps the fresh placement (``None``). What a process ran before the
-program (cached segments of another run in the same process) no input of this kind can tell.
+window with no such period keeps the fresh placement (``None``).
+
+Start allocations whose size does not scale (weights) need no history: ``carried_layout`` keeps
+them where the reference run had them, in the segments that hold them. A prediction is laid out by
+both (``as_predicted``). What a process ran before the program (segments another run in the same
+process left cached) no input of this kind can tell.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import pandas as pd
@@ -49,7 +55,7 @@ def find_period(trace: Trace) -> int | None:
 
 
 def step_boundary(trace: Trace) -> int | None:
-    """The first event index at which only the start allocations never freed in the window are alive (None: never)."""
+    """How many events pass before only the start allocations never freed in the window are alive (None: never)."""
     ev = trace.events
     kind, ids = ev["kind"].to_numpy(), ev["alloc_id"].to_numpy()
     start_ids = set(trace.initial_allocs["alloc_id"].tolist())
@@ -76,6 +82,7 @@ def _stands_for(trace: Trace, end: int, shift: int) -> dict[int, int] | None:
         freed_at.setdefault(int(ids[i]), i)
     allocated = np.flatnonzero(kind[:end] == EventKind.ALLOC)
     out: dict[int, int] = {}
+    taken: set[int] = set()
     for aid in ids[allocated].tolist():
         j = freed_at.get(aid)
         if j is not None and j < end:
@@ -83,21 +90,29 @@ def _stands_for(trace: Trace, end: int, shift: int) -> dict[int, int] | None:
         if j is None or j - shift < 0 or kind[j - shift] != EventKind.FREE_REQUESTED:
             return None   # alive to the end of the window: it stands for no start allocation
         stands_for = int(ids[j - shift])
-        if stands_for not in start_ids or stands_for in out.values():
+        if stands_for not in start_ids or stands_for in taken:
             return None
         out[aid] = stands_for
+        taken.add(stands_for)
     freed_start = {int(a) for a in ids[kind == EventKind.FREE_REQUESTED].tolist() if a in start_ids}
-    return out if set(out.values()) == freed_start else None
+    return out if taken == freed_start else None
 
 
 def steady_start(trace: Trace, policy: str = "pytorch") -> Trace | None:
     """``trace`` started from the layout its own steps leave behind (see module doc), or None."""
     if not len(trace.initial_allocs) or len(trace.devices) != 1:
         return None
+    boundary = step_boundary(trace)
+    start_ids = set(trace.initial_allocs["alloc_id"].tolist())
+    n = len(trace.events)
+    if boundary == n and not _any_freed(trace, start_ids):
+        # The window is one whole step (only the allocations alive all window are alive at both
+        # ends): the same step ran before it.
+        layout = _layout_after(_warm_up(trace, 0, n), n, {}, start_ids, policy)
+        return None if layout is None else _with_layout(trace, *layout)
     period = find_period(trace)
     if period is None:
         return None
-    boundary = step_boundary(trace)
     if boundary is None or boundary > period or 2 * period > len(trace.events):
         return None
     # One whole step from the boundary, then the part of the next one up to where the window opened.
@@ -105,23 +120,82 @@ def steady_start(trace: Trace, policy: str = "pytorch") -> Trace | None:
     partners = _stands_for(trace, end, end)
     if partners is None:
         return None
-    start_ids = set(trace.initial_allocs["alloc_id"].tolist())
     layout = _layout_after(_warm_up(trace, boundary, end), end - boundary, partners, start_ids, policy)
     if layout is None:
         return None
     return _with_layout(trace, *layout)
 
 
+def _any_freed(trace: Trace, ids: set[int]) -> bool:
+    ev = trace.events
+    freed = ev["alloc_id"].to_numpy()[ev["kind"].to_numpy() == EventKind.FREE_REQUESTED]
+    return bool(np.isin(freed, np.fromiter(ids, dtype=np.int64, count=len(ids))).any())
+
+
 def _warm_up(trace: Trace, first: int, end: int) -> Trace:
-    """Events ``first..end-1`` of ``trace`` from a start that holds only the allocations alive all window."""
+    """Events ``first..end-1`` of ``trace`` from a start that holds only the allocations alive all window.
+
+    Those that sit in ``trace``'s (partial) start layout stay there; the blocks of the others become free.
+    """
     ev = trace.events
     freed = set(ev["alloc_id"].to_numpy()[ev["kind"].to_numpy() == EventKind.FREE_REQUESTED].tolist())
     initial = trace.initial_allocs
     initial = initial[~initial["alloc_id"].isin(list(freed))].copy()
-    initial["addr"] = -1
-    initial["block_size_bytes"] = -1
+    segments, blocks = trace.initial_segments, trace.initial_blocks
+    if len(segments):
+        blocks = _freed(blocks, blocks["alloc_id"].isin(list(freed)).to_numpy())
+    else:
+        initial["addr"] = -1
+        initial["block_size_bytes"] = -1
     return Trace(events=ev.iloc[first:end].reset_index(drop=True), meta=trace.meta, labels=list(trace.labels),
-                 initial_allocs=initial, frames=trace.frames, stacks=trace.stacks)
+                 initial_allocs=initial, initial_segments=segments, initial_blocks=blocks,
+                 frames=trace.frames, stacks=trace.stacks)
+
+
+def _freed(blocks: pd.DataFrame, which: np.ndarray) -> pd.DataFrame:
+    """``blocks`` with the rows ``which`` made free blocks (the engine merges free neighbours)."""
+    out = blocks.copy()
+    out.loc[which, "alloc_id"] = -1
+    out.loc[which, "requested_bytes"] = 0
+    out.loc[which, "state"] = "inactive"
+    return out
+
+
+def carried_layout(trace: Trace, recorded: Trace, keep_cached: bool = False) -> Trace:
+    """``trace`` with its start allocations that kept their size where ``recorded`` (the reference run) had them.
+
+    A scaled trace's start allocations are the reference's, resized by their laws. Those whose size
+    did not change and that stay alive all window (weights) sit where the reference run placed them: every segment of its recorded
+    layout that holds one stays, with the blocks of resized allocations made free. Segments that
+    hold none (cached by the reference's own sizes) are dropped unless ``keep_cached`` (one process
+    runs the target after the reference and keeps its cache: ``one_cache``); the resized allocations
+    have no address and are placed after the layout. A reference with no recorded layout changes nothing.
+    """
+    segments, blocks = recorded.initial_segments, recorded.initial_blocks
+    if not len(segments) or not len(blocks) or not len(trace.initial_allocs):
+        return trace
+    new_size = dict(zip(trace.initial_allocs["alloc_id"].tolist(), trace.initial_allocs["size_bytes"].tolist()))
+    old = recorded.initial_allocs
+    old_size = dict(zip(old["alloc_id"].tolist(), old["size_bytes"].tolist()))
+    ids = blocks["alloc_id"].tolist()
+    # Only allocations alive all window (an activation of the step in progress is laid out by the step).
+    ev = trace.events
+    freed = set(ev["alloc_id"].to_numpy()[ev["kind"].to_numpy() == EventKind.FREE_REQUESTED].tolist())
+    kept = np.array([a >= 0 and a not in freed and a in new_size and new_size[a] == old_size.get(a) for a in ids],
+                    dtype=bool)
+    if not kept.any() and not keep_cached:
+        return trace
+    holding = set((blocks if keep_cached else blocks[kept])["segment_addr"].tolist())
+    in_kept_segment = blocks["segment_addr"].isin(list(holding)).to_numpy()
+    blocks = _freed(blocks, ~kept & (blocks["alloc_id"].to_numpy() >= 0))[in_kept_segment].reset_index(drop=True)
+    segments = segments[segments["addr"].isin(list(holding))].reset_index(drop=True)
+    where = dict(zip(blocks["alloc_id"].tolist(), zip(blocks["addr"].tolist(), blocks["size_bytes"].tolist())))
+    initial = trace.initial_allocs.copy()
+    initial["addr"] = np.array([where.get(a, (-1, -1))[0] for a in initial["alloc_id"].tolist()], dtype=np.int64)
+    initial["block_size_bytes"] = np.array([where.get(a, (-1, -1))[1] for a in initial["alloc_id"].tolist()],
+                                           dtype=np.int64)
+    return Trace(events=trace.events, meta=trace.meta, labels=list(trace.labels), initial_allocs=initial,
+                 initial_segments=segments, initial_blocks=blocks, frames=trace.frames, stacks=trace.stacks)
 
 
 def _layout_after(trace: Trace, period: int, partners: dict[int, int], start_ids: set[int], policy: str
@@ -210,9 +284,29 @@ def _with_layout(trace: Trace, segments: pd.DataFrame, blocks: pd.DataFrame) -> 
                  frames=trace.frames, stacks=trace.stacks)
 
 
-def as_predicted(trace: Trace) -> Trace:
-    """``trace`` with its recorded start layout dropped and placed as a prediction places it (to check the rule)."""
+def one_cache(traces: list[Trace]) -> bool:
+    """Whether the inputs (in order of value) look like one process that ran them in turn and kept its cache.
+
+    A caching allocator returns no segment unless asked (``empty_cache``), so a process that runs
+    the sizes one after another starts each with every segment the earlier ones held: each input's
+    recorded start segments (pool and size) include all of the smaller input's.
+    """
+    if len(traces) < 2 or any(not len(t.initial_segments) for t in traces):
+        return False
+    held = [Counter(zip(t.initial_segments["pool"].tolist(), t.initial_segments["size_bytes"].tolist()))
+            for t in traces]
+    return all(not (smaller - larger) for smaller, larger in zip(held, held[1:]))
+
+
+def as_predicted(trace: Trace, recorded: Trace | None = None, keep_cached: bool = False) -> tuple[Trace, bool]:
+    """``(trace laid out, steady)``: the start layout dropped and laid out as a prediction lays it out.
+
+    Start allocations whose size ``recorded`` (the reference run; ``trace`` itself when None) shares
+    stay where it had them (``carried_layout``, with its cached segments if ``keep_cached``); the
+    rest follow the window's period (``steady_start``, ``steady`` True) or are placed anew.
+    """
     from .ranges import fresh_start
 
-    fresh = fresh_start(trace)
-    return steady_start(fresh) or fresh
+    carried = carried_layout(fresh_start(trace), trace if recorded is None else recorded, keep_cached)
+    steady = None if keep_cached else steady_start(carried)
+    return (carried, False) if steady is None else (steady, True)
