@@ -11,9 +11,9 @@ tie) with every size replaced by its fitted law evaluated at the target:
   through the inputs' mean step durations (ratio 1 when that is not positive);
 * start-of-window state -- the reference's initial allocations, paired with the other inputs' by
   what they are (``initial``: stream and site, equal sizes, then size class -- never by position),
-  scaled by the same laws; the real allocator's
-  recorded start layout (segments, blocks) and decisions describe the reference run only and are
-  dropped.
+  scaled by the same laws; their layout (segments, blocks) is predicted by ``start_layout`` (weights
+  where the reference run had them, the rest as the window's steps leave them); the reference run's
+  allocator decisions are dropped.
 """
 
 from __future__ import annotations
@@ -362,7 +362,7 @@ def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, 
         notes=[f"synthesized by allocsim scale at {scale_name}={target} from "
                + ", ".join(f"{item.path}@{item.value}" for item in inputs),
                f"unaligned allocations {UNALIGNED_RULE}", f"times: {TIME_RULE} (ratio {ratio:.6g})",
-               "the reference run's recorded start layout and decisions are not carried over"],
+               "the reference run's allocator decisions are not carried over"],
     )
     trace = Trace(events=events, meta=meta, labels=list(reference.trace.labels), initial_allocs=initial,
                   frames=reference.trace.frames, stacks=reference.trace.stacks)
