@@ -157,7 +157,10 @@ class ScaleReport:
         rng = self.prediction_range
         if rng is not None:
             live, res = rng["peak_live_bytes"], rng["peak_reserved_bytes"]
-            if rng["determined"]:
+            if rng["determined"] and res["low"] != res["high"]:
+                lines.append("range: every law is determined by the inputs; peak reserved is open by the "
+                             "start-of-window layout (check: below):")
+            elif rng["determined"]:
                 lines.append("range: every law is determined by the inputs: the range is the point")
             else:
                 lines.append(f"range ({self.undetermined} allocations the inputs leave open, every law consistent "
