@@ -139,6 +139,8 @@ class _Replay:
         self.lfb_at_peak = 0
         self.start_state = "allocated"
         self.start_state_note = ""
+        #: Start allocations the loaded layout does not hold (placed anew after it; see ``load_recorded_state``).
+        self.start_outside: set[int] = set()
         self.views = self.samples.views()   # memoryviews of (requested, active, pending, reserved)
 
     def output(self) -> RunOutput:
@@ -188,8 +190,15 @@ class _Replay:
         if load_state is None or not len(trace.initial_segments) or not len(trace.initial_blocks):
             return False
         live_in_blocks = set(trace.initial_blocks["alloc_id"].tolist()) - {-1}
-        if live_in_blocks != set(trace.initial_allocs["alloc_id"].tolist()):
-            return False  # the reconstruction left some start allocations outside the segments
+        init = trace.initial_allocs
+        outside = set(init["alloc_id"].tolist()) - live_in_blocks
+        if live_in_blocks - set(init["alloc_id"].tolist()):
+            return False  # a block names an allocation the trace does not hold
+        if outside and (init["addr"].to_numpy()[init["alloc_id"].isin(list(outside)).to_numpy()] >= 0).any():
+            # The reconstruction left some recorded start allocations outside the segments. (A start
+            # allocation with no address, as a scaled trace has, is placed anew after the layout.)
+            return False
+        self.start_outside = outside
         capacity = policy.device.capacity_bytes
         start_reserved = int(trace.initial_segments["size_bytes"].sum())
         origin = start_layout_origin(trace)
@@ -220,7 +229,7 @@ class _Replay:
         self.start_state = start_layout_origin(self.trace) if loaded else "allocated"
         init = self.trace.initial_allocs.sort_values("alloc_id", kind="stable")
         if loaded:
-            init = init.iloc[:0]
+            init = init[init["alloc_id"].isin(list(self.start_outside))]
         malloc = self.policy.malloc
         for aid, size, stream in zip(init["alloc_id"].tolist(), init["size_bytes"].tolist(),
                                      init["stream"].tolist()):

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from allocsim.scale import load_input, scale_inputs
+from allocsim.scale.evaluate import peaks
 from allocsim.scale.sites import allocation_sites, site_text
 from allocsim.trace import EventKind, read_trace
 from tests.recorder import BASE, S1, Recorder
@@ -182,4 +183,9 @@ def test_the_same_runs_scaled_keep_every_size(shared_dir):
     assert report.laws["constant"] == report.allocations
     assert report.initial["aligned"] == len(first.trace.initial_allocs) > 0
     assert np.array_equal(result.trace.events["size_bytes"].to_numpy(), first.trace.events["size_bytes"].to_numpy())
-    assert len(result.trace.initial_segments) == 0 and len(result.trace.decisions) == 0
+    assert len(result.trace.decisions) == 0
+    # Two inputs whose start segments nest (here: the same) keep the reference's layout, cache and all:
+    # the prediction from one run twice is that run.
+    assert result.trace.meta.version_hints["scale"]["start_layout"] == "cached"
+    assert result.trace.initial_segments["addr"].tolist() == first.trace.initial_segments["addr"].tolist()
+    assert peaks(result.trace) == peaks(first.trace)

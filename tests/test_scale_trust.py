@@ -99,6 +99,29 @@ def test_a_block_that_grew_into_another_size_is_open_with_two_inputs_and_settled
     assert partner.tolist() == [[0, 0], [1, 1]]
 
 
+def test_pairing_many_distinct_sizes_is_near_linear(monkeypatch):
+    # A hostile start-of-window state: 4,000 distinct sizes in one group (odd multiples of 512 at 128,
+    # twice that at 256). Pairing by size class looks at each family a bounded number of times; taking
+    # the best family by rescanning every size each time would look 4,000 times as often.
+    import allocsim.scale.initial as initial
+
+    calls = 0
+    counted = initial._support
+
+    def counting(*args):
+        nonlocal calls
+        calls += 1
+        return counted(*args)
+
+    monkeypatch.setattr(initial, "_support", counting)
+    n = 4000
+    small = [512 * (2 * i + 1) for i in range(n)]
+    ref = _with_initial([2 * s for s in reversed(small)])
+    partner, open_powers = initial_partners(ref, Fraction(256), [(_with_initial(small), Fraction(128))])
+    assert partner[:, 0].tolist() == list(reversed(range(n))) and not open_powers
+    assert calls <= 10 * n
+
+
 # ---------------------------------------------------------------- refusal
 
 
@@ -249,10 +272,16 @@ def test_every_shared_series_as_the_readme_table_says(shared_dir):
     rows = {name: scale_series.series_row(directory, name) for name in scale_series.SERIES}
     for name, row in rows.items():
         assert abs(row["live_error"]) <= 0.0002 and row["live_in_range"], name
-        # Replayed from a fresh start, as the prediction is, the recording is within the range or 0.02%.
-        assert abs(row["reserved_fresh_error"]) <= 0.0002, name
-    misses = {name: round(100 * row["reserved_error"], 2) for name, row in rows.items()
-              if abs(row["reserved_error"]) > 0.05}
-    assert misses == {"cherryni2022 medium": 6.29, "charliesabino 2.7B fp32": -6.86}
+        # Peak reserved within 5% and inside the range on every series.
+        assert abs(row["reserved_error"]) <= 0.05 and row["reserved_in_range"], name
+    errors = {name: round(100 * row["reserved_error"], 2) for name, row in rows.items()}
+    layouts = {name: row["start_layout"] for name, row in rows.items()}
+    # GPT-2 medium's ring-buffer tail starts from the layout a step leaves behind (+6.29% placed anew),
+    # GPT-2 XL's whole-step window from the one its warm-up step left (-0.22% placed anew).
+    assert errors["cherryni2022 medium"] == errors["cherryni2022 small"] == errors["yyin-dev xl b4"] == 0
+    assert layouts["cherryni2022 medium"] == layouts["yyin-dev xl b4"] == "steady"
+    # One process ran the charliesabino sizes in turn (-6.86% without the segments it kept cached).
+    assert layouts["charliesabino 2.7B fp32"] == layouts["charliesabino 2.7B mixed"] == "cached"
+    assert errors["charliesabino 2.7B fp32"] == -2.98 and errors["charliesabino 2.7B mixed"] == -1.28
     assert rows["Hyperion-shuo large"]["undetermined"] == 72
     assert scale_series.mixed_pair(directory).startswith("refused: inputs are not one configuration: autocast in")

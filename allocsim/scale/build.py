@@ -11,9 +11,9 @@ tie) with every size replaced by its fitted law evaluated at the target:
   through the inputs' mean step durations (ratio 1 when that is not positive);
 * start-of-window state -- the reference's initial allocations, paired with the other inputs' by
   what they are (``initial``: stream and site, equal sizes, then size class -- never by position),
-  scaled by the same laws; the real allocator's
-  recorded start layout (segments, blocks) and decisions describe the reference run only and are
-  dropped.
+  scaled by the same laws; their layout (segments, blocks) is predicted by ``start_layout`` (weights
+  where the reference run had them, the rest as the window's steps leave them); the reference run's
+  allocator decisions are dropped.
 """
 
 from __future__ import annotations
@@ -33,14 +33,24 @@ from .initial import initial_partners
 from .consistency import MixedInputs, fit_differences, input_differences
 from .inputs import ScaleInput
 from .laws import LAW_KINDS, SizeLaw, fit_law
-from .ranges import encode_range, layout_effect_bytes, prediction_range
+from .ranges import encode_range, layout_miss_bytes, prediction_range, widen_by_layout
 from .report import InputSummary, ScaleReport
 from .sites import frame_origin
+from .evaluate import peaks
+from .start_layout import as_predicted, one_cache
 from .steps import live_bytes
 
 UNALIGNED_RULE = "kept at the reference input's size (assumed constant)"
 INITIAL_RULE = ("paired by stream and code site, then size class c*v^k (classes every input holds most of first), "
                 "in order, never by position; unpaired ones kept at the reference size")
+LAYOUT_STEADY = ("start allocations that keep their size (weights) where the reference run had them; the rest as "
+                 "one step of the window and the part of the next up to where it opens leave them (the window "
+                 "repeats itself)")
+LAYOUT_CACHED = ("the reference run's recorded start layout, cached segments and all (each input's start segments hold "
+                 "every smaller input's: one process ran them in turn and kept its cache); start allocations that keep "
+                 "their size (weights) in place, the rest placed anew")
+LAYOUT_PLACED = ("start allocations that keep their size (weights) where the reference run had them; the rest placed "
+                 "anew in id order (the window does not repeat itself)")
 TIME_RULE = "reference times scaled by D(target)/D(reference), D = least-squares line through mean step durations"
 
 
@@ -236,20 +246,22 @@ class Scaler:
         self.allow_mixed = allow_mixed
         #: How the inputs differ in more than the scale value (``consistency``); refused unless ``allow_mixed``.
         self.differences = input_differences(self.inputs)
+        #: One process ran the inputs in turn and kept its cache (``start_layout.one_cache``).
+        self.one_cache = one_cache([item.trace for item in sorted(self.inputs, key=lambda item: item.value)])
         if self.differences and not allow_mixed:
             raise MixedInputs(self.differences)
         self._prepared: dict[int, _Prepared] = {}
-        self._layout_effects: dict[str, int] | None = None
+        self._layout_misses: dict[str, tuple[int, int]] | None = None
 
-    def layout_effects(self) -> dict[str, int]:
-        """Per input (``path@value``) with a recorded start layout: ``ranges.layout_effect_bytes`` (computed once)."""
-        if self._layout_effects is None:
-            self._layout_effects = {}
+    def layout_misses(self) -> dict[str, tuple[int, int]]:
+        """Per input (``path@value``) with a recorded start layout: ``ranges.layout_miss_bytes`` (computed once)."""
+        if self._layout_misses is None:
+            self._layout_misses = {}
             for item in self.inputs:
-                effect = layout_effect_bytes(item.trace)
-                if effect is not None:
-                    self._layout_effects[f"{item.path}@{item.value}"] = effect
-        return self._layout_effects
+                miss = layout_miss_bytes(item.trace)
+                if miss is not None:
+                    self._layout_misses[f"{item.path}@{item.value}"] = miss
+        return self._layout_misses
 
     def _prepare(self, ref_index: int) -> _Prepared:
         found = self._prepared.get(ref_index)
@@ -269,7 +281,7 @@ class Scaler:
         if target <= 0:
             raise AllocsimError(f"target value must be > 0, got {target}")
         prepared = self._prepare(pick_reference(self.inputs, target))
-        result = _build(self.inputs, prepared, target, self.scale_name)
+        result = _build(self.inputs, prepared, target, self.scale_name, self.one_cache)
         report = result.report
         n_ref = max(len(prepared.alignment.partner), 1)
         shares = [float((prepared.alignment.partner[:, j] >= 0).sum()) / n_ref for j in range(len(prepared.others))]
@@ -281,14 +293,22 @@ class Scaler:
         report.differences = [d.text for d in differences]
         if with_range:
             rng = result.report.prediction_range = prediction_range(result.trace)
-            rng["start_layout_effect_bytes"] = effects = self.layout_effects()
-            if any(effects.values()):
-                low, high = min(effects.values()), max(effects.values())
+            if self.one_cache:
+                # The same process after the reference, or a fresh one: the range holds both.
+                fresh_process = peaks(as_predicted(result.trace, self.inputs[prepared.ref_index].trace)[0])
+                reserved = rng["peak_reserved_bytes"]
+                reserved["low"] = min(reserved["low"], fresh_process["peak_reserved_bytes"])
+                reserved["high"] = max(reserved["high"], fresh_process["peak_reserved_bytes"])
+            misses = self.layout_misses()
+            rng["start_layout_miss_bytes"] = {name: miss for name, (miss, _) in misses.items()}
+            widen_by_layout(rng, misses)
+            if any(miss for miss, _ in misses.values()):
+                low = min(miss / recorded for miss, recorded in misses.values())
+                high = max(miss / recorded for miss, recorded in misses.values())
                 report.checks.append(
-                    "the inputs' start-of-window layout (recorded, or inferred for Kineto) moves their peak reserved "
-                    f"by {low:+,} .. {high:+,} bytes against the same state placed anew, as the prediction places it (the layout at the target "
-                    "is unknown; cached segments of an earlier run in the same process show here): peak reserved is "
-                    "that much less certain than its range")
+                    f"laid out as the prediction is, the inputs' start-of-window state misses their recorded peak "
+                    f"reserved by {100 * low:+.2f}% .. {100 * high:+.2f}% (segments cached by earlier work in the same "
+                    "process show here): the peak reserved range is widened by as much")
         return result
 
 
@@ -298,7 +318,8 @@ def scale_inputs(inputs: Sequence[ScaleInput], target: Fraction, scale_name: str
     return Scaler(inputs, scale_name, allow_mixed=allow_mixed).at(target)
 
 
-def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, scale_name: str) -> ScaleResult:
+def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, scale_name: str,
+           keep_cached: bool = False) -> ScaleResult:
     ref_index, others, alignment = prepared.ref_index, prepared.others, prepared.alignment
     reference = inputs[ref_index]
     fits = _fit_sizes(prepared.points, scale_name, target)
@@ -325,7 +346,7 @@ def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, 
         initial["block_size_bytes"] = -1
 
     report = _report(inputs, ref_index, others, alignment, fits, init_fits, prepared.init_aligned, ratio, target,
-                     scale_name)
+                     scale_name, LAYOUT_PLACED)
     meta = TraceMeta(
         format="allocsim-scale",
         source=f"{reference.path}@{target} ({scale_name})",
@@ -341,10 +362,17 @@ def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, 
         notes=[f"synthesized by allocsim scale at {scale_name}={target} from "
                + ", ".join(f"{item.path}@{item.value}" for item in inputs),
                f"unaligned allocations {UNALIGNED_RULE}", f"times: {TIME_RULE} (ratio {ratio:.6g})",
-               "the reference run's recorded start layout and decisions are not carried over"],
+               "the reference run's allocator decisions are not carried over"],
     )
     trace = Trace(events=events, meta=meta, labels=list(reference.trace.labels), initial_allocs=initial,
                   frames=reference.trace.frames, stacks=reference.trace.stacks)
+    # Where the start-of-window allocations sit: weights where the reference run had them, the rest
+    # as the window's own steps leave them when it repeats itself (a ring buffer's tail), else anew.
+    trace, steady = as_predicted(trace, reference.trace, keep_cached)
+    layout_rule = LAYOUT_CACHED if keep_cached else LAYOUT_STEADY if steady else LAYOUT_PLACED
+    meta.version_hints["scale"]["start_layout"] = "cached" if keep_cached else "steady" if steady else "placed"
+    report.initial["layout"] = layout_rule
+    meta.notes.append(f"start-of-window layout: {layout_rule}")
     check_schema(trace)
     report.output_events = len(events)
     report.output_peak_live_bytes = int(live_bytes(trace).max()) if len(events) else int(initial["size_bytes"].sum())
@@ -352,7 +380,7 @@ def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, 
 
 
 def _report(inputs, ref_index, others, alignment: Alignment, fits: _Fits, init_fits: _Fits | None,
-            init_aligned: int, ratio: float, target: Fraction, scale_name: str) -> ScaleReport:
+            init_aligned: int, ratio: float, target: Fraction, scale_name: str, layout_rule: str) -> ScaleReport:
     reference = inputs[ref_index]
     found = alignment.matched_counts()
     ref_sizes = reference.size_bytes.astype(np.int64)
@@ -390,7 +418,7 @@ def _report(inputs, ref_index, others, alignment: Alignment, fits: _Fits, init_f
         assumed={term: int(assumed.get(term, 0)) for term in ("b", "c")},
         rounded=fits.rounded, clamped=fits.clamped, per_input=per_input,
         initial={"allocations": len(init_fits.sizes) if init_fits else 0, "aligned": init_aligned,
-                 "rule": INITIAL_RULE},
+                 "rule": INITIAL_RULE, "layout": layout_rule},
         time_rule=TIME_RULE, time_ratio=ratio, unaligned_rule=UNALIGNED_RULE,
         output_events=0, output_peak_live_bytes=0, notes=notes,
         extrapolation=float(target / max(item.value for item in inputs)),

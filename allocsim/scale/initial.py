@@ -20,7 +20,8 @@ what they are, never by position:
 
 from __future__ import annotations
 
-from collections import defaultdict
+import heapq
+from collections import defaultdict, deque
 from fractions import Fraction
 
 import numpy as np
@@ -70,13 +71,13 @@ def initial_partners(reference: Trace, ref_value: Fraction,
         # What every input does not hold, input by input: each starts from the same reference rows.
         left = free[0]
         for j in range(len(others)):
-            free[0] = {size: list(rows) for size, rows in left.items()}
+            free[0] = {size: deque(rows) for size, rows in left.items()}
             _pair_families(free, values, [j], partner, open_powers)
             _pair_in_order(free, j, partner)
     return partner, open_powers
 
 
-def _pair_in_order(free: list[dict[int, list[int]]], j: int, partner: np.ndarray) -> None:
+def _pair_in_order(free: list[dict[int, deque[int]]], j: int, partner: np.ndarray) -> None:
     """What no size class paired, paired in listing order -- only when both sides have as many left."""
     mine = sorted(row for rows in free[0].values() for row in rows)
     theirs = sorted(row for rows in free[1 + j].values() for row in rows)
@@ -85,65 +86,81 @@ def _pair_in_order(free: list[dict[int, list[int]]], j: int, partner: np.ndarray
             partner[a, j] = b
 
 
-def _rows_by_size(rows: list[int], sizes: np.ndarray) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = defaultdict(list)
+def _rows_by_size(rows: list[int], sizes: np.ndarray) -> dict[int, deque[int]]:
+    out: dict[int, deque[int]] = defaultdict(deque)
     for row in rows:
         out[int(sizes[row])].append(row)
     return out
 
 
-def _pair_families(free: list[dict[int, list[int]]], values: list[Fraction], among: list[int],
+def _support(free: list[dict[int, deque[int]]], among: list[int], size: int, wanted: list[int]) -> int:
+    """How many reference rows of ``size`` the family could pair now: the fewest rows any input holds for it."""
+    return min([len(free[0].get(size, ()))] + [len(free[1 + j].get(w, ())) for j, w in zip(among, wanted)])
+
+
+def _pair_families(free: list[dict[int, deque[int]]], values: list[Fraction], among: list[int],
                    partner: np.ndarray, open_powers: dict[int, tuple[int, ...]]) -> None:
     """Pair the reference's free rows (``free[0]``) with those of the inputs ``among`` (``free[1 + j]``).
 
     A *family* is a reference size and a power k: the sizes ``s * (v/v_ref)**k`` expected in each
     input. Families are taken greedily by how many rows every input in ``among`` holds for them
-    (constants first on a tie), so a size that matches by coincidence (a block that grew into
-    another's size) does not take the rows of the family that really holds them. Where another
-    power of the same size has as much support, the counts cannot tell them apart: the rows taken
-    get both powers in ``open_powers``.
+    (constants first on a tie, then the reference's first listed size), so a size that matches by
+    coincidence (a block that grew into another's size) does not take the rows of the family that
+    really holds them. Where another power of the same size has as much support, the counts cannot
+    tell them apart: the rows taken get both powers in ``open_powers``.
+
+    Near-linear in the number of families (at most three per reference size): supports only fall
+    as rows are taken, so a heap keyed by the support last seen is corrected lazily when its top
+    turns out stale. A take makes stale only the families that share its reference size or one of
+    its wanted sizes (at most three per input each), so the heap sees O(families * inputs) pushes.
     """
     ref_value = values[0]
+    wanted_of: dict[tuple[int, int], list[int]] = {}
+    order: dict[int, int] = {}
+    for index, (size, rows) in enumerate(free[0].items()):
+        order[size] = index
+        if not rows:
+            continue
+        for k in (0, *GROWING_POWERS):
+            wanted = []
+            for j in among:
+                exact = Fraction(size) * (values[1 + j] / ref_value) ** k
+                if exact.denominator != 1:
+                    break
+                wanted.append(int(exact))
+            else:
+                wanted_of[(size, k)] = wanted
+    heap = [(-support, order[size], k) for (size, k), wanted in wanted_of.items()
+            if (support := _support(free, among, size, wanted))]
+    heapq.heapify(heap)
+    sizes_by_order = list(free[0])
     # Sizes of the other inputs that a tie left to either of two families: whoever takes them later
     # could as well have been the other family.
     contested: list[set[int]] = [set() for _ in among]
-    while True:
-        best = None
-        support_of: dict[tuple[int, int], int] = {}
-        wanted_of: dict[tuple[int, int], list[int]] = {}
-        for size, rows in free[0].items():
-            if not rows:
-                continue
-            for k in (0, *GROWING_POWERS):
-                wanted = []
-                for j in among:
-                    exact = Fraction(size) * (values[1 + j] / ref_value) ** k
-                    if exact.denominator != 1:
-                        break
-                    wanted.append(int(exact))
-                else:
-                    support = min([len(rows)] + [len(free[1 + j].get(w, ())) for j, w in zip(among, wanted)])
-                    support_of[(size, k)] = support
-                    wanted_of[(size, k)] = wanted
-                    if support and (best is None or support > best[0]):
-                        best = (support, size, wanted)
-        if best is None:
-            return
-        support, size, wanted = best
-        ties = tuple(k for k in (0, *GROWING_POWERS) if support_of.get((size, k), 0) >= support)
+    while heap:
+        stale_support, index, k = heapq.heappop(heap)
+        size = sizes_by_order[index]
+        wanted = wanted_of[(size, k)]
+        support = _support(free, among, size, wanted)
+        if support != -stale_support:
+            if support:
+                heapq.heappush(heap, (-support, index, k))
+            continue
+        ties = tuple(t for t in (0, *GROWING_POWERS)
+                     if (size, t) in wanted_of and _support(free, among, size, wanted_of[(size, t)]) >= support)
         if len(ties) > 1:
-            for k in ties:
-                for i, w in enumerate(wanted_of[(size, k)]):
+            for t in ties:
+                for i, w in enumerate(wanted_of[(size, t)]):
                     contested[i].add(w)
         elif any(w in contested[i] for i, w in enumerate(wanted)):
-            ties = tuple(k for k in (0, *GROWING_POWERS) if (size, k) in wanted_of and all(
-                w in contested[i] for i, w in enumerate(wanted_of[(size, k)])))
+            ties = tuple(t for t in (0, *GROWING_POWERS) if (size, t) in wanted_of and all(
+                w in contested[i] for i, w in enumerate(wanted_of[(size, t)])))
         for _ in range(support):
-            row = free[0][size].pop(0)
+            row = free[0][size].popleft()
             if len(ties) > 1:
                 open_powers[row] = tuple(sorted(set(open_powers.get(row, ())) | set(ties)))
             for j, w in zip(among, wanted):
-                partner[row, j] = free[1 + j][w].pop(0)
+                partner[row, j] = free[1 + j][w].popleft()
 
 
 def _groups(trace: Trace) -> dict[tuple[int, str], list[int]]:

@@ -10,6 +10,7 @@ is replayed at both ends (``prediction_range``). ``allocsim run`` and ``--find-m
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -64,8 +65,15 @@ def with_sizes(trace: Trace, ids: np.ndarray, sizes: np.ndarray) -> Trace:
         lookup = dict(zip(ids.tolist(), sizes.tolist()))
         initial["size_bytes"] = [lookup.get(int(i), int(s)) for i, s in
                                  zip(initial["alloc_id"].tolist(), initial["size_bytes"].tolist())]
-    return Trace(events=events, meta=trace.meta, labels=list(trace.labels), initial_allocs=initial,
-                 frames=trace.frames, stacks=trace.stacks)
+    resized = Trace(events=events, meta=trace.meta, labels=list(trace.labels), initial_allocs=initial,
+                    frames=trace.frames, stacks=trace.stacks)
+    if not len(trace.initial_segments):
+        return resized
+    # The start layout was laid out for the old sizes: lay it out again for these (``start_layout``).
+    from .start_layout import as_predicted
+
+    cached = ((trace.meta.version_hints or {}).get("scale") or {}).get("start_layout") == "cached"
+    return as_predicted(resized, trace, cached)[0]
 
 
 def end_traces(trace: Trace) -> tuple[Trace, Trace] | None:
@@ -139,14 +147,34 @@ def fresh_start(trace: Trace) -> Trace:
                  frames=trace.frames, stacks=trace.stacks)
 
 
-def layout_effect_bytes(trace: Trace, policy: str = "pytorch") -> int | None:
-    """Peak reserved with the recorded start-of-window layout minus placed anew (None: no layout recorded).
+def layout_miss_bytes(trace: Trace, policy: str = "pytorch") -> tuple[int, int] | None:
+    """``(laid out as predicted - recorded, recorded)`` peak reserved of one input (None: no layout recorded).
 
-    A prediction places its start-of-window state anew (the layout at the target is unknown); what the
-    recorded layout changes in each input says how much that can move peak reserved.
+    A prediction lays its start-of-window state out by a rule (``start_layout.as_predicted``); laid
+    out by the same rule, each input shows how far that rule is from the layout its run really had
+    (segments cached by earlier work in the same process show here).
     """
     from .evaluate import peaks
+    from .start_layout import as_predicted
 
     if not len(trace.initial_segments) or not len(trace.initial_allocs):
         return None
-    return peaks(trace, policy)["peak_reserved_bytes"] - peaks(fresh_start(trace), policy)["peak_reserved_bytes"]
+    recorded = peaks(trace, policy)["peak_reserved_bytes"]
+    return peaks(as_predicted(trace)[0], policy)["peak_reserved_bytes"] - recorded, recorded
+
+
+def widen_by_layout(rng: dict[str, Any], misses: dict[str, tuple[int, int]]) -> None:
+    """Widen ``rng["peak_reserved_bytes"]`` by the inputs' layout misses, as ratios of their recorded peak.
+
+    An input whose rule-laid-out peak is ``m`` and recorded peak ``r`` says the truth can be ``r/m``
+    times the rule's: the low end is divided by the largest such excess, the high end by the
+    largest shortfall. With no miss in any input the range is unchanged. ``determined`` keeps saying
+    whether the inputs determine every size law.
+    """
+    ratios = [Fraction(r, r + miss) for miss, r in misses.values() if r + miss > 0]
+    if not ratios:
+        return
+    reserved = rng["peak_reserved_bytes"]
+    reserved["low"] = min(reserved["low"], int(reserved["low"] * min(ratios)))
+    high = reserved["high"] * max(ratios)
+    reserved["high"] = max(reserved["high"], int(high) + (high.denominator != 1))
