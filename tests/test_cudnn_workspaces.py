@@ -114,3 +114,18 @@ def test_rescaling_a_capture_sets_every_workspace_to_the_new_ratio(captured):
     assert _workspace_events(none) == [] and len(none.events) == len(trace.events) - 6
     kept = trace.events[trace.events["kind"] == EventKind.ALLOC]["size_bytes"].sum() - OUT_BYTES
     assert none.events[none.events["kind"] == EventKind.ALLOC]["size_bytes"].sum() == kept
+
+
+def test_cli_capture_refuses_a_bad_ratio_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), ALLOCSIM_CUDNN_WORKSPACE_RATIO="-1")
+    done = subprocess.run([sys.executable, "-m", "allocsim", "capture", "-o", str(tmp_path / "s.parquet"), "--",
+                           sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "allocsim capture: error: ALLOCSIM_CUDNN_WORKSPACE_RATIO must be a number in [0, 1e6], got '-1'"]

@@ -96,12 +96,15 @@ def main(args: argparse.Namespace) -> int:
             summary = None
     if lines:
         sys.stderr.write("\n".join(lines) + "\n")
+    if done.returncode == 2 and lines and lines[-1].startswith("allocsim capture: error:"):
+        return 2                       # the child said why (a bad ALLOCSIM_CUDNN_WORKSPACE_RATIO)
     if summary is None or done.returncode not in (0, EXIT_SCRIPT_FAILED):
         print(f"allocsim capture: error: the capture of {' '.join(command)!r} wrote no trace "
               f"(exit {done.returncode}); is torch installed for {command[0]!r}?", file=sys.stderr)
         return 2
     print(f"capture: {summary['trace']}: {summary['allocs']:,} allocations, {summary['frees']:,} frees, "
-          f"{summary['optimizer_steps']} optimizer steps, peak allocated "
+          f"{summary['optimizer_steps']} optimizer steps, {summary.get('cudnn_workspaces', 0):,} of the "
+          f"allocations cuDNN workspaces, peak allocated "
           f"{format_bytes(summary['peak_allocated_bytes'])} ({seconds:.1f} s)")
     if done.returncode == EXIT_SCRIPT_FAILED:
         print(f"capture: the trace stops where {summary['status'][4:]}", file=sys.stderr)

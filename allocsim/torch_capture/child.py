@@ -41,6 +41,13 @@ def main(args: list[str]) -> int:
         print("usage: python -m allocsim.torch_capture.child OUT STEPS -- SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     out_path, steps, script = args[0], int(args[1]), args[3:]
+    from .cudnn import workspace_ratio  # noqa: PLC0415
+
+    try:
+        workspace_ratio()              # refused before torch is imported or the script runs
+    except ValueError as exc:
+        print(f"allocsim capture: error: {exc}", file=sys.stderr)
+        return 2
 
     import torch  # noqa: PLC0415
     from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: PLC0415
@@ -56,11 +63,7 @@ def main(args: list[str]) -> int:
     name = " ".join(script)
     builder = TraceBuilder(out_path, FORMAT)
     frames = FrameTable(out_path)
-    try:
-        tracker = StorageTracker(builder, frames)
-    except ValueError as exc:          # a bad ALLOCSIM_CUDNN_WORKSPACE_RATIO
-        print(f"allocsim capture: error: {exc}", file=sys.stderr)
-        return 2
+    tracker = StorageTracker(builder, frames)
     done = {"steps": 0}
 
     def after_step(optimizer, _args, _kwargs):
