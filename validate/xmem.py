@@ -33,7 +33,7 @@ CALIBRATION_PATH = os.path.join(HERE, "xmem_calibration.json")
 TRAIN_SCRIPT = os.path.join(HERE, "xmem_train.py")
 FALSE_FIT_MARGIN = 0.05
 #: Workspace ratios --calibrate tries (0: no cuDNN workspaces).
-RATIOS = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
+RATIOS = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0)
 
 
 def load_rows(which: str) -> list[dict[str, Any]]:
@@ -205,5 +205,6 @@ def format_table(results: list[dict[str, Any]]) -> str:
     s = summarize(results)
     lines.append(f"\nmedian error: allocsim {s['allocsim_median_error']:.1%}, xMem {s['xmem_median_error']:.1%}; "
                  f"false fits (predicted <= ground - 5%): allocsim {s['allocsim_false_fits']:.0%}, "
-                 f"xMem {s['xmem_false_fits']:.0%} ({s['rows']} rows)")
+                 f"xMem {s['xmem_false_fits']:.0%} ({s['rows']} rows); cuDNN workspace ratio "
+                 f"{results[0].get('cudnn_workspace_ratio', 0) if results else 0:g}")
     return "\n".join(lines)
