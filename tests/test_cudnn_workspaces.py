@@ -109,6 +109,10 @@ def test_rescaling_a_capture_sets_every_workspace_to_the_new_ratio(captured):
     trace = captured
     doubled = rescale_workspaces(trace, 2.0)
     assert [size for _i, _a, size, _p in _workspace_events(doubled)] == [2 * OUT_BYTES, 2 * OUT_BYTES]
+    events = doubled.events
+    for i, alloc_id, _size, _p in _workspace_events(doubled):     # the frees carry the new size too
+        rows = events[(events["alloc_id"] == alloc_id) & (events["kind"] != EventKind.MARKER)]
+        assert len(rows) == 3 and set(rows["size_bytes"]) == {2 * OUT_BYTES}
     none = rescale_workspaces(trace, 0.0)
     # two requests, each with its free requested and completed
     assert _workspace_events(none) == [] and len(none.events) == len(trace.events) - 6

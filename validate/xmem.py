@@ -83,9 +83,13 @@ def rescale_workspaces(trace: Any, ratio: float) -> Any:
             _phase, x, w, y, groups, dtype_bytes = parsed
             new_size[int(sid)] = cudnn.workspace_bytes(x, w, y, groups, dtype_bytes, ratio)
     is_ws = (kind == EventKind.ALLOC) & np.isin(stack, list(new_size))
-    for i in np.flatnonzero(is_ws):
-        sizes[i] = new_size[int(stack[i])]
-    dropped = set(events["alloc_id"].to_numpy()[is_ws & (sizes <= 0)].tolist())
+    alloc_ids = events["alloc_id"].to_numpy()
+    resized = {int(alloc_ids[i]): new_size[int(stack[i])] for i in np.flatnonzero(is_ws)}
+    # The frees of a workspace carry its size too: every row of the allocation gets the new one.
+    rows = np.flatnonzero(np.isin(alloc_ids, list(resized)) & (kind != EventKind.MARKER))
+    for i in rows:
+        sizes[i] = resized[int(alloc_ids[i])]
+    dropped = {a for a, size in resized.items() if size <= 0}
     events = events.assign(size_bytes=sizes)
     if dropped:
         events = events[~events["alloc_id"].isin(dropped) | (events["kind"] == EventKind.MARKER)]
