@@ -31,8 +31,8 @@ def register(subparsers) -> None:
                     "--steps 4 -- python train.py --batch 64",
         epilog="cuDNN's convolution workspaces are requests in the trace, sized by a model calibrated on an RTX "
                "3060 (allocsim.torch_capture.cudnn); ALLOCSIM_CUDNN_WORKSPACE_RATIO=R sets another ratio of the "
-               "feature map (0: none).\n"
-               "exit status: 0 = trace written, 2 = usage error, 3 = the script raised (the trace up to the "
+               "feature map (0: none). "
+               "Exit status: 0 = trace written, 2 = usage error, 3 = the script raised (the trace up to the "
                "error is written)")
     parser.add_argument("-o", "--output", metavar="TRACE",
                         help="trace to write (default: SCRIPT's name with .capture.parquet, in the current folder)")
