@@ -120,7 +120,7 @@ def replay(path: str, gpu: str) -> tuple[dict[str, Any], float]:
 
 def evaluate(rows: list[dict[str, Any]], work: str, gpu: str, jobs: int,
              ratio: float | None = None) -> list[dict[str, Any]]:
-    """Capture and replay every row (``jobs`` captures at a time) at workspace ``ratio`` (default: the calibrated one)."""
+    """Capture and replay every row (``jobs`` captures at a time) at workspace ``ratio`` (default: calibrated)."""
     from allocsim.torch_capture import cudnn   # noqa: PLC0415
 
     os.makedirs(work, exist_ok=True)
@@ -185,7 +185,8 @@ def calibrate(rows: list[dict[str, Any]], work: str, gpu: str, jobs: int) -> dic
     fitted, library, gaps = library_fit(best["results"])
     return {"cudnn_workspace_ratio": best["ratio"], "fitted_bytes": fitted, "library_bytes": library,
             "about": "fitted on xMem 001-Anova rows (RTX 3060) only: the cuDNN workspace ratio of RATIOS with the "
-                     "least mean absolute error (allocsim.torch_capture.cudnn.WORKSPACE_RATIO_CALIBRATED holds it), then "
+                     "least mean absolute error (allocsim.torch_capture.cudnn.WORKSPACE_RATIO_CALIBRATED holds it), "
+                     "then "
                      "the median of ground - allocsim reserved peak - cuBLAS workspaces (fitted_bytes), floored at "
                      "0 (library_bytes; allocsim.gpus.LIBRARY_BYTES_CALIBRATED holds it)",
             "trials": [{"ratio": t["ratio"], "library_bytes": t["library_bytes"],

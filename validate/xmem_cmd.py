@@ -40,9 +40,9 @@ def main(args: argparse.Namespace) -> int:
               f"{fitted['library_bytes']} (written to {xmem.CALIBRATION_PATH}; put them in "
               "allocsim.torch_capture.cudnn and allocsim.gpus)")
         for trial in fitted["trials"]:
-            print(f"  ratio {trial['ratio']:g}: mean error {trial['mean_error']:.1%}, median {trial['median_error']:.1%}, "
-                  f"library_bytes "
-                  f"{trial['library_bytes']}, errors {', '.join(f'{e:.1%}' for e in trial['errors'])}")
+            print(f"  ratio {trial['ratio']:g}: mean error {trial['mean_error']:.1%}, median "
+                  f"{trial['median_error']:.1%}, library_bytes {trial['library_bytes']}, errors "
+                  + ", ".join(f"{e:.1%}" for e in trial["errors"]))
         return 0
     results = xmem.evaluate(rows, args.work, "RTX 3060", args.jobs, args.workspace_ratio)
     if args.json:
