@@ -63,15 +63,17 @@ def workspaces(path: str) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> dict:
-    """Calls, calls with a workspace and the median ratio, per (phase, 1x1 or larger kernel)."""
+    """Calls, calls with a workspace, their bytes and the median ratio, per (phase, 1x1 or larger kernel)."""
     groups: dict[str, list[float]] = defaultdict(list)
+    total_bytes: dict[str, int] = defaultdict(int)
     for r in rows:
         if r["kernel_area"] is None:
             kind = "any kernel"      # the profiler gives backward-filter calls no weight shape
         else:
             kind = "1x1" if r["kernel_area"] == 1 else "larger than 1x1"
         groups[f"{r['phase']}, {kind}"].append(r["workspace_bytes"] / r["feature_map_bytes"])
-    return {k: {"calls": len(v), "with_workspace": sum(x > 0 for x in v),
+        total_bytes[f"{r['phase']}, {kind}"] += r["workspace_bytes"]
+    return {k: {"calls": len(v), "with_workspace": sum(x > 0 for x in v), "workspace_bytes": total_bytes[k],
                 "median_ratio": round(statistics.median(v), 3), "max_ratio": round(max(v), 3)}
             for k, v in sorted(groups.items())}
 
