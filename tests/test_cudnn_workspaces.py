@@ -133,3 +133,15 @@ def test_cli_capture_refuses_a_bad_ratio_in_one_line(tmp_path):
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [
         "allocsim capture: error: ALLOCSIM_CUDNN_WORKSPACE_RATIO must be a number in [0, 1e6], got '-1'"]
+
+
+def test_the_real_gpu_step_shows_the_models_shape(shared_dir):
+    """The Kineto ResNet-50 step (a V100): 1x1 forward calls take next to no workspace, larger kernels one each."""
+    from validate.cudnn_evidence import summary, workspaces
+
+    path = shared_dir / "traces" / "kineto-gpu" / "pytorch_kineto_resnet50_nw0_1623143566756.json.gz"
+    found = summary(workspaces(str(path)))
+    larger, one_by_one = found["forward, larger than 1x1"], found["forward, 1x1"]
+    assert larger["calls"] == larger["with_workspace"] == 17 and larger["median_ratio"] > 1
+    assert one_by_one["calls"] == 36 and one_by_one["max_ratio"] < 0.01
+    assert sum(g["with_workspace"] for g in found.values()) == 74
