@@ -65,8 +65,9 @@ class StorageTracker(TorchDispatchMode):
         self.n_allocs = 0
         self.n_frees = 0
         self.workspace_ratio = cudnn.workspace_ratio()
-        #: Bytes a convolution workspace may take: the GPU's memory (a larger one does not fit, and
-        #: PyTorch falls back to an engine that needs none).
+        #: Bytes a convolution workspace may take beside the live tensors: a larger one does not fit
+        #: and PyTorch falls back to an engine that needs none. The capture does not know the target
+        #: GPU, so this is the largest memory of a common training card (80 GiB).
         self.workspace_limit_bytes = 80 << 30
         self.n_workspaces = 0
 
@@ -140,9 +141,10 @@ class StorageTracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         with self._lock:
             if self.active:
-                if func is _CONV and _on_capture_device(args[0]):
+                # Positional arguments only (how autograd calls them); anything else is recorded plainly.
+                if func is _CONV and len(args) == 9 and not kwargs and _on_capture_device(args[0]):
                     self._record_convolution(args, out)
-                elif func is _CONV_BACKWARD and _on_capture_device(args[0]):
+                elif func is _CONV_BACKWARD and len(args) == 11 and not kwargs and _on_capture_device(args[0]):
                     self._record_convolution_backward(args, out)
                 else:
                     self._record_outputs(func, out)
