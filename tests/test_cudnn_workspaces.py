@@ -108,6 +108,8 @@ def test_rescaling_a_capture_sets_every_workspace_to_the_new_ratio(captured):
 
     trace = captured
     doubled = rescale_workspaces(trace, 2.0)
+    assert doubled.meta.version_hints["cudnn_workspace_ratio"] == 2.0
+    assert trace.meta.version_hints["cudnn_workspace_ratio"] == 0.5          # the capture is left as it was
     assert [size for _i, _a, size, _p in _workspace_events(doubled)] == [2 * OUT_BYTES, 2 * OUT_BYTES]
     events = doubled.events
     for i, alloc_id, _size, _p in _workspace_events(doubled):     # the frees carry the new size too

@@ -94,7 +94,9 @@ def rescale_workspaces(trace: Any, ratio: float) -> Any:
     if dropped:
         events = events[~events["alloc_id"].isin(dropped) | (events["kind"] == EventKind.MARKER)]
     # A capture has no recorded decisions or totals that point at event indices, so rows can go.
-    return dataclasses.replace(trace, events=events.reset_index(drop=True))
+    meta = dataclasses.replace(trace.meta, version_hints={**trace.meta.version_hints, "cudnn_workspace_ratio": ratio},
+                               notes=[*trace.meta.notes, f"cuDNN workspaces rescaled to ratio {ratio:g}"])
+    return dataclasses.replace(trace, events=events.reset_index(drop=True), meta=meta)
 
 
 def rescaled_path(path: str, ratio: float) -> str:
