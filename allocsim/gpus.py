@@ -4,8 +4,9 @@ A GPU's memory during a PyTorch training run is
 
 * the CUDA context (``context_bytes``): the driver's per-process state, there before the first tensor;
 * what the libraries load and keep once the first kernels run (``library_bytes``): lazily loaded
-  kernel modules, cuDNN and cuBLAS handles, and the convolution workspaces cuDNN asks for, which a
-  run on the CPU cannot see;
+  kernel modules, cuDNN and cuBLAS handles, which a run on the CPU cannot see (cuDNN's convolution
+  workspaces go through the caching allocator: ``allocsim capture`` puts them in the trace, see
+  ``allocsim.torch_capture.cudnn``, so they are in the simulated segments);
 * cuBLAS workspaces (``workspace_bytes``): PyTorch gives each (cuBLAS handle, stream) its own
   workspace from the caching allocator, and a training step uses two handles (the forward runs in
   the script's thread, the backward in the autograd engine's device thread);

@@ -86,6 +86,12 @@ def test_gpus_lists_every_model_with_sources():
 def test_library_bytes_is_what_the_anova_calibration_wrote():
     calibration = json.loads(Path(xmem.CALIBRATION_PATH).read_text())
     assert LIBRARY_BYTES_CALIBRATED == calibration["library_bytes"] == max(0, calibration["fitted_bytes"])
+    from allocsim.torch_capture import cudnn
+
+    assert cudnn.WORKSPACE_RATIO_CALIBRATED == calibration["cudnn_workspace_ratio"]
+    best = min(calibration["trials"], key=lambda t: (round(t["mean_error"], 3), t["ratio"]))
+    assert best["ratio"] == calibration["cudnn_workspace_ratio"]
+    assert [t["ratio"] for t in calibration["trials"]] == list(xmem.RATIOS)
     calibrated = {row["folder"] for row in calibration["rows"]}
     assert calibrated == {r["folder"] for r in xmem.load_rows("calibrate")}
     assert all(folder.startswith("001-Anova/") for folder in calibrated)

@@ -137,3 +137,26 @@ def test_cli_find_max_usage_errors_exit_2(specs, extra, message, capsys):
     assert main(["scale", *specs, *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_cli_find_max_on_a_gpu_uses_what_run_gpu_leaves_the_allocator(specs, capsys):
+    from allocsim.gpus import allocator_capacity, find_gpu
+
+    capacity = allocator_capacity(find_gpu("T4"))
+    assert main(["scale", *specs, "--name", "seq", "--gpu", "T4", "--find-max", "--no-advise", "--json"]) == 0
+    on_gpu = json.loads(capsys.readouterr().out)["find_max"]
+    assert main(["scale", *specs, "--name", "seq", "--capacity", str(capacity), "--find-max", "--no-advise",
+                 "--json"]) == 0
+    given = json.loads(capsys.readouterr().out)["find_max"]
+    assert on_gpu["recorded"]["value"] == given["recorded"]["value"] > 0
+    assert on_gpu["capacity_bytes"] == given["capacity_bytes"] == capacity
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--find-max", "--gpu", "T4", "--capacity", "1GiB"], "give --gpu or --capacity, not both"),
+    (["--find-max", "--gpu", "GTX 9999"], "unknown GPU 'GTX 9999'"),
+])
+def test_cli_gpu_usage_errors_exit_2(specs, extra, message, capsys):
+    assert main(["scale", *specs, *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -29,7 +29,10 @@ def register(subparsers) -> None:
                     "meta device: no compute, exact tensor sizes, the CUDA code path) and write the trace of "
                     "the allocations its CUDA run would make. Example: allocsim capture -o run.parquet "
                     "--steps 4 -- python train.py --batch 64",
-        epilog="exit status: 0 = trace written, 2 = usage error, 3 = the script raised (the trace up to the "
+        epilog="cuDNN's convolution workspaces are requests in the trace, sized by a model calibrated on an RTX "
+               "3060 (allocsim.torch_capture.cudnn); ALLOCSIM_CUDNN_WORKSPACE_RATIO=R sets another ratio of the "
+               "feature map (0: none). "
+               "Exit status: 0 = trace written, 2 = usage error, 3 = the script raised (the trace up to the "
                "error is written)")
     parser.add_argument("-o", "--output", metavar="TRACE",
                         help="trace to write (default: SCRIPT's name with .capture.parquet, in the current folder)")
@@ -96,12 +99,15 @@ def main(args: argparse.Namespace) -> int:
             summary = None
     if lines:
         sys.stderr.write("\n".join(lines) + "\n")
+    if done.returncode == 2 and lines and lines[-1].startswith("allocsim capture: error:"):
+        return 2                       # the child said why (a bad ALLOCSIM_CUDNN_WORKSPACE_RATIO)
     if summary is None or done.returncode not in (0, EXIT_SCRIPT_FAILED):
         print(f"allocsim capture: error: the capture of {' '.join(command)!r} wrote no trace "
               f"(exit {done.returncode}); is torch installed for {command[0]!r}?", file=sys.stderr)
         return 2
     print(f"capture: {summary['trace']}: {summary['allocs']:,} allocations, {summary['frees']:,} frees, "
-          f"{summary['optimizer_steps']} optimizer steps, peak allocated "
+          f"{summary['optimizer_steps']} optimizer steps, {summary.get('cudnn_workspaces', 0):,} of the "
+          f"allocations cuDNN workspaces, peak allocated "
           f"{format_bytes(summary['peak_allocated_bytes'])} ({seconds:.1f} s)")
     if done.returncode == EXIT_SCRIPT_FAILED:
         print(f"capture: the trace stops where {summary['status'][4:]}", file=sys.stderr)

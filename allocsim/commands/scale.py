@@ -83,6 +83,9 @@ def register(subparsers) -> None:
     add_read_args(parser)
     search = parser.add_argument_group("finding the largest value that fits")
     search.add_argument("--capacity", metavar="SIZE", help="device memory for --find-max, e.g. 80GiB")
+    search.add_argument("--gpu", metavar="NAME",
+                        help="instead of --capacity: the GPU (see `allocsim gpus`); its memory less the CUDA "
+                             "context, libraries and cuBLAS workspaces is the capacity, as for run --gpu")
     search.add_argument("--find-max", action="store_true",
                         help="search the largest value that fits --capacity (whole multiples of --multiple-of)")
     search.add_argument("--multiple-of", type=int, default=1, metavar="N",
@@ -100,9 +103,15 @@ def register(subparsers) -> None:
 
 
 def _check_args(args: argparse.Namespace) -> None:
+    if args.gpu is not None and args.capacity is not None:
+        raise ValueError("give --gpu or --capacity, not both")
+    if args.gpu is not None:
+        from ..gpus import find_gpu
+
+        find_gpu(args.gpu)        # an unknown name is refused before any trace is read
     if args.find_max:
-        if args.capacity is None:
-            raise ValueError("--find-max needs --capacity SIZE")
+        if args.capacity is None and args.gpu is None:
+            raise ValueError("--find-max needs --capacity SIZE (or --gpu NAME)")
         if args.target is not None:
             raise ValueError("give either --to VALUE or --find-max, not both")
     else:
@@ -133,7 +142,9 @@ def main(args: argparse.Namespace) -> int:
         print_json({"output": args.output, **result.report.to_dict()})
     else:
         print(result.report.format_text())
-        print(f"\nwrote {args.output}; next: allocsim run {args.output} --policy pytorch --capacity 80GiB")
+        where = ["--gpu", args.gpu] if args.gpu else ["--capacity", args.capacity or "80GiB"]
+        print(f"\nwrote {args.output}; next: "
+              + " ".join(shlex.quote(a) for a in ["allocsim", "run", args.output, "--policy", "pytorch", *where]))
     return 0
 
 
@@ -141,7 +152,14 @@ def _find_max(args: argparse.Namespace, scaler) -> int:
     from ..scale.findmax import find_max
     from ..sweep.executors import make_executor
 
-    capacity = parse_bytes(args.capacity)
+    if args.gpu is not None:
+        from ..gpus import allocator_capacity, find_gpu
+
+        capacity = allocator_capacity(find_gpu(args.gpu))
+        where = ["--gpu", find_gpu(args.gpu).name]
+    else:
+        capacity = parse_bytes(args.capacity)
+        where = ["--capacity", args.capacity]
     executor = None if args.no_advise else make_executor(workers=args.workers)
     log = (lambda m: print(f"allocsim scale: {m}", file=sys.stderr)) if sys.stderr.isatty() else (lambda m: None)
     with executor if executor is not None else contextlib.nullcontext():   # one pool for every advise probe
@@ -160,7 +178,7 @@ def _find_max(args: argparse.Namespace, scaler) -> int:
             print()
         print(found.format_text())
         if result is not None and args.output:
-            command = ["allocsim", "run", args.output, *best.at_value.run_args, "--capacity", args.capacity]
+            command = ["allocsim", "run", args.output, *best.at_value.run_args, *where]
             print(f"\nwrote {args.output} ({found.scale_name} {best.value}); replay it: "
                   + " ".join(shlex.quote(a) for a in command))
     if best.value is None:

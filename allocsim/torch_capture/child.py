@@ -41,6 +41,13 @@ def main(args: list[str]) -> int:
         print("usage: python -m allocsim.torch_capture.child OUT STEPS -- SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     out_path, steps, script = args[0], int(args[1]), args[3:]
+    from .cudnn import workspace_ratio  # noqa: PLC0415
+
+    try:
+        workspace_ratio()              # refused before torch is imported or the script runs
+    except ValueError as exc:
+        print(f"allocsim capture: error: {exc}", file=sys.stderr)
+        return 2
 
     import torch  # noqa: PLC0415
     from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: PLC0415
@@ -86,10 +93,13 @@ def main(args: list[str]) -> int:
     meta = builder.meta
     meta.source = os.path.basename(script[1] if script[0] == "-m" else script[0])
     meta.version_hints.update({"torch": torch.__version__, "capture": "cuda on meta",
-                               "optimizer_steps": done["steps"]})
+                               "optimizer_steps": done["steps"],
+                               "cudnn_workspace_ratio": tracker.workspace_ratio})
     meta.notes.append(f"allocsim capture of `{name}`: cuda mapped to the meta device; requests are the "
-                      "storages ATen operators create, frees are their release; kernels' internal "
-                      "workspaces (cuDNN, cuBLAS) are not in it")
+                      "storages ATen operators create, frees are their release; cuDNN convolution "
+                      f"workspaces are modelled ({tracker.n_workspaces} requests, ratio "
+                      f"{tracker.workspace_ratio:g} of the larger feature map, allocsim.torch_capture.cudnn); "
+                      "cuBLAS workspaces are added by run --gpu")
     if failure:
         meta.notes.append(f"incomplete: {failure}")
     trace = builder.finish()
@@ -98,6 +108,7 @@ def main(args: list[str]) -> int:
     trace.stacks = frame_from_columns(tables["stacks"], STACK_DTYPES)
     write_trace(trace, out_path)
     summary = {"trace": out_path, "allocs": tracker.n_allocs, "frees": tracker.n_frees,
+               "cudnn_workspaces": tracker.n_workspaces,
                "optimizer_steps": done["steps"], "peak_allocated_bytes": tracker.peak_bytes,
                "status": "ok" if not failure else failure}
     print(json.dumps(summary), file=sys.stderr)

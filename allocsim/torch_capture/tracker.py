@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..trace.builder import TraceBuilder
 from ..trace.frames import FrameTable
+from . import cudnn
 
 #: The device the script's ``cuda`` tensors live on during a capture.
 CAPTURE_DEVICE = "meta"
@@ -34,8 +35,14 @@ MAX_FRAMES = 24
 #: Frames from these folders are PyTorch's or allocsim's own, not the script's.
 _SKIP_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,)) + (
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
+_CONV = torch.ops.aten.convolution.default
+_CONV_BACKWARD = torch.ops.aten.convolution_backward.default
 #: Synthetic addresses are spaced by the allocator's smallest block so no two live blocks overlap.
 _ADDR_STEP = 512
+
+
+def _on_capture_device(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == CAPTURE_DEVICE
 
 
 class StorageTracker(TorchDispatchMode):
@@ -57,6 +64,12 @@ class StorageTracker(TorchDispatchMode):
         self.peak_bytes = 0
         self.n_allocs = 0
         self.n_frees = 0
+        self.workspace_ratio = cudnn.workspace_ratio()
+        #: Bytes a convolution workspace may take beside the live tensors: a larger one does not fit
+        #: and PyTorch falls back to an engine that needs none. The capture does not know the target
+        #: GPU, so this is the largest memory of a common training card (80 GiB).
+        self.workspace_limit_bytes = 80 << 30
+        self.n_workspaces = 0
 
     # ----------------------------------------------------------------- clock and records
     def now_ns(self) -> int:
@@ -105,13 +118,67 @@ class StorageTracker(TorchDispatchMode):
             if self.active:
                 self._free(key)
 
+    def _workspace(self, phase: str, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, groups: int) -> None:
+        """A cuDNN workspace of this convolution phase: requested and handed back around the kernel."""
+        dtype_bytes = x.element_size()
+        size_bytes = cudnn.workspace_bytes(x.shape, w.shape, y.shape, groups, dtype_bytes, self.workspace_ratio)
+        if size_bytes <= 0 or size_bytes > self.workspace_limit_bytes - self.live_bytes:
+            return
+        addr = self._next_addr
+        self._next_addr += (size_bytes + _ADDR_STEP - 1) // _ADDR_STEP * _ADDR_STEP
+        frames = [{"filename": "cudnn", "line": 0,
+                   "name": cudnn.label(phase, x.shape, w.shape, y.shape, groups, dtype_bytes)}]
+        stack_id = self.frames.stack_id(frames, frames[0]["name"])
+        self.builder.alloc(self.next_record(), self.now_ns(), 0, 0, addr, size_bytes, stack_id=stack_id)
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes + size_bytes)
+        self.builder.free(self.next_record(), self.now_ns(), 0, 0, addr)
+        self.n_allocs += 1
+        self.n_frees += 1
+        self.n_workspaces += 1
+
     # ----------------------------------------------------------------- the dispatch mode
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         with self._lock:
             if self.active:
-                self._record_outputs(func, out)
+                # Positional arguments only (how autograd calls them); anything else is recorded plainly.
+                if func is _CONV and len(args) == 9 and not kwargs and _on_capture_device(args[0]):
+                    self._record_convolution(args, out)
+                elif func is _CONV_BACKWARD and len(args) == 11 and not kwargs and _on_capture_device(args[0]):
+                    self._record_convolution_backward(args, out)
+                else:
+                    self._record_outputs(func, out)
         return out
+
+    def _record_convolution(self, args: tuple, out: torch.Tensor) -> None:
+        # aten.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+        # the output is allocated, then the kernel runs with its workspace.
+        self._record_outputs(_CONV, out)
+        x, w, groups = args[0], args[1], int(args[8])
+        if args[6]:                      # transposed: cuDNN runs it as the backward-data of a convolution
+            self._workspace("backward data", out, w, x, groups)
+        else:
+            self._workspace("forward", x, w, out, groups)
+
+    def _record_convolution_backward(self, args: tuple, out: tuple) -> None:
+        # aten.convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+        # transposed, output_padding, groups, output_mask) -> (grad_input, grad_weight, grad_bias);
+        # cuDNN's backward computes grad_input (with its workspace), then grad_weight (with its own).
+        grad_output, x, w, transposed, groups = args[0], args[1], args[2], bool(args[7]), int(args[9])
+        grad_input, grad_weight, grad_bias = out
+        if grad_input is not None:
+            self._record_outputs(_CONV_BACKWARD, grad_input)
+            if transposed:               # the data gradient of a transposed convolution is a forward one
+                self._workspace("forward", grad_output, w, x, groups)
+            else:
+                self._workspace("backward data", x, w, grad_output, groups)
+        if grad_weight is not None:
+            self._record_outputs(_CONV_BACKWARD, grad_weight)
+            if transposed:
+                self._workspace("backward filter", grad_output, w, x, groups)
+            else:
+                self._workspace("backward filter", x, w, grad_output, groups)
+        self._record_outputs(_CONV_BACKWARD, grad_bias)
 
     def _record_outputs(self, func: Any, out: Any) -> None:
         for t in tree_flatten(out)[0]:

@@ -1,0 +1,104 @@
+"""The convolution workspaces cuDNN asks the caching allocator for, which a meta run cannot show.
+
+Set ``ALLOCSIM_CUDNN_WORKSPACE_RATIO`` to try another ratio; the default is calibrated (see below).
+
+What PyTorch does on a CUDA device (``aten/src/ATen/native/Convolution.cpp``, ``cudnn/Conv_v8.cpp``),
+and what the capture copies:
+
+* a 2-D float32 depthwise convolution (``groups == in_channels``, ``out_channels`` a multiple of it)
+  runs PyTorch's own kernel (``_conv_depthwise2d``; ``use_cudnn_depthwise`` is only for half
+  precision or channels-last): no workspace;
+* every other convolution runs cuDNN three times per training step (forward, backward data,
+  backward filter). With ``torch.backends.cudnn.benchmark`` off (the default), ``run_single_conv``
+  takes the top engine of cuDNN's instant heuristic and ``run_conv_plan`` allocates that engine's
+  workspace through the caching allocator right before the kernel and hands it back right after;
+  an engine whose workspace does not fit raises out-of-memory and the next one (in the end the
+  fallback list, whose engines need none) is tried: "the first engine whose workspace fits".
+
+Which engine cuDNN's heuristic picks, and its workspace, is decided inside the closed library per
+shape and GPU architecture; no public table gives it. The model here is therefore one calibrated
+number: a convolution whose kernel is larger than 1x1 (the shapes where cuDNN's heuristics choose
+Winograd, FFT-tiling or split reductions, whose workspaces grow with the feature map) asks for
+``ratio`` times the bytes of its larger feature map (input or output) in each of its three phases;
+a 1x1 convolution is a plain GEMM and asks for none. The shape of this rule is what a real GPU step
+shows (``validate/cudnn_evidence.py`` on the Kineto ResNet-50 trace, a V100 with
+``cudnn.benchmark``: forward 1x1 calls take at most 0.5% of their feature map, every larger kernel
+takes one, median 4.7 times it); ``ratio`` itself is fitted on xMem's 001-Anova RTX 3060 runs only
+(``validate/xmem_calibration.json``, ``python -m validate xmem --calibrate``).
+The capture inserts each workspace as an allocation and a free at its convolution, so the replay
+sees it where it happens (inside the backward pass, next to the activations' peak), not as a flat sum.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Sequence
+
+#: Fitted on xMem's 001-Anova rows (RTX 3060, sm86); validate/xmem_calibration.json has the fit.
+WORKSPACE_RATIO_CALIBRATED = 4.0
+#: The phases of one convolution in a training step, in the order the CUDA run allocates them.
+PHASES = ("forward", "backward data", "backward filter")
+#: Frame name of a workspace request: the phase and the convolution's shapes, parseable again.
+_LABEL = re.compile(r"^cudnn workspace: convolution (forward|backward data|backward filter) "
+                    r"x=(\d+(?:x\d+)*) w=(\d+(?:x\d+)*) y=(\d+(?:x\d+)*) groups=(\d+) dtype_bytes=(\d+)$")
+
+
+def workspace_ratio() -> float:
+    """The ratio in force: ``ALLOCSIM_CUDNN_WORKSPACE_RATIO`` when set (>= 0), else the calibrated one."""
+    text = os.environ.get("ALLOCSIM_CUDNN_WORKSPACE_RATIO", "").strip()
+    if not text:
+        return WORKSPACE_RATIO_CALIBRATED
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"ALLOCSIM_CUDNN_WORKSPACE_RATIO must be a number >= 0, got {text!r}") from None
+    if not value >= 0 or value > 1e6:
+        raise ValueError(f"ALLOCSIM_CUDNN_WORKSPACE_RATIO must be a number in [0, 1e6], got {text!r}")
+    return value
+
+
+def runs_on_cudnn(x_shape: Sequence[int], w_shape: Sequence[int], groups: int, dtype_bytes: int) -> bool:
+    """Whether PyTorch's CUDA backend sends this convolution to cuDNN (else its own depthwise kernel)."""
+    in_channels, out_channels = int(x_shape[1]), int(w_shape[0])
+    depthwise = (len(x_shape) == 4 and groups > 1 and groups == in_channels
+                 and out_channels % in_channels == 0)
+    # cuDNN depthwise is chosen only for half precision (or channels-last, which the capture does not see).
+    return not (depthwise and dtype_bytes >= 4)
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def workspace_bytes(x_shape: Sequence[int], w_shape: Sequence[int], y_shape: Sequence[int],
+                    groups: int, dtype_bytes: int, ratio: float) -> int:
+    """Bytes one cuDNN phase of this convolution asks for under the model (0 off cuDNN or for 1x1 kernels)."""
+    if not runs_on_cudnn(x_shape, w_shape, groups, dtype_bytes):
+        return 0
+    if _numel(w_shape[2:]) <= 1:
+        return 0
+    feature_map = max(_numel(x_shape), _numel(y_shape)) * dtype_bytes
+    return int(ratio * feature_map)
+
+
+def label(phase: str, x_shape: Sequence[int], w_shape: Sequence[int], y_shape: Sequence[int],
+          groups: int, dtype_bytes: int) -> str:
+    """The frame name a workspace request carries: phase and shapes, so a trace says which convolution asked."""
+    def dims(shape):
+        return "x".join(str(int(d)) for d in shape)
+    return (f"cudnn workspace: convolution {phase} x={dims(x_shape)} w={dims(w_shape)} y={dims(y_shape)} "
+            f"groups={int(groups)} dtype_bytes={int(dtype_bytes)}")
+
+
+def parse_label(name: str) -> tuple[str, list[int], list[int], list[int], int, int] | None:
+    """``(phase, x, w, y, groups, dtype_bytes)`` of a workspace frame name, or None for any other name."""
+    m = _LABEL.match(name)
+    if m is None:
+        return None
+    phase, x, w, y, groups, dtype_bytes = m.groups()
+    return (phase, [int(d) for d in x.split("x")], [int(d) for d in w.split("x")],
+            [int(d) for d in y.split("x")], int(groups), int(dtype_bytes))

@@ -1,0 +1,149 @@
+"""cuDNN convolution workspaces in ``allocsim capture``: where they are requested and how large, exactly.
+
+The script has one convolution of each kind PyTorch's CUDA backend treats differently: a 3x3
+convolution (cuDNN, a workspace per phase under the model), a float32 depthwise one (PyTorch's own
+kernel, none) and a 1x1 one (a GEMM, none). At ratio 0.5 the 3x3 convolution's workspaces are half
+its larger feature map: output 2 x 8 x 16 x 16 float32 = 16384 bytes -> 8192 bytes, forward and
+backward filter (its input needs no gradient, so there is no backward-data phase).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+if os.environ.get("CI"):
+    import torch  # noqa: F401  (CI installs it: a missing torch must fail, not skip)
+else:
+    pytest.importorskip("torch")
+
+from allocsim.torch_capture import child, cudnn  # noqa: E402
+from allocsim.trace import read_trace  # noqa: E402
+from allocsim.trace.schema import EventKind  # noqa: E402
+
+SCRIPT = '''
+import torch
+device = torch.device("cuda")
+model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                            torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.Conv2d(8, 4, 1)).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    opt.zero_grad()
+    x = torch.randn(2, 3, 16, 16).to(device)
+    model(x).sum().backward()
+    opt.step()
+'''
+OUT_BYTES = 2 * 8 * 16 * 16 * 4       # the 3x3 convolution's output, its larger feature map
+GRAD_WEIGHT_BYTES = 8 * 3 * 3 * 3 * 4
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cudnn")
+    script = folder / "conv.py"
+    script.write_text(SCRIPT)
+    out = folder / "conv.parquet"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ALLOCSIM_CUDNN_WORKSPACE_RATIO", "0.5")
+        assert child.main([str(out), "1", "--", str(script)]) == 0
+    return read_trace(str(out))
+
+
+def _workspace_events(trace):
+    events = trace.events
+    rows = []
+    for i, (kind, alloc_id, size, sid) in enumerate(zip(events["kind"], events["alloc_id"], events["size_bytes"],
+                                                        events["stack_id"])):
+        if kind == EventKind.ALLOC and sid >= 0:
+            parsed = cudnn.parse_label(trace.stack(int(sid))[0][2])
+            if parsed is not None:
+                rows.append((i, int(alloc_id), int(size), parsed))
+    return rows
+
+
+def test_the_3x3_convolution_asks_for_its_workspaces_at_its_kernels(captured):
+    trace = captured
+    events = trace.events
+    found = _workspace_events(trace)
+    assert [(size, parsed[0]) for _i, _a, size, parsed in found] == [(OUT_BYTES // 2, "forward"),
+                                                                     (OUT_BYTES // 2, "backward filter")]
+    for i, alloc_id, _size, parsed in found:
+        # handed back right after the kernel, before any other request
+        assert events["kind"][i + 1] == EventKind.FREE_REQUESTED and events["alloc_id"][i + 1] == alloc_id
+        assert parsed[1] == [2, 3, 16, 16] and parsed[2] == [8, 3, 3, 3] and parsed[3] == [2, 8, 16, 16]
+    fwd, bwd = found[0][0], found[1][0]
+    assert events["size_bytes"][fwd - 1] == OUT_BYTES                 # the output exists first
+    assert events["size_bytes"][bwd - 1] == GRAD_WEIGHT_BYTES         # then grad_weight, then its workspace
+    assert trace.meta.version_hints["cudnn_workspace_ratio"] == 0.5
+
+
+def test_a_bad_ratio_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ALLOCSIM_CUDNN_WORKSPACE_RATIO", "lots")
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+    assert child.main([str(tmp_path / "s.parquet"), "0", "--", str(script)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ALLOCSIM_CUDNN_WORKSPACE_RATIO" in err[0]
+
+
+def test_which_convolutions_run_on_cudnn():
+    assert cudnn.runs_on_cudnn([8, 32, 10, 10], [32, 1, 3, 3], 32, 4) is False      # fp32 depthwise
+    assert cudnn.runs_on_cudnn([8, 32, 10, 10], [64, 1, 3, 3], 32, 4) is False      # depthwise, multiplier 2
+    assert cudnn.runs_on_cudnn([8, 32, 10, 10], [32, 1, 3, 3], 32, 2) is True       # half: cuDNN depthwise
+    assert cudnn.runs_on_cudnn([8, 32, 10, 10], [32, 8, 3, 3], 4, 4) is True        # grouped, not depthwise
+    assert cudnn.workspace_bytes([8, 32, 10, 10], [64, 32, 1, 1], [8, 64, 10, 10], 1, 4, 2.0) == 0
+    assert cudnn.workspace_bytes([8, 32, 10, 10], [64, 32, 3, 3], [8, 64, 5, 5], 1, 4, 0.25) == 8 * 32 * 100
+
+
+def test_labels_round_trip_and_other_frames_do_not_parse():
+    name = cudnn.label("backward data", [4, 3, 8, 8], [5, 3, 3, 3], [4, 5, 6, 6], 1, 4)
+    assert cudnn.parse_label(name) == ("backward data", [4, 3, 8, 8], [5, 3, 3, 3], [4, 5, 6, 6], 1, 4)
+    assert cudnn.parse_label("aten::convolution") is None
+    assert cudnn.parse_label(name + " ") is None
+
+
+def test_rescaling_a_capture_sets_every_workspace_to_the_new_ratio(captured):
+    from validate.xmem import rescale_workspaces
+
+    trace = captured
+    doubled = rescale_workspaces(trace, 2.0)
+    assert doubled.meta.version_hints["cudnn_workspace_ratio"] == 2.0
+    assert trace.meta.version_hints["cudnn_workspace_ratio"] == 0.5          # the capture is left as it was
+    assert [size for _i, _a, size, _p in _workspace_events(doubled)] == [2 * OUT_BYTES, 2 * OUT_BYTES]
+    events = doubled.events
+    for i, alloc_id, _size, _p in _workspace_events(doubled):     # the frees carry the new size too
+        rows = events[(events["alloc_id"] == alloc_id) & (events["kind"] != EventKind.MARKER)]
+        assert len(rows) == 3 and set(rows["size_bytes"]) == {2 * OUT_BYTES}
+    none = rescale_workspaces(trace, 0.0)
+    # two requests, each with its free requested and completed
+    assert _workspace_events(none) == [] and len(none.events) == len(trace.events) - 6
+    kept = trace.events[trace.events["kind"] == EventKind.ALLOC]["size_bytes"].sum() - OUT_BYTES
+    assert none.events[none.events["kind"] == EventKind.ALLOC]["size_bytes"].sum() == kept
+
+
+def test_cli_capture_refuses_a_bad_ratio_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), ALLOCSIM_CUDNN_WORKSPACE_RATIO="-1")
+    done = subprocess.run([sys.executable, "-m", "allocsim", "capture", "-o", str(tmp_path / "s.parquet"), "--",
+                           sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "allocsim capture: error: ALLOCSIM_CUDNN_WORKSPACE_RATIO must be a number in [0, 1e6], got '-1'"]
+
+
+def test_the_real_gpu_step_shows_the_models_shape(shared_dir):
+    """The Kineto ResNet-50 step (a V100): 1x1 forward calls take next to no workspace, larger kernels one each."""
+    from validate.cudnn_evidence import summary, workspaces
+
+    path = shared_dir / "traces" / "kineto-gpu" / "pytorch_kineto_resnet50_nw0_1623143566756.json.gz"
+    found = summary(workspaces(str(path)))
+    larger, one_by_one = found["forward, larger than 1x1"], found["forward, 1x1"]
+    assert larger["calls"] == larger["with_workspace"] == 17 and larger["median_ratio"] > 1
+    assert one_by_one["calls"] == 36 and one_by_one["max_ratio"] < 0.01
+    assert sum(g["with_workspace"] for g in found.values()) == 74
