@@ -25,6 +25,8 @@ from allocsim.trace import read_trace, write_trace
 from allocsim.trace.builder import TraceBuilder
 from allocsim.units import MiB
 
+from .conftest import doc_quoting
+
 SNAPSHOTS = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pytorch-snapshots"
 #: The keys the JSON must have, as the command's documentation lists them.
 TOP_KEYS = {"capacity_bytes", "capacity_source", "grid", "recommendations", "no_effect", "lower_bound_bytes",
@@ -367,12 +369,12 @@ def test_missing_file_and_directory_exit_2(tmp_path, capsys):
 
 @pytest.mark.shared
 def test_the_readme_advise_example_is_what_advise_prints(tmp_path, capsys):
-    """The README's advise output on Maphsge4 at 20 GiB, line for line (timing figures aside: run with --fast)."""
+    """The docs' advise output on Maphsge4 at 20 GiB, line for line (timing figures aside: run with --fast)."""
     path = SNAPSHOTS / "Maphsge4__snapshot.pickle"
     if not path.exists():
         pytest.skip("../shared/traces is not beside this checkout")
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    block = readme.split("allocsim advise $S --capacity 20GiB\n```\n\n```\n", 1)[1].split("```", 1)[0]
+    marker = "allocsim advise $S --capacity 20GiB\n```\n\n```\n"
+    block = doc_quoting(marker).split(marker, 1)[1].split("```", 1)[0]
     expected = [line for line in block.splitlines()
                 if line.strip() and "p99" not in line and "timed replays" not in line and line.strip() != "2. ..."]
     code, out, _ = run_cli(capsys, "advise", path, "--capacity", "20GiB", "--fast", "--workers", "1",

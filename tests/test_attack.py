@@ -3,7 +3,7 @@
 Each run must end with exit 0, 1, 2 or 3, no traceback, a one-line error naming the file when it
 fails, peak RSS within the cap, and on valid files the numbers of an independent recount. CI runs
 one file per class of attack; ``pytest -m slow tests/test_attack.py`` runs every generator with
-several seeds plus a hypothesis search over valid files (see the README, "Limits and untrusted input").
+several seeds plus a hypothesis search over valid files (see docs/security.md).
 """
 
 from __future__ import annotations

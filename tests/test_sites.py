@@ -20,6 +20,8 @@ from allocsim.trace.schema import FRAME_DTYPES, STACK_DTYPES, frame_from_columns
 from allocsim.trace.stats import live_bytes_series
 from allocsim.units import MiB
 
+from .conftest import doc_quoting
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
 SNAPSHOTS = SHARED / "pytorch-snapshots"
@@ -351,9 +353,9 @@ def test_every_waste_byte_is_placed_by_the_walk(policy, params, shared_dir):
 
 @pytest.mark.shared
 def test_readme_sites_example_is_what_run_prints(shared_dir, capsys):
-    """The README's code-site output on the OOM story's snapshot, line for line (its '...' lines elided)."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = readme.split("On the OOM story's snapshot at 20 GiB", 1)[1].split("```", 2)[1]
+    """The code-site output docs/sites.md quotes on the OOM story's snapshot, line for line (its '...' lines elided)."""
+    marker = "On the README's OOM story's snapshot at 20 GiB"
+    block = doc_quoting(marker).split(marker, 1)[1].split("```", 2)[1]
     expected = [line for line in block.splitlines()[1:] if line.strip() and line.strip() != "..."]
     code, out = run_cli(capsys, "run", SNAPSHOTS / "Maphsge4__snapshot.pickle", "--policy", "pytorch",
                         "--capacity", "20GiB")
