@@ -28,7 +28,7 @@ LIMITS = (
     "and so not in the prediction",
     "inputs must be one program in one configuration (same precision, dtypes, driver line, allocator "
     "settings): others are refused unless --allow-mixed",
-    "checked at 2x the largest input (README): CPU captures exact; six real GPU snapshot series, one "
+    "checked at 2x the largest input (docs/scale.md): CPU captures exact; six real GPU snapshot series, one "
     "configuration each, peak live within 0.02% and inside the range, peak reserved -6.9% .. +6.3% (all of it "
     "the start layout: within 0.02% of the recording replayed from a fresh start); further out it is unchecked",
 )
