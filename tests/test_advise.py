@@ -312,6 +312,7 @@ def test_a_process_pool_gives_the_same_advice(tmp_path, fragmented, capsys):
 
 
 # ----------------------------------------------------------------------------- journal, errors
+@pytest.mark.full
 def test_a_killed_advise_resumes_from_its_journal(tmp_path, fragmented):
     out = tmp_path / "runs.parquet"
     argv = [sys.executable, "-m", "allocsim", "advise", str(fragmented), "--capacity", "80MiB", "--fast",
@@ -367,6 +368,7 @@ def test_missing_file_and_directory_exit_2(tmp_path, capsys):
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.full
 @pytest.mark.shared
 def test_the_readme_advise_example_is_what_advise_prints(tmp_path, capsys):
     """The docs' advise output on Maphsge4 at 20 GiB, line for line (timing figures aside: run with --fast)."""

@@ -272,6 +272,7 @@ def snapshot_paths(shared_dir):
     return paths
 
 
+@pytest.mark.full
 @pytest.mark.shared
 def test_every_shared_snapshot_adds_up_with_the_pytorch_preset(shared_dir):
     """Every shared snapshot, every device, pytorch preset with the run's own settings: exact on every sample."""

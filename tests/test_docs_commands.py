@@ -170,7 +170,16 @@ def readme_verdict() -> str:
     return re.search(r"ending with the verdict: `([^`]+)`", text)[1]
 
 
-@pytest.mark.parametrize("block", [b for b in BLOCKS if to_run(b)], ids=lambda b: b.id)
+#: Blocks with one of these commands take seconds each: CI's full suite runs them, the fast one the others.
+HEAVY = ("allocsim sweep ", "allocsim advise ", "allocsim report ", "allocsim scale ", "python -m ")
+
+
+def block_param(block: Block):
+    heavy = any(c.text.startswith(HEAVY) for c in to_run(block))
+    return pytest.param(block, id=block.id, marks=[pytest.mark.full] if heavy else [])
+
+
+@pytest.mark.parametrize("block", [block_param(b) for b in BLOCKS if to_run(b)])
 def test_bash_block_runs_and_prints_what_it_quotes(block, tmp_path, monkeypatch, cli):
     monkeypatch.chdir(tmp_path)                                   # outputs (-o) land here
     monkeypatch.setenv("ALLOCSIM_CACHE_DIR", str(tmp_path / "cache"))

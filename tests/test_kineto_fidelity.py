@@ -43,6 +43,7 @@ def _path(shared_dir, name: str) -> Path:
 
 
 # ---------------------------------------------------------------------- the fidelity target
+@pytest.mark.full
 @pytest.mark.shared
 @pytest.mark.parametrize("route", ["compiled", "reference"])
 def test_every_shared_gpu_kineto_trace_meets_the_target(shared_dir, route):

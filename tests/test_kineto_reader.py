@@ -393,6 +393,7 @@ def _check_reads(data: bytes, name: str = "f.json") -> None:
             validate_events(trace, path)
 
 
+@pytest.mark.full
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 1), rnd=st.randoms(use_true_random=False), value=_RANDOM_VALUES,
        n_mut=st.integers(1, 3), raw=st.integers(-3, 4))

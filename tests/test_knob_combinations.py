@@ -142,6 +142,7 @@ def _sample(label: str, combos: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [both[0], random.Random(label).choice(combos)]
 
 
+@pytest.mark.full
 @pytest.mark.shared
 def test_sampled_advise_grid_on_every_snapshot():
     """On every shared trace the smallest max_split_size with rounding at the real run's peak reserved;

@@ -120,6 +120,7 @@ def test_hostile_opcodes_are_cheap(tmp_path, blob, reason):
     assert time.perf_counter() - start < 20
 
 
+@pytest.mark.full
 def test_memory_cap_stops_a_legal_but_huge_parse(tmp_path):
     # 400k tiny allocations: fine by default, over a 64 MiB parsing budget.
     entries = [{"action": "alloc", "addr": 512 * i, "size": 512, "stream": 0} for i in range(400_000)]
@@ -269,6 +270,7 @@ def test_rmm_columnar_equals_line_by_line(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------- limits and files
+@pytest.mark.full
 def test_gzip_bomb_is_stopped_by_the_ratio(tmp_path):
     path = tmp_path / "bomb.json.gz"
     with gzip.open(path, "wb", compresslevel=9) as fh:

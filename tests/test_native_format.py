@@ -155,6 +155,7 @@ def test_parquet_truncated(tmp_path):
         read_trace(path)
 
 
+@pytest.mark.full
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_corrupted_csv_never_crashes(tmp_path_factory, data):

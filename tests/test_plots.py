@@ -197,6 +197,7 @@ def run_cli(*argv) -> int:
     return cli_main([str(a) for a in argv])
 
 
+@pytest.mark.full
 def test_plot_command_on_a_shipped_trace(tmp_path, capsys):
     """One policy: figures (PNG and SVG) and the data they were drawn from, in DIR."""
     out = tmp_path / "figs"
@@ -212,6 +213,7 @@ def test_plot_command_on_a_shipped_trace(tmp_path, capsys):
     assert "timeline" in capsys.readouterr().out
 
 
+@pytest.mark.full
 def test_plot_command_compares_policies_and_replots_its_output(tmp_path):
     """Several policies: one directory each plus the comparison; the output re-plots as a result directory."""
     trace = ROOT / "traces" / "bert_recompute.json.gz"
@@ -231,6 +233,7 @@ def test_plot_command_compares_policies_and_replots_its_output(tmp_path):
     assert (again / "comparison.png").is_file() and (again / "pytorch" / "attribution.png").is_file()
 
 
+@pytest.mark.full
 def test_plot_command_on_a_run_result_directory(tmp_path, capsys):
     """`allocsim run -o DIR` output: the timeline and latency figures are drawn beside its tables."""
     run_dir = tmp_path / "run"
@@ -241,6 +244,7 @@ def test_plot_command_on_a_run_result_directory(tmp_path, capsys):
     assert not (run_dir / "attribution.png").exists()
 
 
+@pytest.mark.full
 def test_plot_command_on_sweep_results(tmp_path):
     """A sweep results file: a heatmap and, for a timed sweep, the Pareto front."""
     sweep = pytest.importorskip("allocsim.sweep")
@@ -266,6 +270,7 @@ def test_plot_command_bad_input_exits_2_with_one_line(argv, message, tmp_path, c
     assert code == 2 and message in err and err.count("\n") == 1 and err.startswith("allocsim plot: error:")
 
 
+@pytest.mark.full
 def test_plot_compares_settings_of_one_policy_side_by_side(tmp_path):
     """`--policy pytorch --policy pytorch:expandable_segments:True`: two runs, labelled by their settings."""
     trace = ROOT / "traces" / "bert_recompute.json.gz"
@@ -291,6 +296,7 @@ def test_titles_name_the_non_default_settings(no_disk):
     assert "deferred-gc(paddle) (threshold=1GiB)" in plot_timeline(gc).get_title()
 
 
+@pytest.mark.full
 def test_plot_memory_follows_the_recorded_stream_order(tmp_path):
     """A timed plot of a two-stream trace draws the trace-order memory; the timed series feeds latency only."""
     out = tmp_path / "p"

@@ -352,6 +352,7 @@ def _check_reads(data: bytes, name: str = "f.csv") -> None:
             validate_events(trace, path)
 
 
+@pytest.mark.full
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, len(_SEED_TEXTS) - 1), rnd=st.randoms(use_true_random=False),
        value=_FIELD_VALUES, n_mut=st.integers(1, 4), op=st.integers(0, 5))

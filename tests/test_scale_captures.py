@@ -56,6 +56,7 @@ def test_real_captures_get_operator_attribution():
     assert item.steps.source == "markers" and len(item.steps.body) == 2
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("model", ["bert", "gpt2"])
 def test_leave_one_out_meets_the_targets(model):
     rows = scale_loo.loo_rows(SCALES, models=(model,), two_point=False)

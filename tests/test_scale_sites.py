@@ -141,6 +141,7 @@ def real_snapshot(shared_dir: Path, name: str) -> Path:
     return path
 
 
+@pytest.mark.full
 def test_windows_of_a_real_gpu_snapshot_align_by_site(shared_dir, tmp_path):
     path = real_snapshot(shared_dir, "Wedsonlin__medium_128_training_memory_snapshot.pickle")
     rows = scale_windows.windows_rows(path, (0.0, 0.3, 0.6), workdir=tmp_path)

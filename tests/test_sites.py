@@ -307,6 +307,7 @@ def test_snapshot_backward_pass_is_named_by_its_autograd_node(shared_dir):
 
 
 # ----------------------------------------------------------------------------- the timeline
+@pytest.mark.full
 def test_site_timeline_adds_up_to_live_bytes(tmp_path, capsys):
     trace = read_trace(synthetic(tmp_path / "s.parquet"))
     table = site_timeline(trace, top=2, max_points=4)

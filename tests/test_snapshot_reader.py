@@ -560,12 +560,14 @@ def _check(blob: bytes) -> None:
     check_schema(trace)
 
 
+@pytest.mark.full
 @settings(max_examples=70, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.integers(min_value=0, max_value=len(_VALID)))
 def test_fuzz_truncation(cut):
     _check(_VALID[:cut])
 
 
+@pytest.mark.full
 @settings(max_examples=70, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.tuples(st.integers(min_value=0, max_value=len(_VALID) - 1), st.integers(0, 255)),
                 min_size=1, max_size=4))
@@ -592,6 +594,7 @@ def _pick_target(snap, where: str, data):
         return None, None
 
 
+@pytest.mark.full
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_fuzz_field_mutations(data):

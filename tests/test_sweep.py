@@ -227,6 +227,7 @@ def _mixed_configs(tmp_path):
     return build_configs([], [], [], grid)
 
 
+@pytest.mark.full
 def test_process_pool_and_dask_give_rows_equal_to_in_process(tmp_path):
     from dask.distributed import LocalCluster
 
@@ -272,6 +273,7 @@ def test_interrupted_sweep_resumes_without_recomputing(tmp_path, tiny):
     pd.testing.assert_frame_equal(pd.read_parquet(out), df)
 
 
+@pytest.mark.full
 def test_sigkilled_sweep_resumes(tmp_path, tiny):
     out = tmp_path / "r.parquet"
     argv = [sys.executable, "-m", "allocsim", "sweep", str(tiny), "--policy", "pytorch", "--grid",

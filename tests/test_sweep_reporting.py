@@ -66,6 +66,7 @@ def test_sweep_without_errors_exits_0(tmp_path, cli):
     assert code == 0 and "ended in an error" not in text and "0 with errors" in text
 
 
+@pytest.mark.full
 @pytest.mark.shared
 def test_advise_prints_failed_runs_and_exits_1(tmp_path, cli, monkeypatch):
     """8 GiB holds this run with any setting, so only the failed runs make the exit status 1."""
