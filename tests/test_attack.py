@@ -165,6 +165,7 @@ def _read_three_ways(path: Path) -> list[bytes]:
     return [read_bytes(str(path)), b"".join(iter_chunks(str(path))), b"".join(small_reads)]
 
 
+@pytest.mark.full
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(members=_members, cut=st.one_of(st.none(), st.floats(0.05, 0.999)))
 def test_gzip_reader_matches_gzip_decompress(members, cut):

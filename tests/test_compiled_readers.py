@@ -98,6 +98,7 @@ def _shared(pattern: str) -> list[Path]:
     return sorted(SHARED.glob(pattern)) if SHARED.is_dir() else []
 
 
+@pytest.mark.full
 @pytest.mark.shared
 @pytest.mark.parametrize("name", [p.name for p in _shared("*/*.pickle")] or ["none"])
 def test_shared_snapshots_agree(shared_dir, name):
@@ -113,6 +114,7 @@ def test_shared_kineto_files_agree(shared_dir, name):
     assert_routes_agree(next(p for p in _shared("kineto-gpu/*.json.gz") if p.name == name))
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("path", sorted(REPO_TRACES.glob("*.json.gz")), ids=lambda p: p.name)
 def test_repository_kineto_captures_agree(path):
     assert assert_routes_agree(path)[0] == "trace"
@@ -542,6 +544,7 @@ def test_snapshot_scan_hands_back_times_past_int64():
     assert compiled.ext.snapshot_scan(untimed, 1 << 30, *args, _MAX_TIME_US, 1 << 61, True) is not None
 
 
+@pytest.mark.full
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmPeak from /proc")
 def test_rmm_scan_reserves_for_rows_not_blank_lines():
     """A body of blank lines reserved 41 bytes of columns per newline: address space 41 times the input."""

@@ -78,6 +78,7 @@ def test_run_gpu_refuses_bad_input_in_one_line(tmp_path):
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.mark.full
 def test_gpus_lists_every_model_with_sources():
     done = _run("gpus", "--json")
     rows = json.loads(done.stdout)["gpus"]

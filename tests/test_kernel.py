@@ -170,6 +170,7 @@ class Program:
                         self.live.append(aid)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=OPS, capacity=CAPACITIES)
@@ -186,6 +187,7 @@ def test_kernel_calls_match_the_reference(case, ops, capacity):
     reference.check_invariants()
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] == "pytorch"], ids=lambda c: ",".join(map(str, c[1].items())))
 @settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(warmup=OPS, ops=OPS, capacity=CAPACITIES)
@@ -313,6 +315,7 @@ ENGINE_CASES = [c for c in CASES if c[0] != "paddle-naive"]
 COSTS = [CostModel(), CostModel(device_sync_ns=2_000_000, pool_hit_ns=5_000)]
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("case", ENGINE_CASES, ids=[i for c, i in zip(CASES, CASE_IDS) if c in ENGINE_CASES])
 @settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=EVENTS, capacity=CAPACITIES, initial=st.integers(0, 3), cross_stream=st.booleans(),

@@ -96,6 +96,7 @@ def test_timeline_draws_labelled_axes_with_lower_bound_capacity_and_oom(no_disk)
         assert word in legend
 
 
+@pytest.mark.full
 def test_attribution_segment_map_latency_on_a_real_run(no_disk, bert, bert_run):
     """Stacked attribution, segment map and latency of the BERT run: titled, labelled, legends."""
     result, observer, table = bert_run
@@ -161,6 +162,7 @@ def test_sweep_heatmap_and_pareto(no_disk):
     assert front_line.get_label() == "Pareto front (1 point)"   # (4 GiB, 500 ns) dominates the others
 
 
+@pytest.mark.full
 def test_downsample_keeps_every_peak_exactly():
     """Min/max per bucket: each column's exact maximum and minimum, at their first rows, survive."""
     rng = np.random.default_rng(7)

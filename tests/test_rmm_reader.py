@@ -291,6 +291,7 @@ def _sources():
     yield pytest.param(SNAPSHOT, id="snapshot-silmont2000-fp32", marks=pytest.mark.shared)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("source", list(_sources()))
 def test_rmm_log_written_from_real_trace(tmp_path, source):
     if source.suffix == ".pickle":

@@ -67,6 +67,7 @@ def test_leave_one_out_meets_the_targets(model):
         assert row["aligned_share"] > 0.95
 
 
+@pytest.mark.full
 def test_readme_find_max_example_is_what_find_max_prints():
     from allocsim.scale import Scaler, find_max, load_input
 

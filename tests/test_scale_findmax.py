@@ -101,6 +101,7 @@ def test_nothing_fits_and_everything_fits(scaler):
     assert "the search limit" in huge.format_text()
 
 
+@pytest.mark.full
 def test_values_whose_sizes_no_device_holds_do_not_fit(scaler, specs, tmp_path, capsys):
     # 48 v^2 bytes pass a petabyte (the readers' bound on a size) near v = 1.5e8: the search stops there.
     found = find_max(scaler, 1 << 60, max_value=1 << 40, advise=False)

@@ -184,6 +184,7 @@ def _snapshots() -> list[tuple[str, int]]:
     return out
 
 
+@pytest.mark.full
 @pytest.mark.shared
 @pytest.mark.parametrize("name, device", _snapshots() or [("absent", 0)])
 def test_sites_add_up_exactly_on_every_shared_snapshot(name, device, shared_dir, capsys):
@@ -213,6 +214,7 @@ def test_sites_add_up_exactly_on_every_shared_snapshot(name, device, shared_dir,
     assert sum(r["bytes"] for r in data["sites"]["at_peak"]) == data["peak_requested_bytes"]
 
 
+@pytest.mark.full
 @pytest.mark.shared
 @pytest.mark.parametrize("name, extra", [("MercuryB1__cuda_memory_snapshot.pickle", []),
                                          ("Maphsge4__snapshot.pickle", ["--capacity", "20GiB"]),
@@ -331,6 +333,7 @@ def test_allocation_sites_of_a_trace_without_frames(tmp_path):
     assert np.array_equal(SiteIndex(b.finish()).site_of(np.array([-1, 3])), [-1, -1])
 
 
+@pytest.mark.full
 @pytest.mark.shared
 @pytest.mark.parametrize("policy, params", [("pytorch", {}), ("pytorch", {"expandable_segments": True}),
                                             ("bestfit", {}), ("cupy", {}), ("paddle", {}), ("direct", {})])

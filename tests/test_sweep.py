@@ -93,6 +93,7 @@ def test_equal_values_are_one_config_and_aliases_are_canonical():
     assert [c.params for c in configs] == [{"max_split_size": 268435456}, {"max_split_size": None}]
 
 
+@pytest.mark.full
 def test_unknown_key_is_an_error_naming_policy_and_valid_keys():
     with pytest.raises(ValueError, match=r"policy 'direct' has no parameter 'max_split_size'.*--grid-file"):
         build_configs(["direct"], ["max_split_size=none,256MiB"])
@@ -330,6 +331,7 @@ def test_unreadable_or_changed_trace_is_not_journaled(tmp_path, tiny, monkeypatc
     assert run_sweep([str(tiny)], configs, output=out, fast=True).computed == 2
 
 
+@pytest.mark.full
 def test_policy_specs_sweep_settings_side_by_side(tmp_path, tiny, capsys):
     out = tmp_path / "r.parquet"
     code, _, err = cli(capsys, "sweep", tiny, "--policy", "pytorch", "--policy", "pytorch:expandable_segments:True",

@@ -188,6 +188,7 @@ def test_fit_linear_recovers_a_line_and_clamps():
     assert sum(op == "a" for op, _, _ in steps) == sum(op == "f" for op, _, _ in steps) == 60
 
 
+@pytest.mark.full
 def test_calibrate_host_writes_a_cost_model_allocsim_run_uses(host_calibration, tmp_path):
     model = CostModel.load(host_calibration)
     data = json.loads(host_calibration.read_text())

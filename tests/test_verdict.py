@@ -300,6 +300,7 @@ def test_maphsge4_fast_and_default_agree(shared_dir, capsys):
     assert unlimited["timed_memory"]["peak_requested_bytes"] > unlimited["peak_requested_bytes"]
 
 
+@pytest.mark.full
 def test_the_readme_oom_story_is_what_run_prints(shared_dir, capsys):
     """Every `allocsim run $S ...` line of the README's OOM story (its tour) is followed by the verdict it prints."""
     marker = "**The OOM story** on a real snapshot"
