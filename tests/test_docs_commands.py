@@ -25,6 +25,8 @@ from .conftest import ROOT, SHARED_DIR, doc_pages
 COVERED: dict[str, tuple[str, str]] = {
     "python -m pytest -q": (
         "tests/test_docs_commands.py::test_ci_runs_the_readme_test_command", "the suite itself: .ci/run runs it"),
+    "python -m pytest -q -m full": (
+        "tests/test_docs_commands.py::test_ci_runs_the_readme_test_command", "the full suite: .ci/run runs it"),
     **{f"allocsim run $S --policy pytorch{extra}": (
         "tests/test_verdict.py::test_the_readme_oom_story_is_what_run_prints",
         "checks each verdict line under it, with --fast (the four timed replays of a 9k-event snapshot take long)")
