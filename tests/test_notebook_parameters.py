@@ -34,7 +34,7 @@ def test_the_input_file_is_the_one_parameter_at_the_top_and_only_the_public_api_
     assert modules == {"allocsim.api", "allocsim.plots"}
 
 
-@pytest.mark.slow          # a whole notebook run (the default suite runs it on its own snapshot already)
+@pytest.mark.slow          # a whole notebook run (CI's full suite runs it on its own snapshot already)
 @pytest.mark.shared
 def test_notebook_04_runs_on_another_snapshot(shared_dir, tmp_path, monkeypatch):
     """Its assertions are invariants, so they hold on a snapshot the text never quotes (papermill's injection)."""

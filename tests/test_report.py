@@ -150,6 +150,7 @@ def oom_report(tmp_path_factory):
     return out
 
 
+@pytest.mark.full
 @pytest.mark.shared
 def test_page_in_chromium(browser, oom_report, capsys):
     """Opened from disk, offline: no console error, the verdicts are run's, hovering a block shows its stack."""
