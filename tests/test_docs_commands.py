@@ -15,7 +15,6 @@ import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
