@@ -164,7 +164,7 @@ def unknown_flag_message(name: str, where: str) -> str:
     """One line for a flag Paddle's allocator does not read, with the nearest known flag."""
     close = difflib.get_close_matches(name, list(FLAGS), n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]}?" if close else ""
-    return f"{where}: {name} is not one of Paddle's allocator flags{hint} (see the README's PaddlePaddle section)"
+    return f"{where}: {name} is not one of Paddle's allocator flags{hint} (see docs/paddle.md)"
 
 
 def split_items(text: str, where: str) -> list[tuple[str, str]]:

@@ -24,3 +24,37 @@ def shared_dir() -> Path:
     if not SHARED_DIR.is_dir():
         pytest.skip(f"shared data folder {SHARED_DIR} is absent (real traces live there)")
     return SHARED_DIR
+
+
+#: The repository root: README.md, docs/, traces/.
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def doc_pages() -> list[Path]:
+    """README.md and the pages under docs/ (docs/_incoming/ holds notes waiting to be folded in, not pages)."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def doc_quoting(marker: str) -> str:
+    """The text of the one page (README.md or docs/*.md) that quotes ``marker``, for tests that check quoted output.
+
+    Fails when no page or several do, so a moved or duplicated quote is found instead of silently unchecked.
+    """
+    pages = [(path, path.read_text(encoding="utf-8")) for path in doc_pages()]
+    found = [(path, text) for path, text in pages if marker in text]
+    names = [str(path.relative_to(ROOT)) for path, _ in found]
+    assert len(found) == 1, f"{marker!r} should be quoted by exactly one of README.md and docs/*.md, found in {names}"
+    return found[0][1]
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run ``allocsim ARGV...`` in this process; returns (exit status, stdout, stderr), arguments made strings."""
+    from allocsim.cli import main as cli_main
+
+    def run(*argv) -> tuple[int, str, str]:
+        code = cli_main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

@@ -25,6 +25,8 @@ from allocsim.trace import read_trace, write_trace
 from allocsim.trace.builder import TraceBuilder
 from allocsim.units import MiB
 
+from .conftest import doc_quoting
+
 SNAPSHOTS = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pytorch-snapshots"
 #: The keys the JSON must have, as the command's documentation lists them.
 TOP_KEYS = {"capacity_bytes", "capacity_source", "grid", "recommendations", "no_effect", "lower_bound_bytes",
@@ -75,6 +77,7 @@ def replay(capsys, command: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- the answer
+@pytest.mark.full
 def test_recommends_a_setting_that_fits_and_its_command_reproduces_it(tmp_path, fragmented, capsys):
     code, out, _ = run_cli(capsys, "advise", fragmented, "--capacity", "80MiB", "--workers", "1",
                            "-o", tmp_path / "runs.parquet", "--json")
@@ -107,6 +110,7 @@ def test_recommends_a_setting_that_fits_and_its_command_reproduces_it(tmp_path, 
     assert expandable and expandable[0]["min_capacity_bytes"] < expandable[0]["peak_reserved_bytes"]
 
 
+@pytest.mark.full
 def test_text_report_names_grid_pruning_and_verdict(tmp_path, fragmented, capsys):
     code, out, _ = run_cli(capsys, "advise", fragmented, "--capacity", "80MiB", "--workers", "1", "--fast",
                            "-o", tmp_path / "runs.parquet")
@@ -117,6 +121,7 @@ def test_text_report_names_grid_pruning_and_verdict(tmp_path, fragmented, capsys
     assert out.strip().splitlines()[-1].startswith("FITS in 80.00 MiB: PYTORCH_CUDA_ALLOC_CONF=")
 
 
+@pytest.mark.full
 @pytest.mark.shared
 @pytest.mark.parametrize("name", ["silmont2000__memory_forward_fp32_128.pickle",
                                   "silmont2000__memory_forward_bf16_128.pickle"])
@@ -193,6 +198,7 @@ def test_nothing_fits_shows_the_closest_and_how_much_it_misses(tmp_path, capsys)
 
 
 # ----------------------------------------------------------------------------- pruning and ties
+@pytest.mark.full
 def test_pruned_knobs_change_nothing_alone_and_the_grid_is_complete(tmp_path, fragmented):
     advice = advise(str(fragmented), capacity_bytes=80 * MiB, fast=True, output=str(tmp_path / "r.parquet"))
     grid = advice.grid
@@ -251,6 +257,7 @@ def test_bisection_probes_spread_and_shrink():
     assert c.fit_bytes == 2 * MiB and c.contradictions == [(2 * MiB, 4 * MiB)]
 
 
+@pytest.mark.full
 def test_cost_model_reaches_the_runs_the_step_and_the_command(tmp_path, fragmented, capsys):
     from allocsim.cost import CostModel
 
@@ -270,6 +277,7 @@ def test_cost_model_reaches_the_runs_the_step_and_the_command(tmp_path, fragment
 
 
 # ----------------------------------------------------------------------------- other presets
+@pytest.mark.full
 @pytest.mark.parametrize("policy,prefix,line", [("paddle", "FLAGS_", "export FLAGS_"),
                                                 ("cupy", "CUPY_", "CUPY_GPU_MEMORY_LIMIT=")])
 def test_other_presets_search_their_own_knobs(tmp_path, fragmented, capsys, policy, prefix, line):
@@ -297,6 +305,7 @@ def test_pytorch_lines_over_recorded_settings():
     assert preset.paste_line({}) == "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128,expandable_segments:True"
 
 
+@pytest.mark.full
 def test_a_process_pool_gives_the_same_advice(tmp_path, fragmented, capsys):
     answers = []
     for workers in ("1", "2"):
@@ -310,6 +319,7 @@ def test_a_process_pool_gives_the_same_advice(tmp_path, fragmented, capsys):
 
 
 # ----------------------------------------------------------------------------- journal, errors
+@pytest.mark.full
 def test_a_killed_advise_resumes_from_its_journal(tmp_path, fragmented):
     out = tmp_path / "runs.parquet"
     argv = [sys.executable, "-m", "allocsim", "advise", str(fragmented), "--capacity", "80MiB", "--fast",
@@ -339,6 +349,7 @@ def test_errors_are_one_line_exit_2(fragmented, capsys, argv, message):
     assert len(err.strip().splitlines()) == 1 and err.startswith("allocsim advise: error:")
 
 
+@pytest.mark.full
 def test_several_devices_or_no_history_exit_2(tmp_path, capsys):
     b = TraceBuilder("two.parquet", "test")
     for device in (0, 1):
@@ -365,14 +376,15 @@ def test_missing_file_and_directory_exit_2(tmp_path, capsys):
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.full
 @pytest.mark.shared
 def test_the_readme_advise_example_is_what_advise_prints(tmp_path, capsys):
-    """The README's advise output on Maphsge4 at 20 GiB, line for line (timing figures aside: run with --fast)."""
+    """The docs' advise output on Maphsge4 at 20 GiB, line for line (timing figures aside: run with --fast)."""
     path = SNAPSHOTS / "Maphsge4__snapshot.pickle"
     if not path.exists():
         pytest.skip("../shared/traces is not beside this checkout")
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    block = readme.split("allocsim advise $S --capacity 20GiB\n```\n\n```\n", 1)[1].split("```", 1)[0]
+    marker = "allocsim advise $S --capacity 20GiB\n```\n\n```\n"
+    block = doc_quoting(marker).split(marker, 1)[1].split("```", 1)[0]
     expected = [line for line in block.splitlines()
                 if line.strip() and "p99" not in line and "timed replays" not in line and line.strip() != "2. ..."]
     code, out, _ = run_cli(capsys, "advise", path, "--capacity", "20GiB", "--fast", "--workers", "1",

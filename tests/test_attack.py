@@ -3,7 +3,7 @@
 Each run must end with exit 0, 1, 2 or 3, no traceback, a one-line error naming the file when it
 fails, peak RSS within the cap, and on valid files the numbers of an independent recount. CI runs
 one file per class of attack; ``pytest -m slow tests/test_attack.py`` runs every generator with
-several seeds plus a hypothesis search over valid files (see the README, "Limits and untrusted input").
+several seeds plus a hypothesis search over valid files (see docs/security.md).
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ _CI_COMMANDS = ("info", "run pytorch")
 _CI_ALL_INFO = ("gzip members", "bombs round 2")
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("cls, gen_name, gen, seed",
                          [c for c in _cases(1) if _CI_PICK.get(c.values[0]) == c.values[1]])
 def test_hostile_files_ci(tmp_path, cls, gen_name, gen, seed):
@@ -111,12 +112,14 @@ def test_hostile_files_ci(tmp_path, cls, gen_name, gen, seed):
         check_run(name, path, commands(path, tmp_path)[name], expected)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("cls, gen_name, gen, seed", [c for c in _cases(1) if c.values[0] in _CI_ALL_INFO])
 def test_round2_files_ci(tmp_path, cls, gen_name, gen, seed):
     path, expected = gen(tmp_path, random.Random(seed))
     check_run("info", path, commands(path, tmp_path)["info"], expected)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("kind", sorted(VALID))
 def test_valid_files_ci(tmp_path, kind):
     path, expected = VALID[kind](tmp_path, random.Random(1))
@@ -162,6 +165,7 @@ def _read_three_ways(path: Path) -> list[bytes]:
     return [read_bytes(str(path)), b"".join(iter_chunks(str(path))), b"".join(small_reads)]
 
 
+@pytest.mark.full
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(members=_members, cut=st.one_of(st.none(), st.floats(0.05, 0.999)))
 def test_gzip_reader_matches_gzip_decompress(members, cut):
@@ -232,6 +236,7 @@ def test_results_file_is_replaced_only_when_ours(tmp_path):
 
 
 # ------------------------------------------------------------------------------- convert reads back
+@pytest.mark.full
 def test_convert_of_deeply_nested_ops_reads_back(tmp_path, capsys):
     """4,400 nested ops make a stacks table of 9.7M rows: ``convert`` wrote 271 MB whose footer
     pyarrow refused. What ``convert`` writes must read back, equal to what it read."""
@@ -269,6 +274,7 @@ def _routes_agree(path: Path, argv_of, expected: str) -> None:
     assert lines["compiled"] == lines["reference"], lines
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("gen_name", sorted(EXPECTED_REFUSALS))
 def test_refusals_name_the_rule_on_both_routes(tmp_path, gen_name):
     path, _ = _GENERATORS[gen_name](tmp_path, random.Random(0))
@@ -283,6 +289,7 @@ def test_refusals_every_command_and_seed(tmp_path, gen_name, seed):
         _routes_agree(path, lambda p, n=name: commands(p, tmp_path)[n], EXPECTED_REFUSALS[gen_name])
 
 
+@pytest.mark.full
 def test_validate_names_the_file_for_an_impossible_state(tmp_path):
     path, _ = _GENERATORS["odd live block"](tmp_path, random.Random(0))
     code, _, err, _ = run_capped(commands(path, tmp_path)["validate snapshot"])

@@ -99,6 +99,7 @@ def check_table(observer: AttributionObserver, result) -> None:
         assert table.loc[table["at_peak"], "reserved_bytes"].tolist() == [result.summary["peak_reserved_bytes"]]
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_parts_add_up_on_every_event(case, traces):
     """Every event of multi-stream traces with deferred frees: the parts sum to reserved, in fast mode."""
@@ -113,6 +114,7 @@ def test_parts_add_up_on_every_event(case, traces):
         assert segs["size_bytes"].sum() == obs.policy.reserved_bytes
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_parts_add_up_at_a_small_capacity_with_ooms(case, traces):
     """A device too small for the trace: releases, retries and OOMs still leave the parts exact (SimPy mode)."""
@@ -123,6 +125,7 @@ def test_parts_add_up_at_a_small_capacity_with_ooms(case, traces):
     check_table(obs, result)
 
 
+@pytest.mark.full
 def test_stranded_only_for_stream_bound_pools(traces):
     """Free blocks cached for another stream are 'stranded' only where pools are per stream."""
     for name, _ in BASE:
@@ -272,6 +275,7 @@ def snapshot_paths(shared_dir):
     return paths
 
 
+@pytest.mark.full
 @pytest.mark.shared
 def test_every_shared_snapshot_adds_up_with_the_pytorch_preset(shared_dir):
     """Every shared snapshot, every device, pytorch preset with the run's own settings: exact on every sample."""
@@ -287,6 +291,7 @@ def test_every_shared_snapshot_adds_up_with_the_pytorch_preset(shared_dir):
     assert checked >= 10
 
 
+@pytest.mark.full
 @pytest.mark.shared
 def test_multi_stream_snapshot_strands_memory(shared_dir):
     """Maphsge4 (ten streams): at the peak, memory is cached for streams other than the requesting one."""

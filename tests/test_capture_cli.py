@@ -14,6 +14,7 @@ def _cli(*argv):
     return subprocess.run([sys.executable, "-m", "allocsim", *argv], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("argv", [["capture"], ["capture", "--", "python", "/no/such/train.py"],
                                   ["capture", "--steps", "-1", "--", "python", __file__]])
 def test_capture_usage_errors(argv):
@@ -30,6 +31,7 @@ def test_child_command_uses_the_named_interpreter_or_this_one_for_a_bare_script(
     assert default_output(["python", "-m", "pkg.train"]) == "train.capture.parquet"
 
 
+@pytest.mark.full
 def test_advise_takes_gpu_or_capacity_not_both(tmp_path):
     from allocsim.trace import write_trace
     from allocsim.trace.builder import TraceBuilder

@@ -77,6 +77,7 @@ def test_policies_never_prints_none_bytes(capsys):
     assert params["max_split_size"]["default"] is None   # JSON keeps null
 
 
+@pytest.mark.full
 def test_python_dash_m_convert_never_prints_a_traceback(tmp_path, trace_file):
     proc = subprocess.run([sys.executable, "-m", "allocsim", "convert", str(trace_file), "-o",
                            str(tmp_path / "no" / "dir" / "x.parquet")], cwd=REPO, capture_output=True, text=True,

@@ -36,6 +36,7 @@ def run_json(capsys, *argv) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.full
 @pytest.mark.shared
 @pytest.mark.parametrize("name,device,allocs,frees,streams", README_COUNTS)
 def test_info_matches_shared_readme(capsys, name, device, allocs, frees, streams):

@@ -223,6 +223,7 @@ def test_policies_lists_names_and_parameters(registry, capsys):
     assert code == 0 and "direct" in out
 
 
+@pytest.mark.full
 def test_python_dash_m_run_never_prints_a_traceback(tmp_path):
     """The installed entry point: a bad trace exits 2 with one line (no registry needed)."""
     missing = tmp_path / "missing.parquet"

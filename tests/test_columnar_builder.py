@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -52,6 +53,7 @@ def _sequential(rows):
     return b.finish()
 
 
+@pytest.mark.full
 @settings(max_examples=300, deadline=None)
 @given(records())
 def test_vectorised_builder_matches_the_sequential_one(rows):

@@ -98,6 +98,7 @@ def _shared(pattern: str) -> list[Path]:
     return sorted(SHARED.glob(pattern)) if SHARED.is_dir() else []
 
 
+@pytest.mark.full
 @pytest.mark.shared
 @pytest.mark.parametrize("name", [p.name for p in _shared("*/*.pickle")] or ["none"])
 def test_shared_snapshots_agree(shared_dir, name):
@@ -106,12 +107,14 @@ def test_shared_snapshots_agree(shared_dir, name):
     assert kind[0] == "trace"
 
 
+@pytest.mark.full
 @pytest.mark.shared
 @pytest.mark.parametrize("name", [p.name for p in _shared("kineto-gpu/*.json.gz")] or ["none"])
 def test_shared_kineto_files_agree(shared_dir, name):
     assert_routes_agree(next(p for p in _shared("kineto-gpu/*.json.gz") if p.name == name))
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("path", sorted(REPO_TRACES.glob("*.json.gz")), ids=lambda p: p.name)
 def test_repository_kineto_captures_agree(path):
     assert assert_routes_agree(path)[0] == "trace"
@@ -228,6 +231,7 @@ def _mutate(data: bytes, draw) -> bytes:
     return data
 
 
+@pytest.mark.full
 @_FUZZ
 @given(obj=snapshot_objects(), protocol=st.integers(2, 5), data=st.data())
 def test_generated_snapshots_agree(tmp_path_factory, obj, protocol, data):
@@ -330,6 +334,7 @@ def _chrome_text(doc, draw) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
+@pytest.mark.full
 @_FUZZ
 @given(doc=chrome_documents(), data=st.data())
 def test_generated_kineto_files_agree(tmp_path_factory, doc, data):
@@ -339,6 +344,7 @@ def test_generated_kineto_files_agree(tmp_path_factory, doc, data):
     assert_routes_agree(path, format="kineto", lenient=data.draw(st.booleans()))
 
 
+@pytest.mark.full
 @_FUZZ
 @given(spans=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 30), st.sampled_from(["f", "g", "a.py(1): h"]),
                                 st.integers(1, 2)), max_size=12),
@@ -392,6 +398,7 @@ def rmm_logs(draw):
     return "\n".join([",".join(columns)] + rows) + draw(st.sampled_from(["\n", "", "\n\n"]))
 
 
+@pytest.mark.full
 @_FUZZ
 @given(text=rmm_logs(), lenient=st.booleans())
 def test_generated_rmm_logs_agree(tmp_path_factory, text, lenient):
@@ -404,6 +411,7 @@ def test_generated_rmm_logs_agree(tmp_path_factory, text, lenient):
 _OPS = [OP_ALLOC, OP_FREE_REQUESTED, OP_FREE_COMPLETED, OP_FREE, OP_MARKER, OP_NONE, OP_EMPTY_CACHE]
 
 
+@pytest.mark.full
 @settings(max_examples=400, deadline=None)
 @given(rows=st.lists(st.tuples(st.integers(-1, 3), st.sampled_from(_OPS), st.sampled_from([0, 0, 1, -3]),
                                st.sampled_from([512, 1024, 2048, -1 << 62]),
@@ -430,6 +438,7 @@ def test_compiled_builder_equals_numpy(rows, first):
 
 
 # ---------------------------------------------------------------------- the events check alone
+@pytest.mark.full
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(rows=st.lists(st.tuples(st.integers(-2, 3), st.integers(0, 6), st.integers(-1, 6), st.integers(-1, 2048)),
                      max_size=25),
@@ -452,6 +461,7 @@ def test_parquet_tables_agree(tmp_path_factory, rows, initial, n_labels):
 
 
 # ---------------------------------------------------------------------- live bytes alone
+@pytest.mark.full
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(rows=st.lists(st.tuples(st.sampled_from(list(EventKind)), st.integers(-1, 8),
                                st.sampled_from([0, 512, 4096, 1 << 40, 1 << 62])), max_size=30),
@@ -534,6 +544,7 @@ def test_snapshot_scan_hands_back_times_past_int64():
     assert compiled.ext.snapshot_scan(untimed, 1 << 30, *args, _MAX_TIME_US, 1 << 61, True) is not None
 
 
+@pytest.mark.full
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmPeak from /proc")
 def test_rmm_scan_reserves_for_rows_not_blank_lines():
     """A body of blank lines reserved 41 bytes of columns per newline: address space 41 times the input."""

@@ -464,6 +464,7 @@ def _registry_policy(name, trace):
     return build_policy(name, device=SimulatedDevice(), allocator_settings=trace.meta.allocator_settings)
 
 
+@pytest.mark.full
 @pytest.mark.shared
 @pytest.mark.parametrize("name", REAL)
 def test_real_snapshot_fast_equals_simpy(shared_dir, name):
@@ -480,6 +481,7 @@ def test_real_snapshot_fast_equals_simpy(shared_dir, name):
         assert fast.summary["peak_reserved_bytes"] >= fast.summary["peak_live_lower_bound_bytes"], policy_name
 
 
+@pytest.mark.full
 @pytest.mark.shared
 def test_real_multi_stream_snapshot_invariants(shared_dir):
     """The ten-stream snapshot replays every event in SimPy mode with the fast path's final state."""

@@ -55,6 +55,7 @@ def shared_report(name: str) -> dict:
 
 
 # ---------------------------------------------------------------------- real snapshots
+@pytest.mark.full
 @pytest.mark.shared
 @pytest.mark.parametrize("name", SINGLE_STREAM)
 def test_single_stream_snapshots_match_every_decision(name):

@@ -56,6 +56,7 @@ def _run(*argv):
     return subprocess.run([sys.executable, "-m", "allocsim", *argv], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.full
 def test_run_gpu_verdict_uses_the_memory_left_to_the_allocator(tmp_path):
     gpu = find_gpu("RTX 4060")
     fits = _trace(tmp_path, [1 << 30, 1 << 30])
@@ -69,6 +70,7 @@ def test_run_gpu_verdict_uses_the_memory_left_to_the_allocator(tmp_path):
     assert done.stdout.strip().splitlines()[-1].startswith("DOES NOT FIT on RTX 4060")
 
 
+@pytest.mark.full
 def test_run_gpu_refuses_bad_input_in_one_line(tmp_path):
     path = _trace(tmp_path, [1024])
     for extra in (["--gpu", "Voodoo"], ["--gpu", "T4", "--capacity", "1GiB"]):
@@ -76,6 +78,7 @@ def test_run_gpu_refuses_bad_input_in_one_line(tmp_path):
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.mark.full
 def test_gpus_lists_every_model_with_sources():
     done = _run("gpus", "--json")
     rows = json.loads(done.stdout)["gpus"]

@@ -70,6 +70,7 @@ def _call(fn, *args):
         return "raised", type(exc)
 
 
+@pytest.mark.full
 @needs_kernel
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c[0] + "".join(f",{k}={v}" for k, v in c[1].items()))
 @pytest.mark.parametrize("seed", [1, 2])
@@ -193,6 +194,7 @@ def bert_head():
     return dataclasses.replace(trace, events=trace.events.iloc[:4000].reset_index(drop=True))
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("policy", ["direct", "pytorch", "cuda-async", "paddle"])
 @pytest.mark.parametrize("cost", ["default", "zero", "slow-sync"])
 @pytest.mark.parametrize("streams", [1, 3])
@@ -225,6 +227,7 @@ BATCH_CASES = [("pytorch", {}), ("pytorch", {"max_split_size": "24MiB"}), ("pyto
                ("bestfit", {"growth": "pytorch"}), ("paddle", {}), ("cupy", {})]
 
 
+@pytest.mark.full
 @needs_kernel
 @pytest.mark.parametrize("case", BATCH_CASES, ids=lambda c: c[0] + "".join(f",{k}={v}" for k, v in c[1].items()))
 @pytest.mark.parametrize("streams", [1, 3])

@@ -10,7 +10,6 @@ import pytest
 from allocsim.advise.advice import Advice
 from allocsim.advise.knobs import preset_for
 from allocsim.advise.report import _head, advice_to_dict
-from allocsim.cli import main as cli_main
 from allocsim.metrics.summary import lower_bound_bytes
 from allocsim.metrics.verdict import verdict
 from allocsim.runner import resolve_capacity
@@ -27,36 +26,30 @@ def snapshot(name: str) -> Path:
     return path
 
 
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    code = cli_main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.shared
-def test_a_lower_bound_capacity_fits_at_least_and_names_the_proven_range(capsys):
+def test_a_lower_bound_capacity_fits_at_least_and_names_the_proven_range(cli):
     path = snapshot("Maphsge4__snapshot.pickle")
     low, high = recorded_run(read_trace(path), 0).capacity_range
     assert low < high                        # releases on the OOM path prove only a range
-    code, out, _ = cli(capsys, "run", path, "--policy", "pytorch", "--fast", "--json")
+    code, out, _ = cli("run", path, "--policy", "pytorch", "--fast", "--json")
     v = json.loads(out)["verdict"]
     assert code == 0 and v["capacity_source"] == "inferred" and v["capacity_is_lower_bound"]
     assert v["capacity_range"] == [low, high] and v["capacity_bytes"] == low
     assert v["line"].startswith("FITS in at least 20.97 GiB (inferred; the recording proves 20.97 GiB to 21.01 GiB)")
     assert "headroom at least" in v["line"]
     # The same capacity given by the user is a plain, exact verdict.
-    code, out, _ = cli(capsys, "run", path, "--policy", "pytorch", "--fast", "--json", "--capacity", f"{low}B")
+    code, out, _ = cli("run", path, "--policy", "pytorch", "--fast", "--json", "--capacity", f"{low}B")
     v = json.loads(out)["verdict"]
     assert v["capacity_source"] == "given" and not v["capacity_is_lower_bound"]
     assert v["line"].startswith("FITS in 20.97 GiB: ")
 
 
 @pytest.mark.shared
-def test_an_oom_recorded_with_the_drivers_free_bytes_is_an_exact_capacity(capsys):
+def test_an_oom_recorded_with_the_drivers_free_bytes_is_an_exact_capacity(cli):
     path = snapshot("Constructor-Sun__memory_snapshot.pickle")
     low, high = recorded_run(read_trace(path).for_device(1), 1).capacity_range
     assert low == high
-    code, out, _ = cli(capsys, "run", path, "--policy", "pytorch", "--fast", "--json", "--device", "1")
+    code, out, _ = cli("run", path, "--policy", "pytorch", "--fast", "--json", "--device", "1")
     v = json.loads(out)["verdict"]
     assert v["capacity_source"] == "inferred" and not v["capacity_is_lower_bound"]
     assert "at least" not in v["line"] and "lower bound" not in v["line"]
@@ -94,33 +87,33 @@ def test_advise_says_what_it_assumed_of_a_lower_bound():
 
 @pytest.mark.slow
 @pytest.mark.shared
-def test_advise_cli_says_what_it_assumed(tmp_path, capsys):
+def test_advise_cli_says_what_it_assumed(tmp_path, cli):
     path = snapshot("Maphsge4__snapshot.pickle")
-    code, out, _ = cli(capsys, "advise", path, "--fast", "--workers", "1", "-o", tmp_path / "r.parquet", "--json")
+    code, out, _ = cli("advise", path, "--fast", "--workers", "1", "-o", tmp_path / "r.parquet", "--json")
     data = json.loads(out)
     assert data["capacity_source"] == "inferred" and data["capacity_range"][0] == data["capacity_bytes"]
     assert data["capacity_assumed"].startswith("assumed: the device had exactly 20.97 GiB")
-    code, out, _ = cli(capsys, "advise", path, "--fast", "--workers", "1", "-o", tmp_path / "r.parquet")
+    code, out, _ = cli("advise", path, "--fast", "--workers", "1", "-o", tmp_path / "r.parquet")
     assert data["capacity_assumed"] in out.splitlines()
 
 
 @pytest.mark.shared
-def test_info_says_at_least_for_a_lower_bound(capsys):
+def test_info_says_at_least_for_a_lower_bound(cli):
     path = snapshot("Maphsge4__snapshot.pickle")
-    code, out, _ = cli(capsys, "info", path)
+    code, out, _ = cli("info", path)
     assert code == 0
     assert "capacity at least 20.97 GiB (the recording proves 20.97 GiB to 21.01 GiB: the real peak reserved" in out
-    code, out, _ = cli(capsys, "info", path, "--json")
+    code, out, _ = cli("info", path, "--json")
     assert json.loads(out)["recorded"]["0"]["capacity_range"] == [22_519_218_176, 22_556_966_911]
 
 
 @pytest.mark.shared
-def test_sweep_says_at_least_for_a_lower_bound(tmp_path, capsys):
+def test_sweep_says_at_least_for_a_lower_bound(tmp_path, cli):
     path = snapshot("Maphsge4__snapshot.pickle")
-    code, out, _ = cli(capsys, "sweep", path, "--policy", "pytorch", "--fast", "--workers", "1",
+    code, out, _ = cli("sweep", path, "--policy", "pytorch", "--fast", "--workers", "1",
                        "-o", tmp_path / "r.parquet", "--json")
     [entry] = json.loads(out)["capacities"]
     assert code == 0 and entry["source"] == "inferred" and entry["range"] == [22_519_218_176, 22_556_966_911]
-    code, out, _ = cli(capsys, "sweep", path, "--policy", "pytorch", "--fast", "--workers", "1",
+    code, out, _ = cli("sweep", path, "--policy", "pytorch", "--fast", "--workers", "1",
                        "-o", tmp_path / "r.parquet")
     assert out.startswith(f"capacity at least 20.97 GiB for {path}, inferred from the recording: ")

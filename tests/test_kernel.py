@@ -170,6 +170,7 @@ class Program:
                         self.live.append(aid)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=OPS, capacity=CAPACITIES)
@@ -186,6 +187,7 @@ def test_kernel_calls_match_the_reference(case, ops, capacity):
     reference.check_invariants()
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] == "pytorch"], ids=lambda c: ",".join(map(str, c[1].items())))
 @settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(warmup=OPS, ops=OPS, capacity=CAPACITIES)
@@ -313,6 +315,7 @@ ENGINE_CASES = [c for c in CASES if c[0] != "paddle-naive"]
 COSTS = [CostModel(), CostModel(device_sync_ns=2_000_000, pool_hit_ns=5_000)]
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("case", ENGINE_CASES, ids=[i for c, i in zip(CASES, CASE_IDS) if c in ENGINE_CASES])
 @settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=EVENTS, capacity=CAPACITIES, initial=st.integers(0, 3), cross_stream=st.booleans(),
@@ -334,6 +337,7 @@ def test_kernel_runs_match_the_reference(case, rows, capacity, initial, cross_st
         assert got_state == want_state
 
 
+@pytest.mark.full
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(warmup=OPS, rows=EVENTS, params=st.sampled_from([c[1] for c in CASES if c[0] == "pytorch"]),
        capacity=st.sampled_from([None, 400 * MiB]))
@@ -513,6 +517,7 @@ def _cli(args, env_extra=None, code=None):
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
 
 
+@pytest.mark.full
 def test_version_and_run_output_name_the_route(tmp_path):
     """--version and run (text and JSON) say which route ran; ALLOCSIM_KERNEL=reference switches both."""
     trace = str(REPO / "traces" / "bert_fp32.json.gz")
@@ -533,6 +538,7 @@ def test_version_and_run_output_name_the_route(tmp_path):
     assert "policy kernel: reference" in text.stdout
 
 
+@pytest.mark.full
 def test_without_the_extension_allocsim_runs_on_the_reference(tmp_path):
     """As on a machine with no compiler: the import fails, --version says so and run still works (exit 0)."""
     block = ("import sys; sys.modules['allocsim.policies._kernel'] = None; "

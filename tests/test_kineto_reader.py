@@ -75,6 +75,7 @@ def same_trace(a: Trace, b: Trace) -> None:
 
 
 # --------------------------------------------------------------------------- real traces
+@pytest.mark.full
 @pytest.mark.parametrize("path", REAL_TRACES or [None], ids=[p.name for p in REAL_TRACES] or ["none"])
 def test_real_capture(path):
     if path is None:
@@ -393,6 +394,7 @@ def _check_reads(data: bytes, name: str = "f.json") -> None:
             validate_events(trace, path)
 
 
+@pytest.mark.full
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 1), rnd=st.randoms(use_true_random=False), value=_RANDOM_VALUES,
        n_mut=st.integers(1, 3), raw=st.integers(-3, 4))
@@ -452,6 +454,7 @@ def test_no_start_allocation_when_the_orphans_explain_it_or_on_the_cpu(tmp_path)
     assert trace.initial_allocs["size_bytes"].tolist() == [2000]             # the orphan only; CPU memory: none
 
 
+@pytest.mark.full
 @pytest.mark.shared
 def test_shared_gpu_traces_peak_at_the_recorded_total(shared_dir):
     """With the memory held before the window as an allocation, each GPU trace's peak live bytes

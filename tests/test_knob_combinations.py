@@ -120,6 +120,7 @@ def test_release_passes_over_free_pieces_of_split_segments():
     policy.check_invariants()
 
 
+@pytest.mark.full
 @pytest.mark.shared
 def test_max_split_with_roundup_on_a_real_snapshot_gives_a_verdict(tmp_path):
     """The command of the bug report, on the snapshot that crashed: a verdict, never a traceback."""
@@ -142,6 +143,7 @@ def _sample(label: str, combos: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [both[0], random.Random(label).choice(combos)]
 
 
+@pytest.mark.full
 @pytest.mark.shared
 def test_sampled_advise_grid_on_every_snapshot():
     """On every shared trace the smallest max_split_size with rounding at the real run's peak reserved;
@@ -212,6 +214,7 @@ def _random_conf_case(label_index: int, text: str, cap_name: str) -> None:
         raise AssertionError(f"{label} PYTORCH_CUDA_ALLOC_CONF={text} at {cap}: {type(exc).__name__}: {exc}") from exc
 
 
+@pytest.mark.full
 @pytest.mark.shared
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 10_000), alloc_conf_strings(), st.sampled_from(["peak", "tight"]))

@@ -41,6 +41,7 @@ def _reference_only(monkeypatch):
 
 
 # ---------------------------------------------------------------------- snapshots
+@pytest.mark.full
 @pytest.mark.parametrize("name", sorted(FILES))
 def test_fast_snapshot_path_equals_reference(shared_dir, monkeypatch, name):
     if not SNAPSHOT_DIR.is_dir():
@@ -71,6 +72,7 @@ def test_synthetic_fast_equals_reference(tmp_path, monkeypatch):
     assert_same(fast, read_trace(path))
 
 
+@pytest.mark.full
 def test_frames_of_a_real_snapshot_survive_convert(shared_dir, tmp_path):
     if not SNAPSHOT_DIR.is_dir():
         pytest.skip("no shared snapshots")
@@ -91,6 +93,7 @@ def _opcode_bomb(body: bytes) -> bytes:
     return b"\x80\x04" + body
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("blob, reason", [
     (b"\x80\x02]r\xff\xff\xff\x7f.", None),                                   # memo index 2**31-1: valid
     (b"\x80\x04\x95" + struct.pack("<Q", 1 << 62) + b"]." , "any"),        # FRAME claiming 4 EiB
@@ -120,6 +123,7 @@ def test_hostile_opcodes_are_cheap(tmp_path, blob, reason):
     assert time.perf_counter() - start < 20
 
 
+@pytest.mark.full
 def test_memory_cap_stops_a_legal_but_huge_parse(tmp_path):
     # 400k tiny allocations: fine by default, over a 64 MiB parsing budget.
     entries = [{"action": "alloc", "addr": 512 * i, "size": 512, "stream": 0} for i in range(400_000)]
@@ -157,6 +161,7 @@ def test_invalid_recorded_settings(tmp_path, settings, key):
     assert any(key in note and "ignored" in note for note in trace.meta.notes)
 
 
+@pytest.mark.full
 def test_quadratic_inputs_stay_fast(tmp_path):
     """40k expandable map events and 20k segments load in seconds, not hours."""
     n = 20_000
@@ -219,6 +224,7 @@ def test_kineto_pseudo_frames_are_the_enclosing_ops(tmp_path):
     assert trace.stack(int(trace.events["stack_id"].iloc[1])) == [("train.py", 12, "step")]
 
 
+@pytest.mark.full
 def test_real_kineto_files(shared_dir):
     if not KINETO_DIR.is_dir():
         pytest.skip("no shared Kineto traces")
@@ -269,6 +275,7 @@ def test_rmm_columnar_equals_line_by_line(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------- limits and files
+@pytest.mark.full
 def test_gzip_bomb_is_stopped_by_the_ratio(tmp_path):
     path = tmp_path / "bomb.json.gz"
     with gzip.open(path, "wb", compresslevel=9) as fh:

@@ -172,6 +172,7 @@ def test_jsonable_turns_numpy_and_containers_into_json():
     assert json.loads(json.dumps(jsonable(value))) == {"a": 3, "b": [1, 0.5], "c": [1, 2], "d": None, "e": None}
 
 
+@pytest.mark.full
 def test_summary_takes_a_public_run_output_and_never_imports_the_engine():
     """The summary is built from a ``RunOutput`` any replay can fill; importing it loads no engine."""
     import subprocess

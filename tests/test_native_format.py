@@ -155,6 +155,7 @@ def test_parquet_truncated(tmp_path):
         read_trace(path)
 
 
+@pytest.mark.full
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_corrupted_csv_never_crashes(tmp_path_factory, data):
@@ -184,6 +185,7 @@ def test_corrupted_csv_never_crashes(tmp_path_factory, data):
             pass
 
 
+@pytest.mark.full
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cut=st.integers(0, 10_000), flips=st.lists(st.tuples(st.integers(0, 10**9), st.integers(0, 255)), max_size=6))
 def test_corrupted_parquet_never_crashes(tmp_path_factory, cut, flips):

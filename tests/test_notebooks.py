@@ -72,6 +72,7 @@ def printed(nb) -> str:
     return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs_top_to_bottom(name, kernel_env, monkeypatch, tmp_path, request):
     """Every cell of a temporary copy runs without error (their assertions check the conclusions the text states)."""
@@ -83,6 +84,7 @@ def test_notebook_runs_top_to_bottom(name, kernel_env, monkeypatch, tmp_path, re
     assert "all claims hold" in printed(nb)
 
 
+@pytest.mark.full
 def test_tuning_notebook_without_the_shared_folder(kernel_env, monkeypatch, tmp_path):
     """Where ../shared is absent, notebook 03 says so and tunes on the project's BERT trace instead."""
     repo = tmp_path / "repo"

@@ -149,6 +149,7 @@ def test_bad_flags_exit_2_with_one_line(capsys, monkeypatch, args):
     assert len(err.strip().splitlines()) == 1 or err.startswith("usage:")
 
 
+@pytest.mark.full
 def test_advise_prints_export_lines_and_json_flags(tmp_path, capsys):
     code, out, err = run_here(capsys, "advise", PADDLE_TRACE, "--policy", "paddle", "--capacity", "256MiB", "--fast",
                               "--json", "--workers", "1", "-o", tmp_path / "runs.parquet")

@@ -67,6 +67,7 @@ def test_real_paddle_traces_are_shipped():
     assert len(PADDLE_TRACES) >= 2, "traces/paddle/*.json.gz: recorded by traces/capture_paddle.py"
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("path", PADDLE_TRACES, ids=lambda p: p.name)
 def test_real_trace_replays_to_paddles_own_figures(path):
     memory = raw_memory_events(path)
@@ -87,6 +88,7 @@ def test_real_trace_replays_to_paddles_own_figures(path):
     assert names and not any(n.endswith(" us]") or n.endswith(" ms]") for n in names)
 
 
+@pytest.mark.full
 @pytest.mark.skipif(compiled.ext is None, reason="compiled readers not built")
 @pytest.mark.parametrize("path", PADDLE_TRACES, ids=lambda p: p.name)
 def test_both_routes_read_the_same_trace(path):
@@ -154,6 +156,7 @@ def test_kineto_traces_are_never_taken_for_paddle():
     assert detect_format(path) == "kineto" and read_trace(path).meta.format == "kineto"
 
 
+@pytest.mark.full
 def test_unknown_framework_gets_one_line_naming_its_fields(tmp_path):
     events = [{"name": "[memory]", "ph": "i", "ts": 1, "pid": 1, "tid": 1, "args": {"ptr": 1, "size": 8}}]
     path = tmp_path / "other.json"
@@ -240,6 +243,7 @@ def _mutated(seed: int) -> list[dict]:
     return rec.events
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("seed", range(40))
 def test_odd_fields_give_a_trace_or_one_line_on_both_routes(tmp_path, seed):
     path = write_paddle(tmp_path / f"odd{seed}.json", _mutated(seed))

@@ -96,6 +96,7 @@ def test_timeline_draws_labelled_axes_with_lower_bound_capacity_and_oom(no_disk)
         assert word in legend
 
 
+@pytest.mark.full
 def test_attribution_segment_map_latency_on_a_real_run(no_disk, bert, bert_run):
     """Stacked attribution, segment map and latency of the BERT run: titled, labelled, legends."""
     result, observer, table = bert_run
@@ -161,6 +162,7 @@ def test_sweep_heatmap_and_pareto(no_disk):
     assert front_line.get_label() == "Pareto front (1 point)"   # (4 GiB, 500 ns) dominates the others
 
 
+@pytest.mark.full
 def test_downsample_keeps_every_peak_exactly():
     """Min/max per bucket: each column's exact maximum and minimum, at their first rows, survive."""
     rng = np.random.default_rng(7)
@@ -197,6 +199,7 @@ def run_cli(*argv) -> int:
     return cli_main([str(a) for a in argv])
 
 
+@pytest.mark.full
 def test_plot_command_on_a_shipped_trace(tmp_path, capsys):
     """One policy: figures (PNG and SVG) and the data they were drawn from, in DIR."""
     out = tmp_path / "figs"
@@ -212,6 +215,7 @@ def test_plot_command_on_a_shipped_trace(tmp_path, capsys):
     assert "timeline" in capsys.readouterr().out
 
 
+@pytest.mark.full
 def test_plot_command_compares_policies_and_replots_its_output(tmp_path):
     """Several policies: one directory each plus the comparison; the output re-plots as a result directory."""
     trace = ROOT / "traces" / "bert_recompute.json.gz"
@@ -231,6 +235,7 @@ def test_plot_command_compares_policies_and_replots_its_output(tmp_path):
     assert (again / "comparison.png").is_file() and (again / "pytorch" / "attribution.png").is_file()
 
 
+@pytest.mark.full
 def test_plot_command_on_a_run_result_directory(tmp_path, capsys):
     """`allocsim run -o DIR` output: the timeline and latency figures are drawn beside its tables."""
     run_dir = tmp_path / "run"
@@ -241,6 +246,7 @@ def test_plot_command_on_a_run_result_directory(tmp_path, capsys):
     assert not (run_dir / "attribution.png").exists()
 
 
+@pytest.mark.full
 def test_plot_command_on_sweep_results(tmp_path):
     """A sweep results file: a heatmap and, for a timed sweep, the Pareto front."""
     sweep = pytest.importorskip("allocsim.sweep")
@@ -266,6 +272,7 @@ def test_plot_command_bad_input_exits_2_with_one_line(argv, message, tmp_path, c
     assert code == 2 and message in err and err.count("\n") == 1 and err.startswith("allocsim plot: error:")
 
 
+@pytest.mark.full
 def test_plot_compares_settings_of_one_policy_side_by_side(tmp_path):
     """`--policy pytorch --policy pytorch:expandable_segments:True`: two runs, labelled by their settings."""
     trace = ROOT / "traces" / "bert_recompute.json.gz"
@@ -291,6 +298,7 @@ def test_titles_name_the_non_default_settings(no_disk):
     assert "deferred-gc(paddle) (threshold=1GiB)" in plot_timeline(gc).get_title()
 
 
+@pytest.mark.full
 def test_plot_memory_follows_the_recorded_stream_order(tmp_path):
     """A timed plot of a two-stream trace draws the trace-order memory; the timed series feeds latency only."""
     out = tmp_path / "p"

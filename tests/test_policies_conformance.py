@@ -109,6 +109,7 @@ def random_size(rs: np.random.RandomState) -> int:
     return int(rs.randint(10 * MiB, 48 * MiB))
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_random_mix_keeps_every_invariant(case, seed):

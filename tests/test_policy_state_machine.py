@@ -117,6 +117,7 @@ def machine_for(case: tuple[str, dict]) -> type[RuleBasedStateMachine]:
     return PolicyMachine
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("case", MACHINE_CASES, ids=case_id)
 def test_policy_matches_the_reference_model(case):
     run_state_machine_as_test(

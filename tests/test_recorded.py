@@ -173,6 +173,7 @@ def _shared_devices():
 _traces: dict[Path, object] = {}
 
 
+@pytest.mark.full
 @pytest.mark.shared
 @pytest.mark.parametrize("path,device", _shared_devices())
 def test_replaying_what_the_reader_inferred_reproduces_the_real_run(path, device):
@@ -209,6 +210,7 @@ def test_what_the_shared_snapshots_prove():
     assert sun.capacity_bytes == sun.ooms[0].reserved_bytes + sun.ooms[0].device_free_bytes == 84_298_432_512
 
 
+@pytest.mark.full
 @pytest.mark.shared
 @pytest.mark.parametrize("path,device", _shared_devices())
 def test_allocsim_run_with_nothing_else_gives_the_real_run(path, device, capsys):

@@ -37,6 +37,7 @@ def page_data(html: str) -> dict:
     return json.loads(m.group(1))
 
 
+@pytest.mark.full
 def test_page_is_self_contained_and_agrees_with_run(tmp_path, capsys):
     """No external resource; the verdict and peaks are those ``run --fast`` prints; categories add up."""
     trace = ROOT / "traces" / "bert_fp32.json.gz"
@@ -149,6 +150,7 @@ def oom_report(tmp_path_factory):
     return out
 
 
+@pytest.mark.full
 @pytest.mark.shared
 def test_page_in_chromium(browser, oom_report, capsys):
     """Opened from disk, offline: no console error, the verdicts are run's, hovering a block shows its stack."""

@@ -291,6 +291,7 @@ def _sources():
     yield pytest.param(SNAPSHOT, id="snapshot-silmont2000-fp32", marks=pytest.mark.shared)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("source", list(_sources()))
 def test_rmm_log_written_from_real_trace(tmp_path, source):
     if source.suffix == ".pickle":
@@ -352,6 +353,7 @@ def _check_reads(data: bytes, name: str = "f.csv") -> None:
             validate_events(trace, path)
 
 
+@pytest.mark.full
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, len(_SEED_TEXTS) - 1), rnd=st.randoms(use_true_random=False),
        value=_FIELD_VALUES, n_mut=st.integers(1, 4), op=st.integers(0, 5))

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from allocsim.cli import main as cli_main
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
@@ -19,20 +18,14 @@ def shared(rel: str) -> Path:
     return path
 
 
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    code = cli_main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.shared
-def test_three_device_snapshot_replays_the_device_asked_for(capsys):
+def test_three_device_snapshot_replays_the_device_asked_for(cli):
     path = shared("pytorch-snapshots/Constructor-Sun__memory_snapshot.pickle")
-    code, out, err = cli(capsys, "run", path, "--policy", "pytorch", "--fast")
+    code, out, err = cli("run", path, "--policy", "pytorch", "--fast")
     assert code == 2 and out == "" and "has devices [0, 1, 2]; choose one with --device N" in err
     peaks = {}
     for device in (1, 2):
-        code, out, err = cli(capsys, "run", path, "--policy", "pytorch", "--fast", "--device", device, "--json")
+        code, out, err = cli("run", path, "--policy", "pytorch", "--fast", "--device", device, "--json")
         data = json.loads(out)
         assert code in (0, 3), err
         assert data["device"] == device and data["trace"]["devices"] == [device]
@@ -41,28 +34,28 @@ def test_three_device_snapshot_replays_the_device_asked_for(capsys):
 
 
 @pytest.mark.shared
-def test_state_only_two_device_snapshot_reports_the_device_asked_for(capsys):
+def test_state_only_two_device_snapshot_reports_the_device_asked_for(cli):
     path = shared("state-only-snapshots/albi2_thesis-text-to-SQL_dump_snapshot.pickle")
-    code, out, _ = cli(capsys, "run", path, "--policy", "pytorch", "--device", "1")
+    code, out, _ = cli("run", path, "--policy", "pytorch", "--device", "1")
     assert code == 0 and "Recorded state of device 1" in out and "device 0" not in out
-    code, out, _ = cli(capsys, "run", path, "--policy", "pytorch", "--device", "1", "--json")
+    code, out, _ = cli("run", path, "--policy", "pytorch", "--device", "1", "--json")
     data = json.loads(out)
     assert code == 0 and data["device"] == 1 and list(data["devices"]) == ["1"]
     assert data["devices"]["1"]["reserved_bytes"] == 40 * 2**20   # device 1: one 40 MB expandable segment
-    code, out, _ = cli(capsys, "run", path, "--policy", "pytorch", "--json")
+    code, out, _ = cli("run", path, "--policy", "pytorch", "--json")
     data = json.loads(out)
     assert code == 0 and data["device"] is None and sorted(data["devices"]) == ["0", "1"]
 
 
 @pytest.mark.shared
-def test_kineto_host_memory_is_device_minus_one(capsys):
+def test_kineto_host_memory_is_device_minus_one(cli):
     """A Kineto trace's step markers sit on its GPU; selecting host memory (-1) must not keep the GPU."""
     path = shared("kineto-gpu/AMD-AGI_TraceLens_h100_bert-small.json.gz")
-    code, out, err = cli(capsys, "run", path, "--policy", "pytorch", "--fast", "--device", "-1", "--json")
+    code, out, err = cli("run", path, "--policy", "pytorch", "--fast", "--device", "-1", "--json")
     assert code == 0, err
     host = json.loads(out)
     assert host["device"] == -1 and host["trace"]["devices"] == [-1]
-    code, out, err = cli(capsys, "run", path, "--policy", "pytorch", "--fast", "--device", "0", "--json")
+    code, out, err = cli("run", path, "--policy", "pytorch", "--fast", "--device", "0", "--json")
     gpu = json.loads(out)
     assert code == 0 and gpu["device"] == 0 and gpu["trace"]["devices"] == [0]
     assert host["events"] < gpu["events"] and host["peak_requested_bytes"] != gpu["peak_requested_bytes"]

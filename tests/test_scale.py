@@ -181,6 +181,7 @@ def test_two_inputs_state_their_assumptions(series, tmp_path):
     assert wrong and all(truth.events["size_bytes"][i] in {40 * 64 + 64} for i in wrong)
 
 
+@pytest.mark.full
 def test_allocations_that_appear_with_scale_are_counted_and_carried(series):
     inputs = series([1, 2, 3, 4], appear_from=3)
     result = scale_inputs(inputs, Fraction(8), "batch")

@@ -1,6 +1,6 @@
 """The shipped scale captures (traces/scales/) and the scripts that made and check them.
 
-The leave-one-out test is the evidence behind the README's table: every series' held-out 2x point,
+The leave-one-out test is the evidence behind the table of docs/scale.md: every series' held-out 2x point,
 predicted from the smaller captures, must be within 2% (peak live) and 5% (peak reserved, pytorch
 preset) of the captured truth.
 """
@@ -16,6 +16,8 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+
+from .conftest import doc_quoting
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 SCALES = TRACES / "scales"
@@ -54,6 +56,7 @@ def test_real_captures_get_operator_attribution():
     assert item.steps.source == "markers" and len(item.steps.body) == 2
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("model", ["bert", "gpt2"])
 def test_leave_one_out_meets_the_targets(model):
     rows = scale_loo.loo_rows(SCALES, models=(model,), two_point=False)
@@ -64,11 +67,12 @@ def test_leave_one_out_meets_the_targets(model):
         assert row["aligned_share"] > 0.95
 
 
+@pytest.mark.full
 def test_readme_find_max_example_is_what_find_max_prints():
     from allocsim.scale import Scaler, find_max, load_input
 
-    readme = (TRACES.parent / "README.md").read_text()
-    block = readme.split("--find-max --multiple-of 64\n...\n", 1)[1].split("```", 1)[0]
+    marker = "--find-max --multiple-of 64\n...\n"
+    block = doc_quoting(marker).split(marker, 1)[1].split("```", 1)[0]
     quoted = [line for line in block.splitlines() if line.strip()]
     files = scale_analysis.series_files(SCALES, "gpt2", "seq")
     scaler = Scaler([load_input(str(p), Fraction(v)) for p, v in files], "seq")

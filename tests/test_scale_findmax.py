@@ -50,6 +50,7 @@ def largest(fits: dict[int, bool]) -> int | None:
 CAPACITY = 5 * MiB
 
 
+@pytest.mark.full
 def test_the_search_finds_what_asking_every_value_finds(scaler):
     found = find_max(scaler, CAPACITY, advise=False)
     live, replay = every_value(scaler, CAPACITY, range(1, 200))
@@ -65,6 +66,7 @@ def test_the_search_finds_what_asking_every_value_finds(scaler):
     assert found.advised is None and found.best is found.recorded
 
 
+@pytest.mark.full
 def test_the_best_advise_setting_fits_further_and_says_what_to_paste(scaler, tmp_path, capsys):
     found = find_max(scaler, CAPACITY)
     advised = found.advised
@@ -99,6 +101,7 @@ def test_nothing_fits_and_everything_fits(scaler):
     assert "the search limit" in huge.format_text()
 
 
+@pytest.mark.full
 def test_values_whose_sizes_no_device_holds_do_not_fit(scaler, specs, tmp_path, capsys):
     # 48 v^2 bytes pass a petabyte (the readers' bound on a size) near v = 1.5e8: the search stops there.
     found = find_max(scaler, 1 << 60, max_value=1 << 40, advise=False)
@@ -109,6 +112,7 @@ def test_values_whose_sizes_no_device_holds_do_not_fit(scaler, specs, tmp_path, 
     assert "too far from the inputs" in err and err.count("\n") == 1
 
 
+@pytest.mark.full
 def test_cli_find_max_writes_the_answer_and_exits_by_whether_anything_fits(specs, tmp_path, capsys):
     out = tmp_path / "best.parquet"
     argv = ["scale", *specs, "--name", "seq", "--capacity", "6MiB", "--find-max", "--workers", "1", "-o", str(out)]

@@ -142,6 +142,7 @@ def real_snapshot(shared_dir: Path, name: str) -> Path:
     return path
 
 
+@pytest.mark.full
 def test_windows_of_a_real_gpu_snapshot_align_by_site(shared_dir, tmp_path):
     path = real_snapshot(shared_dir, "Wedsonlin__medium_128_training_memory_snapshot.pickle")
     rows = scale_windows.windows_rows(path, (0.0, 0.3, 0.6), workdir=tmp_path)
@@ -170,6 +171,7 @@ def test_windows_of_a_python_stacks_snapshot_align_past_the_forward_pass(shared_
     assert late["aligned"] == late["same_allocation"] == late["allocations"] > 500
 
 
+@pytest.mark.full
 def test_the_same_runs_scaled_keep_every_size(shared_dir):
     path = real_snapshot(shared_dir, "Wedsonlin__medium_128_training_memory_snapshot.pickle")
     first = load_input(str(path), Fraction(1))

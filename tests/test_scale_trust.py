@@ -264,7 +264,7 @@ def test_weights_stay_constant_when_the_start_of_window_is_paired_by_size(shared
 
 @pytest.mark.slow
 def test_every_shared_series_as_the_readme_table_says(shared_dir):
-    # python traces/scale_series.py: the README's table, row by row.
+    # python traces/scale_series.py: the table of docs/scale.md, row by row.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "traces"))
     import scale_series
 

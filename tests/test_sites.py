@@ -20,6 +20,8 @@ from allocsim.trace.schema import FRAME_DTYPES, STACK_DTYPES, frame_from_columns
 from allocsim.trace.stats import live_bytes_series
 from allocsim.units import MiB
 
+from .conftest import doc_quoting
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
 SNAPSHOTS = SHARED / "pytorch-snapshots"
@@ -182,6 +184,7 @@ def _snapshots() -> list[tuple[str, int]]:
     return out
 
 
+@pytest.mark.full
 @pytest.mark.shared
 @pytest.mark.parametrize("name, device", _snapshots() or [("absent", 0)])
 def test_sites_add_up_exactly_on_every_shared_snapshot(name, device, shared_dir, capsys):
@@ -211,6 +214,7 @@ def test_sites_add_up_exactly_on_every_shared_snapshot(name, device, shared_dir,
     assert sum(r["bytes"] for r in data["sites"]["at_peak"]) == data["peak_requested_bytes"]
 
 
+@pytest.mark.full
 @pytest.mark.shared
 @pytest.mark.parametrize("name, extra", [("MercuryB1__cuda_memory_snapshot.pickle", []),
                                          ("Maphsge4__snapshot.pickle", ["--capacity", "20GiB"]),
@@ -305,6 +309,7 @@ def test_snapshot_backward_pass_is_named_by_its_autograd_node(shared_dir):
 
 
 # ----------------------------------------------------------------------------- the timeline
+@pytest.mark.full
 def test_site_timeline_adds_up_to_live_bytes(tmp_path, capsys):
     trace = read_trace(synthetic(tmp_path / "s.parquet"))
     table = site_timeline(trace, top=2, max_points=4)
@@ -328,6 +333,7 @@ def test_allocation_sites_of_a_trace_without_frames(tmp_path):
     assert np.array_equal(SiteIndex(b.finish()).site_of(np.array([-1, 3])), [-1, -1])
 
 
+@pytest.mark.full
 @pytest.mark.shared
 @pytest.mark.parametrize("policy, params", [("pytorch", {}), ("pytorch", {"expandable_segments": True}),
                                             ("bestfit", {}), ("cupy", {}), ("paddle", {}), ("direct", {})])
@@ -351,9 +357,9 @@ def test_every_waste_byte_is_placed_by_the_walk(policy, params, shared_dir):
 
 @pytest.mark.shared
 def test_readme_sites_example_is_what_run_prints(shared_dir, capsys):
-    """The README's code-site output on the OOM story's snapshot, line for line (its '...' lines elided)."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = readme.split("On the OOM story's snapshot at 20 GiB", 1)[1].split("```", 2)[1]
+    """The code-site output docs/sites.md quotes on the OOM story's snapshot, line for line (its '...' lines elided)."""
+    marker = "On the README's OOM story's snapshot at 20 GiB"
+    block = doc_quoting(marker).split(marker, 1)[1].split("```", 2)[1]
     expected = [line for line in block.splitlines()[1:] if line.strip() and line.strip() != "..."]
     code, out = run_cli(capsys, "run", SNAPSHOTS / "Maphsge4__snapshot.pickle", "--policy", "pytorch",
                         "--capacity", "20GiB")

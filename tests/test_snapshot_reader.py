@@ -153,6 +153,7 @@ def test_reserved_start_peak_final_match_readme(snapshots, row):
     assert set(segs["is_expandable"].tolist()) <= {name in EXPANDABLE}
 
 
+@pytest.mark.full
 @pytest.mark.shared
 @pytest.mark.parametrize("row", README_ROWS, ids=ROW_IDS)
 def test_replay_from_start_state_reaches_final_segments(snapshots, row):
@@ -196,6 +197,7 @@ def test_replay_from_start_state_reaches_final_segments(snapshots, row):
     assert live == {b["address"] for sg in final for b in sg["blocks"] if b["state"] != "inactive"}
 
 
+@pytest.mark.full
 @pytest.mark.shared
 @pytest.mark.parametrize("name", [n for n in FILES if n not in EXPANDABLE and n != "Maphsge4"])
 def test_initial_blocks_tile_initial_segments(snapshots, name):
@@ -427,6 +429,7 @@ def test_hostile_pickle_is_refused_without_running(tmp_path):
         read_snapshot(pid)
 
 
+@pytest.mark.full
 def test_resource_bombs_are_cheap(tmp_path):
     """Tiny pickles that make a naive loader use gigabytes or exponential time fail fast."""
     # LONG_BINPUT 0xffffffff: CPython's C unpickler would zero a 32 GiB memo table.
@@ -500,6 +503,7 @@ BAD_CASES = {
 }
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("case", list(BAD_CASES))
 def test_malformed_input_raises_trace_format_error(tmp_path, case):
     obj, expected = BAD_CASES[case]
@@ -510,6 +514,7 @@ def test_malformed_input_raises_trace_format_error(tmp_path, case):
     assert expected in str(info.value)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("case", ["unknown action", "negative size", "absurd size", "non-int size",
                                   "non-int addr", "entry not a dict", "entry lacks action",
                                   "entry lacks size", "entry lacks time_us", "bad segment",
@@ -560,12 +565,14 @@ def _check(blob: bytes) -> None:
     check_schema(trace)
 
 
+@pytest.mark.full
 @settings(max_examples=70, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.integers(min_value=0, max_value=len(_VALID)))
 def test_fuzz_truncation(cut):
     _check(_VALID[:cut])
 
 
+@pytest.mark.full
 @settings(max_examples=70, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.tuples(st.integers(min_value=0, max_value=len(_VALID) - 1), st.integers(0, 255)),
                 min_size=1, max_size=4))
@@ -592,6 +599,7 @@ def _pick_target(snap, where: str, data):
         return None, None
 
 
+@pytest.mark.full
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_fuzz_field_mutations(data):

@@ -111,6 +111,7 @@ def _raw_sums(raw_segments: list, device: int) -> dict[str, int]:
             "pending": sum(b["size"] for b in blocks if b["state"] not in ("inactive", "active_allocated"))}
 
 
+@pytest.mark.full
 @pytest.mark.shared
 def test_final_state_of_every_shared_snapshot_read_without_history(tmp_path, shared_dir):
     files = sorted((shared_dir / "traces" / "pytorch-snapshots").glob("*.pickle"))

@@ -46,6 +46,7 @@ def _site_key(name: str) -> str:
     return re.split(r"[\\\\/]", name)[-1]
 
 
+@pytest.mark.full
 @pytest.mark.shared
 def test_a_windows_recording_has_the_same_sites_as_the_linux_one(tmp_path):
     """The real snapshot's paths rewritten as Windows writes them: threading.py must not become a site."""

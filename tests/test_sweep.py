@@ -93,6 +93,7 @@ def test_equal_values_are_one_config_and_aliases_are_canonical():
     assert [c.params for c in configs] == [{"max_split_size": 268435456}, {"max_split_size": None}]
 
 
+@pytest.mark.full
 def test_unknown_key_is_an_error_naming_policy_and_valid_keys():
     with pytest.raises(ValueError, match=r"policy 'direct' has no parameter 'max_split_size'.*--grid-file"):
         build_configs(["direct"], ["max_split_size=none,256MiB"])
@@ -228,6 +229,7 @@ def _mixed_configs(tmp_path):
     return build_configs([], [], [], grid)
 
 
+@pytest.mark.full
 def test_process_pool_and_dask_give_rows_equal_to_in_process(tmp_path):
     from dask.distributed import LocalCluster
 
@@ -273,6 +275,7 @@ def test_interrupted_sweep_resumes_without_recomputing(tmp_path, tiny):
     pd.testing.assert_frame_equal(pd.read_parquet(out), df)
 
 
+@pytest.mark.full
 def test_sigkilled_sweep_resumes(tmp_path, tiny):
     out = tmp_path / "r.parquet"
     argv = [sys.executable, "-m", "allocsim", "sweep", str(tiny), "--policy", "pytorch", "--grid",
@@ -329,6 +332,7 @@ def test_unreadable_or_changed_trace_is_not_journaled(tmp_path, tiny, monkeypatc
     assert run_sweep([str(tiny)], configs, output=out, fast=True).computed == 2
 
 
+@pytest.mark.full
 def test_policy_specs_sweep_settings_side_by_side(tmp_path, tiny, capsys):
     out = tmp_path / "r.parquet"
     code, _, err = cli(capsys, "sweep", tiny, "--policy", "pytorch", "--policy", "pytorch:expandable_segments:True",

@@ -9,7 +9,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from allocsim.cli import main as cli_main
 from allocsim.sweep import worker
 
 SNAPSHOTS = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pytorch-snapshots"
@@ -22,12 +21,6 @@ def snapshot(name: str) -> Path:
     if not path.exists():
         pytest.skip("../shared/traces is not beside this checkout")
     return path
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    code = cli_main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def fail_when(monkeypatch, predicate, message: str) -> None:
@@ -43,11 +36,11 @@ def fail_when(monkeypatch, predicate, message: str) -> None:
 
 
 @pytest.mark.shared
-def test_sweep_prints_each_distinct_error_with_its_rows_and_exits_1(tmp_path, capsys, monkeypatch):
+def test_sweep_prints_each_distinct_error_with_its_rows_and_exits_1(tmp_path, cli, monkeypatch):
     path = snapshot(SMALL)
     fail_when(monkeypatch, lambda task: task.params.get("max_split_size") == 64 << 20, "60453126144")
     out = tmp_path / "r.parquet"
-    code, text, _ = cli(capsys, "sweep", path, "--policy", "pytorch", "--grid", "max_split_size=none,64MiB,128MiB",
+    code, text, _ = cli("sweep", path, "--policy", "pytorch", "--grid", "max_split_size=none,64MiB,128MiB",
                         "--grid", "roundup_power2_divisions=none,2", "--fast", "--workers", "1", "-o", out)
     assert code == 1
     assert "2 rows ended in an error (1 distinct" in text
@@ -58,7 +51,7 @@ def test_sweep_prints_each_distinct_error_with_its_rows_and_exits_1(tmp_path, ca
         part for line in rows for part in line.replace(",", " ").split() if part.startswith("roundup")}
     df = pd.read_parquet(out)
     assert df["error"].notna().sum() == 2 and len(df) == 6
-    code, text, _ = cli(capsys, "sweep", path, "--policy", "pytorch", "--grid", "max_split_size=none,64MiB,128MiB",
+    code, text, _ = cli("sweep", path, "--policy", "pytorch", "--grid", "max_split_size=none,64MiB,128MiB",
                         "--grid", "roundup_power2_divisions=none,2", "--fast", "--workers", "1", "-o", out, "--json")
     report = json.loads(text)
     assert code == 1 and report["errors"] == 2
@@ -67,34 +60,35 @@ def test_sweep_prints_each_distinct_error_with_its_rows_and_exits_1(tmp_path, ca
 
 
 @pytest.mark.shared
-def test_sweep_without_errors_exits_0(tmp_path, capsys):
-    code, text, _ = cli(capsys, "sweep", snapshot(SMALL), "--policy", "pytorch", "--grid", "max_split_size=none,64MiB",
+def test_sweep_without_errors_exits_0(tmp_path, cli):
+    code, text, _ = cli("sweep", snapshot(SMALL), "--policy", "pytorch", "--grid", "max_split_size=none,64MiB",
                         "--fast", "--workers", "1", "-o", tmp_path / "r.parquet")
     assert code == 0 and "ended in an error" not in text and "0 with errors" in text
 
 
+@pytest.mark.full
 @pytest.mark.shared
-def test_advise_prints_failed_runs_and_exits_1(tmp_path, capsys, monkeypatch):
+def test_advise_prints_failed_runs_and_exits_1(tmp_path, cli, monkeypatch):
     """8 GiB holds this run with any setting, so only the failed runs make the exit status 1."""
     fail_when(monkeypatch, lambda task: task.params.get("roundup_power2_divisions") == "16", "boom")
     argv = ["advise", snapshot(SMALL), "--capacity", "8GiB", "--fast", "--workers", "1", "-o", tmp_path / "runs.parquet"]
-    code, text, _ = cli(capsys, *argv)
+    code, text, _ = cli(*argv)
     assert code == 1 and "FITS in 8.00 GiB" in text
     head = next(line for line in text.splitlines() if "runs ended in an error" in line)
     failed = int(head.split()[0])
     assert failed > 0 and "(1 distinct" in head and "  error: KeyError: 'boom'" in text
     assert "roundup_power2_divisions=16" in text.split(head, 1)[1].splitlines()[2]
-    code, text, _ = cli(capsys, *argv, "--json")    # the same runs, from the journal
+    code, text, _ = cli(*argv, "--json")    # the same runs, from the journal
     data = json.loads(text)
     assert code == 1 and data["fits_any"]
     assert [(g["error"], g["rows"]) for g in data["errors"]] == [("KeyError: 'boom'", failed)]
 
 
 @pytest.mark.shared
-def test_grid_key_applies_to_each_policy_that_has_it(tmp_path, capsys):
+def test_grid_key_applies_to_each_policy_that_has_it(tmp_path, cli):
     """README: --set and --grid apply to every listed policy that has the key; the others run without it."""
     out = tmp_path / "r.parquet"
-    code, _, _ = cli(capsys, "sweep", snapshot(SMALL), "--policy", "pytorch", "--policy", "direct",
+    code, _, _ = cli("sweep", snapshot(SMALL), "--policy", "pytorch", "--policy", "direct",
                      "--grid", "max_split_size=none,64MiB", "--fast", "--workers", "1", "-o", out)
     df = pd.read_parquet(out)
     assert code == 0 and sorted(df["policy"]) == ["direct", "pytorch", "pytorch"]
@@ -104,16 +98,16 @@ def test_grid_key_applies_to_each_policy_that_has_it(tmp_path, capsys):
 
 
 @pytest.mark.shared
-def test_next_commands_after_a_multi_trace_sweep_work(tmp_path, capsys):
+def test_next_commands_after_a_multi_trace_sweep_work(tmp_path, cli):
     out = tmp_path / "r.parquet"
     traces = [snapshot(SMALL), snapshot(OTHER)]
-    code, text, _ = cli(capsys, "sweep", *traces, "--policy", "pytorch", "--grid", "max_split_size=none,64MiB",
+    code, text, _ = cli("sweep", *traces, "--policy", "pytorch", "--grid", "max_split_size=none,64MiB",
                         "--fast", "--workers", "1", "-o", out)
     nexts = [line[len("next: "):] for line in text.splitlines() if line.startswith("next: ")]
     assert code == 0 and len(nexts) == 2
     for command, trace in zip(nexts, traces):
         argv = shlex.split(command)
         assert argv[:2] == ["allocsim", "winners"] and argv[-2:] == ["--trace", str(trace)]
-        code, text, err = cli(capsys, *argv[1:])
+        code, text, err = cli(*argv[1:])
         assert code == 0, err
         assert "Winner:" in text and str(trace) in text

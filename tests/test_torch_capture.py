@@ -29,6 +29,9 @@ from allocsim.torch_capture import child  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Each test captures a script in PyTorch (seconds to a minute each): CI's full suite runs them.
+pytestmark = pytest.mark.full
+
 SCRIPT = '''
 import torch
 import torch.nn.functional as F

@@ -135,6 +135,7 @@ def test_host_replay_peak_equals_prediction(bert, policy):
     assert row["oom_measured"] is None and row["oom_predicted"] is None
 
 
+@pytest.mark.full
 def test_host_replay_rss_confirms_the_peak(bert):
     """With populated pages the resident set is an independent measurement of the same peak."""
     part = slice_trace(bert, 4000)
@@ -187,6 +188,7 @@ def test_fit_linear_recovers_a_line_and_clamps():
     assert sum(op == "a" for op, _, _ in steps) == sum(op == "f" for op, _, _ in steps) == 60
 
 
+@pytest.mark.full
 def test_calibrate_host_writes_a_cost_model_allocsim_run_uses(host_calibration, tmp_path):
     model = CostModel.load(host_calibration)
     data = json.loads(host_calibration.read_text())
@@ -212,6 +214,7 @@ def test_calibrate_host_writes_a_cost_model_allocsim_run_uses(host_calibration, 
 
 
 # ---------------------------------------------------------------------- the commands
+@pytest.mark.full
 def test_replay_command_json_and_reports(host_calibration, tmp_path):
     out = tmp_path / "res"
     proc = run_validate("replay", str(BERT), "--policy", "direct,pytorch", "--policy", "cupy", "--policy", "paddle",
@@ -232,6 +235,7 @@ def test_replay_command_json_and_reports(host_calibration, tmp_path):
     assert results["runs"][0]["cost_model"]["file"] == str(host_calibration)
 
 
+@pytest.mark.full
 def test_replay_command_text_errors_and_options(tmp_path):
     proc = run_validate("replay", str(BERT), "--policy", "cupy", "--limit-events", "500", "--touch",
                         "--set", "cupy.limit=1GiB", "-o", str(tmp_path / "r"))
@@ -245,6 +249,7 @@ def test_replay_command_text_errors_and_options(tmp_path):
                                                                            "pytorch": {"a": "1"}}
 
 
+@pytest.mark.full
 def test_report_merge(tmp_path, bert):
     from validate.report import main as report_main
     from validate.report import render_markdown

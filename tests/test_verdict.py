@@ -15,6 +15,8 @@ from allocsim.trace.builder import TraceBuilder
 from allocsim.trace.recorded import RecordedOOM, RecordedRun, set_recorded_run
 from allocsim.units import GiB, MiB
 
+from .conftest import doc_quoting
+
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
     code = cli_main([str(a) for a in argv])
@@ -298,10 +300,11 @@ def test_maphsge4_fast_and_default_agree(shared_dir, capsys):
     assert unlimited["timed_memory"]["peak_requested_bytes"] > unlimited["peak_requested_bytes"]
 
 
+@pytest.mark.full
 def test_the_readme_oom_story_is_what_run_prints(shared_dir, capsys):
-    """Every `allocsim run $S ...` line of the README's OOM story is followed by the verdict it prints."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    story = readme.split("The OOM story on a real snapshot", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    """Every `allocsim run $S ...` line of the README's OOM story (its tour) is followed by the verdict it prints."""
+    marker = "**The OOM story** on a real snapshot"
+    story = doc_quoting(marker).split(marker, 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     lines = [line.strip() for line in story.strip().splitlines()]
     snapshot = shared_dir / "traces" / "pytorch-snapshots" / "Maphsge4__snapshot.pickle"
     checked = 0

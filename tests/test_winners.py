@@ -6,6 +6,7 @@ import json
 import shlex
 
 import pandas as pd
+import pytest
 
 from allocsim.cli import main as cli_main
 from allocsim.sweep import build_configs, run_sweep, write_results
@@ -98,6 +99,7 @@ def test_several_traces_need_trace_option(tmp_path, capsys):
     assert "incomplete sweep" in err
 
 
+@pytest.mark.full
 def test_commands_reproduce_their_rows(tmp_path, capsys):
     trace = write_tiny(tmp_path / "tiny.parquet", n=60, streams=2)
     grid = tmp_path / "grid.json"

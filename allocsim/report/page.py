@@ -2,7 +2,7 @@
 
 No library and no network: the viewer is about 300 lines of plain JavaScript drawing on ``<canvas>``
 (a timeline that zooms, re-bucketing per pixel column by maximum so no peak is lost, and a segment
-map with hover), and the data is one JSON object in the page. Why not Plotly or Bokeh: see README.
+map with hover), and the data is one JSON object in the page. Why not Plotly or Bokeh: see docs/report.md.
 """
 
 from __future__ import annotations

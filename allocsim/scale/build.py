@@ -440,7 +440,7 @@ def _checks(inputs, reference: ScaleInput, target: Fraction, scale_name: str, la
     if target > values[-1]:
         ratio = float(target / values[-1])
         out.append(f"{scale_name} {target} is {ratio:.3g}x the largest input ({values[-1]})"
-                   + ("; the leave-one-out check (README) covers 2x: record an input nearer the target to confirm"
+                   + ("; the leave-one-out check (docs/scale.md) covers 2x: record an input nearer the target to confirm"
                       if ratio > 2 else ""))
     elif target < values[0]:
         out.append(f"{scale_name} {target} is below the smallest input ({values[0]}): kernels often take other paths "

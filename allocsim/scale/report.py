@@ -30,7 +30,7 @@ LIMITS = (
     "and so not in the prediction",
     "inputs must be one program in one configuration (same precision, dtypes, driver line, allocator "
     "settings): others are refused unless --allow-mixed",
-    "checked at 2x the largest input (README): CPU captures exact; six real GPU snapshot series, one "
+    "checked at 2x the largest input (docs/scale.md): CPU captures exact; six real GPU snapshot series, one "
     "configuration each (cherryni2022 medium and small 1024, yyin-dev XL 512, Hyperion-shuo large 512, "
     "charliesabino 2.7B fp32 and mixed 512): peak live within 0.02%, peak reserved -2.98% .. +0.02% (the two "
     "charliesabino series carry caches of earlier runs: -2.98%, -1.28%; the others within 0.02%), the recording "

@@ -1,0 +1,212 @@
+"""Every command the README and docs/ show in a ``bash`` block runs, here or in the test named for it.
+
+A block is run top to bottom in a fresh folder (so ``sweep ... -o results.parquet`` then ``winners
+results.parquet`` works), with ``traces/`` and ``../shared/`` paths taken from the repository. Lines
+``# TEXT`` right under a command are its output: each must be a line it prints (``TEXT ...``: a line
+that starts with TEXT). Commands that another test already runs with its output checked, or that need
+a GPU, a user's script or minutes, are listed in COVERED with that test; every ``python`` block runs too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+
+from .conftest import ROOT, SHARED_DIR, doc_pages
+
+#: Commands run elsewhere: command as the docs write it -> (the test or fixture that runs it, why not here).
+COVERED: dict[str, tuple[str, str]] = {
+    "python -m pytest -q": (
+        "tests/test_docs_commands.py::test_ci_runs_the_readme_test_command", "the suite itself: .ci/run runs it"),
+    "python -m pytest -q -m full": (
+        "tests/test_docs_commands.py::test_ci_runs_the_readme_test_command", "the full suite: .ci/run runs it"),
+    **{f"allocsim run $S --policy pytorch{extra}": (
+        "tests/test_verdict.py::test_the_readme_oom_story_is_what_run_prints",
+        "checks each verdict line under it, with --fast (the four timed replays of a 9k-event snapshot take long)")
+       for extra in ("", " --capacity 20GiB", " --capacity 20GiB --alloc-conf expandable_segments:True",
+                     " --capacity 16GiB --alloc-conf expandable_segments:True")},
+    "allocsim advise $S --capacity 20GiB": (
+        "tests/test_advise.py::test_the_readme_advise_example_is_what_advise_prints",
+        "checks the quoted output line for line, with --fast (150 timed replays take minutes)"),
+    "allocsim report $S --policy pytorch --policy pytorch:expandable_segments:True --capacity 20GiB -o report.html": (
+        "tests/test_report.py::oom_report", "the page the browser test opens and the screenshot is taken of"),
+    "allocsim capture -o train.parquet --steps 4 -- python train.py --batch 64": (
+        "tests/test_torch_capture.py::test_cli_capture_runs_a_cuda_script_and_run_judges_it_on_a_gpu",
+        "train.py is the user's script: the test captures one of its own (needs PyTorch)"),
+    'allocsim run train.parquet --policy pytorch --gpu "RTX 3060"': (
+        "tests/test_torch_capture.py::test_cli_capture_runs_a_cuda_script_and_run_judges_it_on_a_gpu",
+        "replays that test's capture on the RTX 3060"),
+    'allocsim advise train.parquet --gpu "RTX 3060"': (
+        "tests/test_capture_cli.py::test_advise_takes_gpu_or_capacity_not_both", "advise --gpu on a small trace"),
+    "python -m validate calibrate --backend host -o calibration.json": (
+        "tests/test_validate_host.py::host_calibration", "takes minutes; the test runs it with --quick"),
+    "python -m validate replay traces/bert_fp32.json.gz --policy pytorch,cupy --backend host --json": (
+        "tests/test_validate_host.py::test_replay_command_json_and_reports",
+        "replays on real host memory; the test runs these policies and more and checks the JSON"),
+}
+
+
+@dataclass
+class Command:
+    """One command of a bash block: its text as written, the output lines quoted under it, its line number."""
+
+    text: str
+    line: int
+    expected: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Block:
+    """A fenced ``bash`` block of one page: shell variables it sets, and its commands in order."""
+
+    page: str
+    line: int
+    variables: dict[str, str] = field(default_factory=dict)
+    commands: list[Command] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def fenced(text: str, language: str) -> list[tuple[int, str]]:
+    """(line number of the first line, body) of every ```LANGUAGE block."""
+    return [(text.count("\n", 0, m.start(1)) + 1, m.group(1))
+            for m in re.finditer(rf"(?ms)^```{language}\n(.*?)^```", text)]
+
+
+def bash_blocks() -> list[Block]:
+    """Every ``bash`` block of README.md and docs/*.md with the ``allocsim`` and ``python -m`` commands in it."""
+    blocks = []
+    for path in doc_pages():
+        page = str(path.relative_to(ROOT))
+        for first, body in fenced(path.read_text(encoding="utf-8"), "bash"):
+            block = Block(page, first)
+            lines = body.replace("\\\n", " ").splitlines()
+            for number, line in enumerate(lines, first):
+                if line.startswith("# ") and block.commands:
+                    block.commands[-1].expected.append(line[2:])
+                    continue
+                if m := re.fullmatch(r"([A-Z]\w*)=(\S+)", line.strip()):
+                    block.variables[m[1]] = m[2]
+                    continue
+                code = re.split(r"\s+#\s", line, maxsplit=1)[0]       # a comment after the command
+                for part in code.split("&&"):
+                    part = " ".join(part.split())
+                    if part.startswith(("allocsim ", "python -m ")):
+                        block.commands.append(Command(part, number))
+            if block.commands:
+                blocks.append(block)
+    return blocks
+
+
+BLOCKS = bash_blocks()
+
+
+def to_run(block: Block) -> list[Command]:
+    return [c for c in block.commands if c.text not in COVERED]
+
+
+def argv_of(command: Command, variables: dict[str, str]) -> list[str]:
+    """The command's words with its variables expanded and repository paths made absolute."""
+    words = shlex.split(re.sub(r"\$(\w+)", lambda m: variables[m[1]], command.text))
+    out = []
+    for word in words:
+        for prefix, base in (("traces/", ROOT / "traces"), ("../shared/", SHARED_DIR)):
+            if word.startswith(prefix):
+                if not base.is_dir():
+                    pytest.skip(f"{base} is absent")
+                word = str(base / word[len(prefix):])
+        out.append(word)
+    return out
+
+
+def matches(expected: str, printed: list[str]) -> bool:
+    """``TEXT`` is a printed line; ``TEXT ...`` the start of one."""
+    if expected.endswith("..."):
+        return any(line.startswith(expected[:-3].rstrip()) for line in printed)
+    return expected in printed
+
+
+def test_docs_show_commands_in_bash_blocks():
+    """The extraction finds the pages' commands (an empty list would make every check below pass)."""
+    texts = [c.text for b in BLOCKS for c in b.commands]
+    assert len(texts) >= 25 and {"README.md", "docs/capture.md", "docs/fidelity.md"} <= {b.page for b in BLOCKS}
+    assert "allocsim run traces/bert_fp32.json.gz --policy pytorch --capacity 4GiB" in texts
+
+
+def test_every_covered_command_is_in_the_docs_and_its_test_exists():
+    """COVERED names real commands and real tests, so it cannot rot into excuses for commands that are gone."""
+    shown = {c.text for b in BLOCKS for c in b.commands}
+    assert sorted(set(COVERED) - shown) == []
+    for command, (test, why) in COVERED.items():
+        file, name = test.split("::")
+        source = (ROOT / file).read_text(encoding="utf-8")
+        assert re.search(rf"^def {name}\(", source, re.M), f"{command}: {test} does not exist"
+        assert why
+
+
+def test_the_readme_opens_with_exactly_two_commands():
+    first = fenced((ROOT / "README.md").read_text(encoding="utf-8"), "bash")[0][1].splitlines()
+    assert first == ["pip install . && allocsim run traces/bert_fp32.json.gz --policy pytorch --capacity 4GiB",
+                     "pip install -e '.[test]' && python -m pytest -q"]
+
+
+def test_ci_runs_the_readme_test_command():
+    """.ci/run runs the README's test command verbatim, and then the suites the default one leaves out."""
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "pip install -e '.[test]' && python -m pytest -q\n" in ci
+    assert re.search(r"^python -m pytest -q -m full$", ci, re.M)
+
+
+def readme_verdict() -> str:
+    """The verdict the README's prose says its first command ends with."""
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    return re.search(r"ending with the verdict: `([^`]+)`", text)[1]
+
+
+#: Blocks with one of these commands take seconds each: CI's full suite runs them, the fast one the others.
+HEAVY = ("allocsim sweep ", "allocsim advise ", "allocsim report ", "allocsim scale ", "python -m ")
+
+
+def block_param(block: Block):
+    heavy = any(c.text.startswith(HEAVY) for c in to_run(block))
+    return pytest.param(block, id=block.id, marks=[pytest.mark.full] if heavy else [])
+
+
+@pytest.mark.parametrize("block", [block_param(b) for b in BLOCKS if to_run(b)])
+def test_bash_block_runs_and_prints_what_it_quotes(block, tmp_path, monkeypatch, cli):
+    monkeypatch.chdir(tmp_path)                                   # outputs (-o) land here
+    monkeypatch.setenv("ALLOCSIM_CACHE_DIR", str(tmp_path / "cache"))
+    for command in to_run(block):
+        argv = argv_of(command, block.variables)
+        if argv[0] == "allocsim":
+            code, out, err = cli(*argv[1:])
+        else:
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+            done = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, env=env, timeout=300)
+            code, out, err = done.returncode, done.stdout, done.stderr
+        where = f"{block.page}:{command.line}: {command.text}"
+        assert code == 0 and "Traceback" not in err, f"{where}\nexit {code}\n{err}"
+        printed = [line.rstrip() for line in (out + err).splitlines()]
+        expected = list(command.expected)
+        if command.text == "allocsim run traces/bert_fp32.json.gz --policy pytorch --capacity 4GiB":
+            expected.append(readme_verdict())
+        missing = [line for line in expected if not matches(line.rstrip(), printed)]
+        assert not missing, f"{where}: not printed: {missing}\n{out}"
+
+
+PYTHON_BLOCKS = [(f"{p.relative_to(ROOT)}:{n}", body) for p in doc_pages()
+                 for n, body in fenced(p.read_text(encoding="utf-8"), "python")]
+
+
+@pytest.mark.parametrize("first,body", PYTHON_BLOCKS, ids=[first for first, _ in PYTHON_BLOCKS])
+def test_python_block_runs(first, body, monkeypatch):
+    monkeypatch.chdir(ROOT)                                      # its paths are the repository's
+    exec(compile(body, first, "exec"), {"__name__": "docs_example"})
