@@ -62,6 +62,7 @@ def _workspace_events(trace):
     return rows
 
 
+@pytest.mark.full          # a torch capture or a real GPU step: seconds each
 def test_the_3x3_convolution_asks_for_its_workspaces_at_its_kernels(captured):
     trace = captured
     events = trace.events
@@ -103,6 +104,7 @@ def test_labels_round_trip_and_other_frames_do_not_parse():
     assert cudnn.parse_label(name + " ") is None
 
 
+@pytest.mark.full          # a torch capture or a real GPU step: seconds each
 def test_rescaling_a_capture_sets_every_workspace_to_the_new_ratio(captured):
     from validate.xmem import rescale_workspaces
 
@@ -122,6 +124,7 @@ def test_rescaling_a_capture_sets_every_workspace_to_the_new_ratio(captured):
     assert none.events[none.events["kind"] == EventKind.ALLOC]["size_bytes"].sum() == kept
 
 
+@pytest.mark.full          # a torch capture or a real GPU step: seconds each
 def test_cli_capture_refuses_a_bad_ratio_in_one_line(tmp_path):
     import subprocess
     import sys
@@ -137,6 +140,7 @@ def test_cli_capture_refuses_a_bad_ratio_in_one_line(tmp_path):
         "allocsim capture: error: ALLOCSIM_CUDNN_WORKSPACE_RATIO must be a number in [0, 1e6], got '-1'"]
 
 
+@pytest.mark.full          # a torch capture or a real GPU step: seconds each
 def test_the_real_gpu_step_shows_the_models_shape(shared_dir):
     """The Kineto ResNet-50 step (a V100): 1x1 forward calls take next to no workspace, larger kernels one each."""
     from validate.cudnn_evidence import summary, workspaces

@@ -62,7 +62,7 @@ def test_kineto_host_memory_is_device_minus_one(cli):
 
 
 @pytest.mark.shared
-def test_sweep_rows_name_the_device_they_replayed(capsys, tmp_path):
+def test_sweep_rows_name_the_device_they_replayed(cli, tmp_path):
     """``device`` stays the --device option (the row's key); ``replayed_device`` is run --json's ``device``."""
     import pandas as pd
 
@@ -71,11 +71,11 @@ def test_sweep_rows_name_the_device_they_replayed(capsys, tmp_path):
             ("one", "pytorch-snapshots/silmont2000__mem_snapshot.pickle", []),
             ("three", "pytorch-snapshots/Constructor-Sun__memory_snapshot.pickle", ["--device", "2"])):
         path, out_file = shared(rel), tmp_path / f"{name}.parquet"
-        code, _, err = cli(capsys, "sweep", path, "--policy", "pytorch", "--fast", "--workers", "1", *option,
+        code, _, err = cli("sweep", path, "--policy", "pytorch", "--fast", "--workers", "1", *option,
                            "-o", out_file)
         assert code == 0, err
         [row] = pd.read_parquet(out_file).to_dict("records")
-        code, out, err = cli(capsys, "run", path, "--policy", "pytorch", "--fast", "--sites", "0", *option, "--json")
+        code, out, err = cli("run", path, "--policy", "pytorch", "--fast", "--sites", "0", *option, "--json")
         assert code in (0, 3), err
         ran = json.loads(out)
         assert row["replayed_device"] == ran["device"] and row["peak_reserved_bytes"] == ran["peak_reserved_bytes"]
