@@ -23,7 +23,7 @@ from .metrics.site_report import format_sites, short_site
 from .metrics.site_timeline import site_timeline
 from .result import RunResult
 from .trace import Trace, read_trace
-from .trace.recorded import RecordedRun
+from .trace.inference.recorded import RecordedRun
 from .units import GiB, MiB, format_bytes, parse_bytes
 
 
@@ -80,7 +80,7 @@ def format_advice(advice: Any) -> str:
 
 def recorded_run(trace: Trace, device: int | None = None) -> RecordedRun | None:
     """What the recording proves about the real run on ``device`` (the only one when None), or None."""
-    from .trace.recorded import recorded_run as _recorded
+    from .trace.inference.recorded import recorded_run as _recorded
 
     if device is None:
         devices = trace.devices

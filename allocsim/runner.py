@@ -30,7 +30,7 @@ from .metrics.recorded_fit import recording_fit
 from .metrics.reproduction import capacity_matches, recorded_figures, reproduction
 from .metrics.verdict import GIVEN, INFERRED, summary_verdict
 from .result import RunResult
-from .trace.recorded import RecordedRun, recorded_run
+from .trace.inference.recorded import RecordedRun, recorded_run
 from .trace.schema import EventKind, Trace
 from .units import format_bytes
 

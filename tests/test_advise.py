@@ -22,7 +22,7 @@ from allocsim.cli import main
 from allocsim.runner import Capacity, simulate_trace
 from allocsim.sweep.flatten import flatten
 from allocsim.trace import read_trace, write_trace
-from allocsim.trace.builder import TraceBuilder
+from allocsim.trace.reading.builder import TraceBuilder
 from allocsim.units import MiB
 
 SNAPSHOTS = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pytorch-snapshots"

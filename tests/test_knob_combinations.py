@@ -32,7 +32,7 @@ from allocsim.policies.freelist import ADDR_BITS, ADDR_MASK
 from allocsim.policies.pytorch import PyTorchPolicy
 from allocsim.policies.registry import build_policy
 from allocsim.trace import read_trace
-from allocsim.trace.recorded import recorded_run
+from allocsim.trace.inference.recorded import recorded_run
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 FOLDERS = ("pytorch-snapshots", "scale-series")

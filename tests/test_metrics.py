@@ -15,7 +15,7 @@ from allocsim.metrics.series import UNCHANGED, forward_fill
 from allocsim.metrics.summary import jsonable
 from allocsim.policies.base import Policy
 from allocsim.policies.direct import DirectPolicy
-from allocsim.trace.builder import TraceBuilder
+from allocsim.trace.reading.builder import TraceBuilder
 from allocsim.units import MiB
 
 

@@ -13,11 +13,11 @@ from allocsim.metrics.site_rule import SiteFilter, SiteFilterError, SiteIndex
 from allocsim.metrics.site_timeline import site_timeline
 from allocsim.metrics.sites import allocation_sites, live_at_peak, site_rows
 from allocsim.trace import read_trace, write_trace
-from allocsim.trace.builder import TraceBuilder
-from allocsim.trace.frames import FrameTable
-from allocsim.trace.recorded import recorded_run
+from allocsim.trace.reading.builder import TraceBuilder
+from allocsim.trace.reading.frames import FrameTable
+from allocsim.trace.inference.recorded import recorded_run
 from allocsim.trace.schema import FRAME_DTYPES, STACK_DTYPES, frame_from_columns
-from allocsim.trace.stats import live_bytes_series
+from allocsim.trace.inference.stats import live_bytes_series
 from allocsim.units import MiB
 
 ROOT = Path(__file__).resolve().parents[1]

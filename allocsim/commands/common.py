@@ -10,7 +10,7 @@ from typing import Any
 from ..cost import CostModel
 from ..errors import AllocsimError
 from ..trace import Trace, read_trace
-from ..trace.limits import DEFAULT_LIMITS, Limits, parse_limit_options
+from ..trace.reading.limits import DEFAULT_LIMITS, Limits, parse_limit_options
 
 
 def add_trace_args(parser: argparse.ArgumentParser) -> None:

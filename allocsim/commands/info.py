@@ -18,7 +18,7 @@ from typing import Any
 from ..metrics.categories import trace_categories
 from ..metrics.sites import allocation_sites
 from ..metrics.state import format_state_report, is_state_only, state_report
-from ..trace.stats import summarize
+from ..trace.inference.stats import summarize
 from ..units import format_bytes, parse_bytes
 from .common import add_trace_args, load_trace, print_json, select_device
 

@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import AllocsimError
-from ..trace.limits import quote
+from ..trace.reading.limits import quote
 from ..units import GiB, parse_bytes
 
 

@@ -203,7 +203,7 @@ def categorize(trace: Trace, site_filter: SiteFilter | None = None) -> Categorie
         temporary[w] = died[w] < next_born
 
     # Each step's peak of live bytes (window allocations only): the turn from forward to backward.
-    from ..trace.stats import live_bytes_series
+    from ..trace.inference.stats import live_bytes_series
 
     step_peak = np.full(n_steps, -1, dtype=np.int64)
     if n_events:

@@ -160,7 +160,7 @@ def live_at_peak(trace: Trace) -> LiveAtPeak:
     Same rule as the lower bound (``trace.stats.live_bytes_series``): an allocation holds its
     requested bytes from its ALLOC event until its free completes.
     """
-    from ..trace.stats import live_bytes_series
+    from ..trace.inference.stats import live_bytes_series
 
     init_ids = trace.initial_allocs["alloc_id"].to_numpy()
     init_sizes = trace.initial_allocs["size_bytes"].to_numpy()

@@ -29,7 +29,7 @@ import numpy as np
 from ..policies.growth import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE
 from ..policies.pytorch_rules import (SIZE_MAX, allocator_settings_to_kwargs, get_allocation_size,
                                       oversize_rejects, round_size)
-from ..trace.recorded import recorded_run
+from ..trace.inference.recorded import recorded_run
 from ..trace.schema import EventKind, Trace
 from ..units import format_bytes
 from .site_report import format_rows

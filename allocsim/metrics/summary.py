@@ -26,7 +26,7 @@ import pandas as pd
 
 from ..cost import CostModel, stack_counter
 from ..trace.schema import EventKind
-from ..trace.stats import live_bytes_series
+from ..trace.inference.stats import live_bytes_series
 from .series import build_timeseries
 from .verdict import summary_verdict
 

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import AllocsimError
-from ..trace.builder import MAX_SIZE_BYTES
+from ..trace.reading.builder import MAX_SIZE_BYTES
 from ..trace.schema import EventKind, Trace, TraceMeta, check_schema, empty_frame, INITIAL_ALLOC_DTYPES
 from .align import Alignment, align, choose_keyer, for_keyer
 from .initial import initial_partners

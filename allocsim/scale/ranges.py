@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AllocsimError
-from ..trace.builder import MAX_SIZE_BYTES
+from ..trace.reading.builder import MAX_SIZE_BYTES
 from ..trace.schema import EventKind, Trace
 from ..units import format_bytes
 

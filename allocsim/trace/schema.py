@@ -192,7 +192,7 @@ class TraceMeta:
     repairs: list[str] = dataclasses.field(default_factory=list)   #: what --lenient changed, one line each
     notes: list[str] = dataclasses.field(default_factory=list)     #: facts a user should know (e.g. orphan frees)
     #: What the recording proves about the real run, per device (``str(device)`` -> the dict of
-    #: ``allocsim.trace.recorded.RecordedRun``): real peaks and device calls, inferred capacity, OOMs.
+    #: ``allocsim.trace.inference.recorded.RecordedRun``): real peaks and device calls, inferred capacity, OOMs.
     recorded: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -265,7 +265,7 @@ class Trace:
         kept_positions = np.flatnonzero(keep)
         recorded = {}
         if str(device) in self.meta.recorded:
-            from .recorded import reindex_recorded
+            from .inference.recorded import reindex_recorded
 
             recorded[str(device)] = reindex_recorded(self.meta.recorded[str(device)], kept_positions)
         meta = dataclasses.replace(self.meta, devices=[device], recorded=recorded)

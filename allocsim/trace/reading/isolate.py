@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import TraceFormatError, UnsafePickleError
+from ...errors import TraceFormatError, UnsafePickleError
 from .limits import Limits, LimitExceeded
 
 _ALLOWED_DTYPES = {"int8", "int16", "int32", "int64", "uint8", "bool"}

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .schema import EventKind, Trace
+from ..schema import EventKind, Trace
 
 
 def live_bytes_series(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
@@ -17,7 +17,7 @@ def live_bytes_series(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     route one pass in C (``live_bytes``) fills both without temporaries; sums that could pass int64
     take the reference below (Python integers).
     """
-    from . import compiled
+    from ..reading import compiled
 
     if compiled.active() and len(trace.events):
         baseline_total = _exact_sum(trace.initial_allocs["size_bytes"].to_numpy())

@@ -24,7 +24,7 @@ import reprlib
 import sys
 from typing import Any
 
-from ..errors import TraceFormatError, UnsafePickleError
+from ...errors import TraceFormatError, UnsafePickleError
 
 #: Files (and decompressed gzip streams) larger than this are refused unless the caller allows more.
 DEFAULT_MAX_BYTES = 4 << 30

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TraceFormatError
-from .builder import MAX_SIZE_BYTES
-from .columnar import OP_ALLOC, OP_FREE_COMPLETED, OP_FREE_REQUESTED, OP_MARKER, OP_NONE, Records
-from .frames import FrameTable
+from ....errors import TraceFormatError
+from ...reading.builder import MAX_SIZE_BYTES
+from ...reading.columnar import OP_ALLOC, OP_FREE_COMPLETED, OP_FREE_REQUESTED, OP_MARKER, OP_NONE, Records
+from ...reading.frames import FrameTable
 
 _CODES = {"alloc": OP_ALLOC, "free_requested": OP_FREE_REQUESTED, "free_completed": OP_FREE_COMPLETED,
           "snapshot": OP_MARKER, "segment_alloc": OP_NONE, "segment_free": OP_NONE, "segment_map": OP_NONE,

@@ -22,12 +22,12 @@ import pyarrow.ipc
 import pyarrow.parquet as pq
 from struct import error as struct_error
 
-from ..errors import TraceFormatError
-from ..units import MiB
-from .builder import MAX_SIZE_BYTES
-from .ipc_check import IpcFormatError, ipc_stream_bounds
-from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, open_binary, quote
-from .schema import (
+from ...errors import TraceFormatError
+from ...units import MiB
+from ..reading.builder import MAX_SIZE_BYTES
+from ..reading.ipc_check import IpcFormatError, ipc_stream_bounds
+from ..reading.limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, open_binary, quote
+from ..schema import (
     EVENT_DTYPES,
     OPTIONAL_COLUMNS,
     Trace,
@@ -35,7 +35,7 @@ from .schema import (
     check_schema,
     empty_frame,
 )
-from .transport import TABLES
+from ..transport import TABLES
 
 FORMAT_VERSION = 1
 #: The tables kept beside the events (in the Parquet file's metadata, as Arrow IPC).
@@ -354,7 +354,7 @@ def _load_header(path: str, raw: bytes | str | None, limits: Limits = DEFAULT_LI
 
 def _assemble(path: str, events: pd.DataFrame, header: dict, side: dict, fmt: str, lenient: bool,
               limits: Limits = DEFAULT_LIMITS) -> Trace:
-    from .validate import validate_events
+    from ..reading.validate import validate_events
 
     try:
         meta = _meta_from_header(header, fmt)
@@ -365,7 +365,7 @@ def _assemble(path: str, events: pd.DataFrame, header: dict, side: dict, fmt: st
     except (TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise TraceFormatError(path, "header", f"malformed metadata: {quote(str(exc))}") from None
     if meta.allocator_settings is not None:
-        from .settings import checked_allocator_settings
+        from ..settings import checked_allocator_settings
 
         meta.allocator_settings = checked_allocator_settings(meta.allocator_settings, path, lenient,
                                                              meta.notes, lambda value: value)

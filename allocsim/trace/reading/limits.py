@@ -22,8 +22,8 @@ import stat
 import zlib
 from typing import Any, Iterator
 
-from ..errors import TraceFormatError
-from ..units import GiB, MiB, parse_bytes
+from ...errors import TraceFormatError
+from ...units import GiB, MiB, parse_bytes
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK_BYTES = 1 << 20

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TraceFormatError
+from ...errors import TraceFormatError
 
 _SEGMENT_UNIT_BYTES = 2 << 20
 _MIN_BLOCK_BYTES = 512

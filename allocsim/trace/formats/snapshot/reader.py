@@ -18,7 +18,7 @@ the window to the state at its START (``initial_allocs``, ``initial_segments``, 
   only exists before an unmap takes the pool of the nearest mapped range of its stream;
 * initial blocks tile each initial segment: live initial allocations, free gaps between them.
 
-Nothing in the file is trusted. On the compiled route (``allocsim.trace.compiled``) the bytes are
+Nothing in the file is trusted. On the compiled route (``allocsim.trace.reading.compiled``) the bytes are
 read by a data-only pickle interpreter in C that builds no Python object and calls nothing: it
 models only the opcodes of plain data, its memory is a fixed multiple of the file size and capped
 by ``limits.memory_bytes``, and it reads well-formed files straight into columns
@@ -49,16 +49,16 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 from sortedcontainers import SortedDict, SortedList
 
-from ..errors import TraceFormatError
-from . import compiled, isolate
-from .builder import MAX_SIZE_BYTES, TraceBuilder
-from .recorded import infer_from_snapshot
-from .columnar import build_columns, match_keys
-from .final_state import check_final_state
-from .frames import FrameTable, frame_tables, frame_text_cap
-from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, read_bytes, read_head
-from .safe_pickle import loads_data, loads_fast, not_a_pickle, short_repr
-from .schema import (
+from ....errors import TraceFormatError
+from ...reading import compiled, isolate
+from ...reading.builder import MAX_SIZE_BYTES, TraceBuilder
+from ...inference.recorded import infer_from_snapshot
+from ...reading.columnar import build_columns, match_keys
+from ...inference.final_state import check_final_state
+from ...reading.frames import FrameTable, frame_tables, frame_text_cap
+from ...reading.limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, read_bytes, read_head
+from ...reading.safe_pickle import loads_data, loads_fast, not_a_pickle, short_repr
+from ...schema import (
     BLOCK_DTYPES,
     DECISION_DTYPES,
     EVENT_DTYPES,
@@ -73,9 +73,9 @@ from .schema import (
     frame_from_columns,
     text_column,
 )
-from .settings import checked_allocator_settings
-from .snapshot_fast import ACTION_NAMES, DeviceEntries, entry_columns, merged_records
-from .transport import payload_to_trace, trace_to_payload
+from ...settings import checked_allocator_settings
+from .fast import ACTION_NAMES, DeviceEntries, entry_columns, merged_records
+from ...transport import payload_to_trace, trace_to_payload
 
 FORMAT = "pytorch-snapshot"
 

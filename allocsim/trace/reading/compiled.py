@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import AllocsimError
-from ..policies import kernel
+from ...errors import AllocsimError
+from ...policies import kernel
 
 #: The extension's ABI_VERSION this module was written for.
 ABI_VERSION = 1
 
 try:
-    from . import _readers as ext
+    from .. import _readers as ext
 except ImportError as exc:   # not built (no compiler), or built for another Python
     ext: Any = None
     LOAD_ERROR = f"the compiled readers are not available ({exc})"

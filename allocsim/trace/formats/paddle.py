@@ -48,16 +48,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import TraceFormatError
-from . import compiled
-from .builder import MAX_SIZE_BYTES, TraceBuilder
-from .frames import FrameTable
-from .kineto import (
+from ...errors import TraceFormatError
+from ..reading import compiled
+from ..reading.builder import MAX_SIZE_BYTES, TraceBuilder
+from ..reading.frames import FrameTable
+from .kineto.reader import (
     _INT64_MAX, _INT64_MIN, _MEM, _STEP, _as_int, _feed, _op_stacks, _op_stacks_compiled, _OpColumns, _Rec,
     _RecColumns, _Threads, _total_allocated_check, ts_to_ns,
 )
-from .limits import DEFAULT_LIMITS, Limits, check_count, quote, read_bytes
-from .schema import (
+from ..reading.limits import DEFAULT_LIMITS, Limits, check_count, quote, read_bytes
+from ..schema import (
     FRAME_DTYPES, INITIAL_ALLOC_DTYPES, RECORDED_SERIES_DTYPES, STACK_DTYPES, Trace, check_schema, frame_from_columns,
 )
 
@@ -115,7 +115,7 @@ def thread_key(pid: Any, tid: Any) -> str:
 def _events(path: str, data: bytes, limits: Limits) -> tuple[list[tuple], str]:
     """(pos, name, ph, cat, ts, dur, pid, tid, args) of the events the reader may use, and the record format;
     the whole ``traceEvents`` count is held to ``limits.events`` first."""
-    from .kineto_fast import decode_events, raw_args, raw_value
+    from .kineto.fast import decode_events, raw_args, raw_value
 
     fast = decode_events(data)
     out: list[tuple] = []
@@ -375,7 +375,7 @@ def _start_of_window(trace: Trace, check: dict[int, dict[str, int]]) -> None:
 
 def _store_recorded_runs(trace: Trace) -> None:
     """Paddle's own figures per place, as ``RecordedRun`` facts (host places: allocated only)."""
-    from .recorded import RecordedRun, set_recorded_run
+    from ..inference.recorded import RecordedRun, set_recorded_run
 
     series = trace.recorded_series
     for device in sorted(int(d) for d in np.unique(series["device"].to_numpy())):

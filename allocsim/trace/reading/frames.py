@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TraceFormatError
+from ...errors import TraceFormatError
 from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, quote
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1

@@ -23,7 +23,7 @@ seen, and a per-device ``Total Allocated`` cross-check go to ``meta.version_hint
 
 Recorded totals: ``Total Allocated`` / ``Total Reserved`` after each ``[memory]`` event are kept in
 ``Trace.recorded_series`` (with the index of the event they follow), and each GPU device's peaks,
-first and last reserved bytes are stored as a ``RecordedRun`` (``allocsim.trace.recorded``).
+first and last reserved bytes are stored as a ``RecordedRun`` (``allocsim.trace.inference.recorded``).
 
 Frames: Kineto records no allocation stacks. Each ``[memory]`` event gets pseudo-frames: the CPU
 ops (``cpu_op``, ``user_annotation``; filename "" and line 0, name = the op name) and Python
@@ -40,7 +40,7 @@ never touches. ``Total Reserved`` at the first event is laid out as ``initial_se
 allocator held, free blocks included), so a ``pytorch`` replay starts where the real one did. A
 profile with no ``[memory]`` event (recorded without ``profile_memory=True``) is refused.
 
-Decoding: on the compiled route (``allocsim.trace.compiled``) a strict JSON scanner in C reads the
+Decoding: on the compiled route (``allocsim.trace.reading.compiled``) a strict JSON scanner in C reads the
 [memory] events into columns and keeps only the ops that can frame them; the reference route uses
 ``msgspec`` (only the events the reader keeps are converted; see ``kineto_fast``), falling back to
 the standard library for anything unusual, which names the problem. Both share the columnar back
@@ -62,13 +62,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import TraceFormatError
-from . import compiled
-from .builder import MAX_SIZE_BYTES, TraceBuilder
-from .columnar import OP_ALLOC, OP_FREE, OP_MARKER, OP_NONE, Records, build_columns
-from .frames import FrameTable, frame_tables
-from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, quote, read_bytes
-from .schema import (
+from ....errors import TraceFormatError
+from ...reading import compiled
+from ...reading.builder import MAX_SIZE_BYTES, TraceBuilder
+from ...reading.columnar import OP_ALLOC, OP_FREE, OP_MARKER, OP_NONE, Records, build_columns
+from ...reading.frames import FrameTable, frame_tables
+from ...reading.limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, quote, read_bytes
+from ...schema import (
     BLOCK_DTYPES,
     DECISION_DTYPES,
     EVENT_DTYPES,
@@ -247,7 +247,7 @@ def _typed_memory_rec(a: Any, t_ns: int | None) -> _Rec | None:
 def _ops_spanning(op_events: list, mem_t_ns: list[int]) -> list:
     """The ops whose span may hold a [memory] event (a float first look, 1 us of margin): only
     those need exact times. Ops that run and end between two memory events can hold none."""
-    from .kineto_fast import float_array
+    from .fast import float_array
 
     if not op_events or not mem_t_ns:
         return []
@@ -307,7 +307,7 @@ def _thread_key(ev: Any) -> str:
 
 def _selected_events(events: list, limits: Limits):
     """(pos, event dict) of the events the reader uses, and the CPU ops as (thread, start, end, name)."""
-    from .kineto_fast import Event, memory_args, ns_list, raw_args, raw_value
+    from .fast import Event, memory_args, ns_list, raw_args, raw_value
 
     selected: list[tuple[int, Any]] = []
     ops: list[tuple[str, int, int, str]] = []
@@ -359,10 +359,10 @@ def read_kineto(path, *, lenient: bool = False, limits: Limits | None = None) ->
     data = read_bytes(path, limits)
     if not data.strip():
         raise TraceFormatError(path, None, "empty file")
-    from .detect import chrome_framework
+    from ..detect import chrome_framework
 
     if chrome_framework(data) == "paddle":   # the head did not show it: a Paddle file read by its fields
-        from .paddle import read_paddle_data
+        from ..paddle import read_paddle_data
         return read_paddle_data(path, data, lenient=lenient, limits=limits)
     if compiled.active():
         scan = compiled.ext.chrome_scan(data, limits.memory_bytes, limits.depth, limits.events)
@@ -373,8 +373,8 @@ def read_kineto(path, *, lenient: bool = False, limits: Limits | None = None) ->
 
 def _read_decoded(path: str, data: bytes, lenient: bool, limits: Limits) -> Trace:
     """The reference route: the document decoded (msgspec, else the standard library), then read."""
-    from .json_depth import max_nesting
-    from .kineto_fast import decode_events
+    from ...reading.json_depth import max_nesting
+    from .fast import decode_events
 
     depth = max_nesting(data)
     if depth > limits.depth:
@@ -473,7 +473,7 @@ def _read_event(builder: TraceBuilder, state: _ReadState, pos: int, ev: Any, whe
 def _read_scanned(path: str, data: bytes, scan: dict, lenient: bool, limits: Limits) -> Trace:
     """The compiled route: the scan's [memory] columns as they are, the few other events as the
     reference reads them, then the same back half (``_finish``)."""
-    from .kineto_fast import raw_args, raw_value
+    from .fast import raw_args, raw_value
 
     where = "traceEvents[{}]" if scan["is_object"] else "[{}]"
     builder = TraceBuilder(path, "kineto", lenient=lenient)
@@ -511,7 +511,7 @@ def _read_scanned(path: str, data: bytes, scan: dict, lenient: bool, limits: Lim
 
 def msgspec_event(text: bytes) -> Any:
     """One event object decoded as the reference's msgspec path decodes it (``kineto_fast.Event``)."""
-    from .kineto_fast import decode_event
+    from .fast import decode_event
 
     return decode_event(text)
 
@@ -901,7 +901,7 @@ def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]],
     both out from the addresses the window uses, so a replay of the recorded allocator starts
     where the real one did instead of allocating its cache anew.
     """
-    from .kineto_layout import DeviceWindow, start_layout
+    from .layout import DeviceWindow, start_layout
 
     layouts = {}                  # device -> Layout, for the recorded run
     ia = trace.initial_allocs
@@ -996,7 +996,7 @@ def _store_recorded_runs(trace: Trace, layouts: dict) -> None:
     Where the start layout was inferred (``kineto_layout``), reserved never shrinks in the window,
     so each growth of Total Reserved is one cudaMalloc: their count and bytes are recorded too.
     """
-    from .recorded import RecordedRun, set_recorded_run
+    from ...inference.recorded import RecordedRun, set_recorded_run
 
     series = trace.recorded_series
     for device in sorted(int(d) for d in np.unique(series["device"].to_numpy())):

@@ -8,7 +8,7 @@ reader must report or repair (a double free, time going back, a size mismatch...
 ``None`` and the reader replays the records through ``TraceBuilder``, the sequential reference,
 which names the first bad record exactly as before and makes the documented repairs.
 
-On the compiled route (``allocsim.trace.compiled``) the same work is one pass in C
+On the compiled route (``allocsim.trace.reading.compiled``) the same work is one pass in C
 (``build_records``, with a randomly keyed hash of (device, address)): same columns, same hand-backs.
 """
 
@@ -19,7 +19,7 @@ import dataclasses
 import numpy as np
 
 from .builder import MAX_SIZE_BYTES
-from .schema import EventKind
+from ..schema import EventKind
 
 #: Operation codes of ``Records.op``.
 OP_ALLOC = 1          #: allocation request at ``addr`` of ``size``

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from .builder import MAX_SIZE_BYTES
+from ...reading.builder import MAX_SIZE_BYTES
 
 _TIME_RE = r"^(?P<h>\d{1,2}):(?P<m>\d{2}):(?P<s>\d{2})(?:(?P<sep>[.:])(?P<frac>\d{0,9}))?$"
 _HEX_RE = r"^(0[xX])?[0-9a-fA-F]{1,16}$"
@@ -168,7 +168,7 @@ def rmm_columns(data: bytes, columns: dict[str, int], n_columns: int, header_end
     On the compiled route a one-pass parser in C (``rmm_scan``) reads the logs it models and hands
     the others to the pyarrow reference below.
     """
-    from . import compiled
+    from ...reading import compiled
 
     if compiled.active():
         got = _rmm_columns_compiled(memoryview(data)[header_end:], columns, n_columns)
@@ -178,7 +178,7 @@ def rmm_columns(data: bytes, columns: dict[str, int], n_columns: int, header_end
 
 
 def _rmm_columns_compiled(body, columns: dict[str, int], n_columns: int) -> RmmColumns | None:
-    from . import compiled
+    from ...reading import compiled
 
     scan = compiled.ext.rmm_scan(body, n_columns, columns["action"], columns["pointer"], columns["size"],
                                  columns.get("time", -1), columns.get("stream", -1), columns.get("thread", -1))

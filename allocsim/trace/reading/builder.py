@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TraceFormatError
+from ...errors import TraceFormatError
 from .limits import quote
-from .schema import (
+from ..schema import (
     DECISION_DTYPES,
     EVENT_DTYPES,
     INITIAL_ALLOC_DTYPES,

@@ -33,12 +33,12 @@ import zlib
 
 import numpy as np
 
-from ..errors import TraceFormatError
-from .builder import MAX_SIZE_BYTES, TraceBuilder
-from .columnar import OP_ALLOC, OP_FREE, OP_NONE, Records, build_columns
-from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, open_binary, read_bytes
-from .rmm_fast import rmm_columns
-from .schema import (
+from ....errors import TraceFormatError
+from ...reading.builder import MAX_SIZE_BYTES, TraceBuilder
+from ...reading.columnar import OP_ALLOC, OP_FREE, OP_NONE, Records, build_columns
+from ...reading.limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, open_binary, read_bytes
+from .fast import rmm_columns
+from ...schema import (
     DECISION_DTYPES,
     EVENT_DTYPES,
     INITIAL_ALLOC_DTYPES,

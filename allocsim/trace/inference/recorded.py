@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .schema import EventKind, Trace
+from ..schema import EventKind, Trace
 
 
 @dataclasses.dataclass
@@ -454,7 +454,7 @@ class _ModelReplay:
         if policy.replay_run is not None:
             # The compiled kernel replays runs of pool hits and frees in one call (Policy.replay_run),
             # with exactly the per-event methods' state changes; the loop below takes the rest.
-            from ..policies.base import ReplayRun
+            from ...policies.base import ReplayRun
 
             rows = np.zeros(len(self.kind) + 1, dtype=np.int64)
             self.run = ReplayRun(memoryview(rows), memoryview(rows.copy()), memoryview(rows.copy()))
@@ -463,9 +463,9 @@ class _ModelReplay:
     @classmethod
     def build(cls, trace: Trace, device: int, kept: np.ndarray) -> "_ModelReplay | None":
         """A replay from the recorded start state, or None when that state cannot be loaded."""
-        from ..device import SimulatedDevice
-        from ..policies.pytorch import PyTorchPolicy
-        from ..policies.pytorch_rules import allocator_settings_to_kwargs
+        from ...device import SimulatedDevice
+        from ...policies.pytorch import PyTorchPolicy
+        from ...policies.pytorch_rules import allocator_settings_to_kwargs
 
         segs = trace.initial_segments[trace.initial_segments["device"] == device]
         blocks = trace.initial_blocks[trace.initial_blocks["device"] == device]
@@ -501,7 +501,7 @@ class _ModelReplay:
 
     def _step_until(self, end: int) -> None:
         """Replay requests ``pos .. end - 1`` one at a time through the policy's methods."""
-        from ..errors import OutOfMemory
+        from ...errors import OutOfMemory
 
         p = self.policy
         for i in range(self.pos, end):
@@ -538,7 +538,7 @@ class _ModelReplay:
 
     def fail(self, alloc_id: int, size_bytes: int, stream: int) -> None:
         """Run a recorded OOM: the device refuses every call during the request."""
-        from ..errors import OutOfMemory
+        from ...errors import OutOfMemory
 
         self.device.refuse(None)
         try:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from ..errors import TraceFormatError
-from .limits import check_regular_file, read_head
+from ...errors import TraceFormatError
+from ..reading.limits import check_regular_file, read_head
 
 FORMATS = ("pytorch-snapshot", "kineto", "paddle", "rmm-csv", "allocsim-parquet", "allocsim-csv")
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .schema import EventKind, Trace
+from ..schema import EventKind, Trace
 
 #: PyTorch's ``kSmallSize``: the largest unsplit remainder a large-pool block can carry.
 K_SMALL_SIZE = 1 << 20

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import TraceFormatError
+from ...errors import TraceFormatError
 from .builder import MAX_SIZE_BYTES
 from .limits import DEFAULT_LIMITS, Limits, check_count
-from .schema import EventKind, Trace
+from ..schema import EventKind, Trace
 
 #: Times beyond this (about 146 years in ns) are refused: later sums of times must not wrap.
 MAX_ABS_TIME_NS = 1 << 62
@@ -155,7 +155,7 @@ MAX_LIVE_BYTES = 1 << 62
 
 def check_live_bytes(path: str, trace: Trace) -> None:
     """Refuse a trace whose live bytes pass ``MAX_LIVE_BYTES`` (checked exactly, only when they could)."""
-    from .stats import _exact_sum, live_bytes_series
+    from ..inference.stats import _exact_sum, live_bytes_series
 
     kind = trace.events["kind"].to_numpy()
     sizes = trace.events["size_bytes"].to_numpy()
