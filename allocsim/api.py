@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .alloc_conf import parse_alloc_conf
-from .metrics.site_report import format_sites, short_site
-from .metrics.site_timeline import site_timeline
+from .metrics.sites.report import format_sites, short_site
+from .metrics.sites.timeline import site_timeline
 from .result import RunResult
 from .trace import Trace, read_trace
 from .trace.inference.recorded import RecordedRun
@@ -41,7 +41,7 @@ def run(trace: Trace | str, policy: str = "pytorch", params: Mapping[str, Any] |
     """
     from .commands.common import select_device
     from .commands.run import add_sites, resolve_policy
-    from .metrics.site_rule import SiteFilter
+    from .metrics.sites.rule import SiteFilter
     from .runner import check_capacity, resolve_capacity, simulate_trace
 
     name, merged = resolve_policy(policy, [], alloc_conf)

@@ -390,7 +390,7 @@ def test_the_readme_advise_example_is_what_advise_prints(tmp_path, capsys):
 @pytest.mark.parametrize("name,device", [("Maphsge4__snapshot.pickle", 0), ("MercuryB1__cuda_memory_snapshot.pickle", 0),
                                          ("Constructor-Sun__memory_snapshot.pickle", 1)])
 def test_live_at_peak_adds_up_to_the_lower_bound(name, device):
-    from allocsim.metrics.sites import live_at_peak
+    from allocsim.metrics.sites.rows import live_at_peak
     from allocsim.metrics.summary import lower_bound_bytes
 
     path = SNAPSHOTS / name

@@ -10,7 +10,7 @@ import pytest
 
 from allocsim.cli import main
 from allocsim.metrics.categories import CATEGORIES, categorize, trace_categories
-from allocsim.metrics.sites import live_at_peak
+from allocsim.metrics.sites.rows import live_at_peak
 from allocsim.trace import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -228,7 +228,7 @@ def _peak_text(table: pd.DataFrame) -> str:
 
 def write_site_timeline(w: Writer, trace: Any, top: int, site_filter: Any) -> list[Path]:
     """The trace's live bytes stacked by code site: ``sites_timeline.parquet`` and the ``sites`` figure."""
-    from ..metrics.site_timeline import site_timeline
+    from ..metrics.sites.timeline import site_timeline
     from ..plots import plot_site_timeline
 
     # One step per 1.5 pixel columns of the 12-inch, 120-dpi figure's axes (about 900 px wide): every

@@ -17,7 +17,7 @@ says how to record a history for what-if replays.
 
 Code sites (``--sites N``, ``--site-filter PATHS``): who holds the memory at the peak of requested
 memory and at the first OOM, and who causes the waste at the peak of reserved memory, by the
-innermost frame of the program (``allocsim.metrics.site_report``; JSON ``sites``).
+innermost frame of the program (``allocsim.metrics.sites.report``; JSON ``sites``).
 
 Capacity: ``--capacity SIZE``, else the capacity the recording implies (said in the output), else
 unlimited. The last line is the verdict. Exit status: 0 when it fits (or no capacity), 3 on a
@@ -293,7 +293,7 @@ def add_gpu_estimate(result: Any, gpu: Any) -> None:
 def add_sites(result: Any, trace: Any, policy: str, params: dict[str, Any], capacity_bytes: int | None,
               cost_model: Any, site_filter: Any, top: int, continue_on_oom: bool, categories: Any = None) -> None:
     """Add the run's code sites to its summary (``sites``) and name the failed request in its verdict."""
-    from ..metrics.site_report import name_failed_request, run_sites
+    from ..metrics.sites.report import name_failed_request, run_sites
     from ..policies.registry import build_policy
     from ..runner import device_for
 
@@ -310,7 +310,7 @@ def add_sites(result: Any, trace: Any, policy: str, params: dict[str, Any], capa
 def format_run(result: Any) -> str:
     """The run's report; its memory categories and code sites (if any) just before the verdict line, which stays last."""
     from ..metrics.categories import format_run_categories
-    from ..metrics.site_report import format_sites
+    from ..metrics.sites.report import format_sites
 
     text = result.format_text()
     sites = result.summary.get("sites")

@@ -81,7 +81,7 @@ def build_report(trace_path: str, policies: list[str], *, capacity: str | None =
     from ..commands.run import execute, format_run, resolve_policy
     from ..engine import select_device
     from ..metrics.categories import categorize
-    from ..metrics.site_rule import SiteFilter, SiteIndex
+    from ..metrics.sites.rule import SiteFilter, SiteIndex
     from ..runner import resolve_capacity
     from .page import render
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..trace.schema import EventKind, Trace
-from .site_rule import KINETO_NOTE, NO_FRAMES, PADDLE_NOTE, SiteFilter, SiteIndex, source_format
+from ...trace.schema import EventKind, Trace
+from .rule import KINETO_NOTE, NO_FRAMES, PADDLE_NOTE, SiteFilter, SiteIndex, source_format
 
 OTHER, UNATTRIBUTED = "other sites", "unattributed"
 #: Rows listed before "other sites" unless a caller says otherwise.
@@ -160,7 +160,7 @@ def live_at_peak(trace: Trace) -> LiveAtPeak:
     Same rule as the lower bound (``trace.stats.live_bytes_series``): an allocation holds its
     requested bytes from its ALLOC event until its free completes.
     """
-    from ..trace.inference.stats import live_bytes_series
+    from ...trace.inference.stats import live_bytes_series
 
     init_ids = trace.initial_allocs["alloc_id"].to_numpy()
     init_sizes = trace.initial_allocs["size_bytes"].to_numpy()

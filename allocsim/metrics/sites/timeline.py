@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..trace.schema import EventKind, Trace
-from .site_rule import SiteFilter, SiteIndex
-from .sites import DEFAULT_TOP, OTHER, UNATTRIBUTED, allocation_stacks, group_sums, live_at_peak, rows_by_site
+from ...trace.schema import EventKind, Trace
+from .rule import SiteFilter, SiteIndex
+from .rows import DEFAULT_TOP, OTHER, UNATTRIBUTED, allocation_stacks, group_sums, live_at_peak, rows_by_site
 
 #: Samples kept at most (one per pixel column of a wide figure).
 MAX_POINTS = 2000
@@ -32,7 +32,7 @@ def _groups(index: SiteIndex, trace: Trace, top: int) -> list[str]:
 
 def _sample(total: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
     """(first event of each bucket, the event of its largest total): the per-pixel rule of ``decimate``."""
-    from .decimate import bucket_starts, max_rows
+    from ..decimate import bucket_starts, max_rows
 
     starts = bucket_starts(np.arange(len(total)), max_points)
     return starts, max_rows(total, starts)

@@ -29,7 +29,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..trace.schema import Trace
+from ...trace.schema import Trace
 
 #: Stand-in for the Python standard library in a filter.
 STDLIB = "<stdlib>"

@@ -32,14 +32,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..policies.base import Policy
-from ..policies.direct import DirectPolicy
-from ..policies.freelist import ADDR_BITS, ADDR_MASK
-from ..policies.pool import PoolPolicy
-from ..trace.schema import EventKind, Trace
-from .attribution import _expandable_pools, _releasable_pages, attribute, reference_stream, stack_layers
-from .ranges import LastOwners, RangeOwners
-from .sites import SiteAccountingError
+from ...policies.base import Policy
+from ...policies.direct import DirectPolicy
+from ...policies.freelist import ADDR_BITS, ADDR_MASK
+from ...policies.pool import PoolPolicy
+from ...trace.schema import EventKind, Trace
+from ..attribution import _expandable_pools, _releasable_pages, attribute, reference_stream, stack_layers
+from ..ranges import LastOwners, RangeOwners
+from .rows import SiteAccountingError
 
 #: The causes of waste, as ``attribution.CATEGORIES`` names them (live requested bytes are not waste).
 WASTE_CAUSES = ("rounding", "pending_free", "gc_queue", "stranded", "free_slivers", "cached_segments",
@@ -271,7 +271,7 @@ def _free_block_requests(bottom: PoolPolicy, stream: int) -> list[tuple[str, str
 def waste_by_site(trace: Trace, build_policy: Callable[[], Policy], event_index: int, *,
                   continue_on_oom: bool = False) -> WasteCharges:
     """Replay ``trace`` up to ``event_index`` (-1: the start state) with a fresh policy and charge its waste there."""
-    from ..engine import run_fast
+    from ...engine import run_fast
 
     prefix = trace if event_index + 1 >= len(trace.events) else dataclasses.replace(
         trace, events=trace.events.iloc[:event_index + 1].reset_index(drop=True))

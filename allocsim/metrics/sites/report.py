@@ -17,14 +17,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..policies.base import Policy
-from ..trace.schema import Trace
-from ..units import format_bytes
-from .attribution import LABELS
-from .categories import LABELS as CATEGORY_LABELS
-from .site_rule import SiteFilter, SiteIndex
-from .site_waste import WASTE_CAUSES, stacks_and_causes, waste_by_site, waste_total_check
-from .sites import (DEFAULT_TOP, OTHER, UNATTRIBUTED, SiteAccountingError, failed_request, live_at_row,
+from ...policies.base import Policy
+from ...trace.schema import Trace
+from ...units import format_bytes
+from ..attribution import LABELS
+from ..categories import LABELS as CATEGORY_LABELS
+from .rule import SiteFilter, SiteIndex
+from .waste import WASTE_CAUSES, stacks_and_causes, waste_by_site, waste_total_check
+from .rows import (DEFAULT_TOP, OTHER, UNATTRIBUTED, SiteAccountingError, failed_request, live_at_row,
                     note_for, oom_row, peak_row, rows_by_site)
 
 _SITE = re.compile(r"^(.*):(\d+) in (.*)$")
@@ -55,7 +55,7 @@ def run_sites(trace: Trace, result: Any, build_policy: Callable[[], Policy], *, 
 
     With ``categories`` (``categories.categorize``'s result) the live rows carry their ``category``.
     """
-    from .categories import label_site_rows
+    from ..categories import label_site_rows
 
     index = SiteIndex(trace, site_filter or SiteFilter())
     ts, ooms, summary = result.timeseries, result.ooms, result.summary
