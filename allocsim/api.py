@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .alloc_conf import parse_alloc_conf
+from .settings.alloc_conf import parse_alloc_conf
 from .metrics.sites.report import format_sites, short_site
 from .metrics.sites.timeline import site_timeline
 from .result import RunResult

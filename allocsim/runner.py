@@ -178,7 +178,7 @@ def merge_timed(memory: RunResult, timed: RunResult, streams: int) -> RunResult:
 
 def _settings_changes(trace: Trace, policy: str, built: Any) -> list[str]:
     """How the run's settings differ from the recorded ones (PyTorch's words where it has them)."""
-    from .alloc_conf import changed_settings
+    from .settings.alloc_conf import changed_settings
     from .policies.registry import build_policy
 
     reference = build_policy(policy, device=SimulatedDevice(built.device.capacity_bytes),

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from allocsim.alloc_conf import (KEYS, format_alloc_conf, parse_alloc_conf, parse_policy_spec, setting_hint,
+from allocsim.settings.alloc_conf import (KEYS, format_alloc_conf, parse_alloc_conf, parse_policy_spec, setting_hint,
                                  tokenize)
 from allocsim.cli import main as cli_main
 from allocsim.policies.pytorch_rules import parse_roundup_power2_divisions

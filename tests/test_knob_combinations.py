@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from allocsim.advise.knobs import preset_for
-from allocsim.alloc_conf import parse_alloc_conf
+from allocsim.settings.alloc_conf import parse_alloc_conf
 from allocsim.commands.run import EXIT_OOM
 from allocsim.device import SimulatedDevice
 from allocsim.engine import run_fast

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..alloc_conf import format_alloc_conf
+from ..settings.alloc_conf import format_alloc_conf
 from ..device import SimulatedDevice
 from ..policies.pytorch_rules import parse_roundup_power2_divisions
 from ..policies.registry import build_policy

@@ -174,7 +174,7 @@ def _simulate(trace: Any, spec: Any, params: dict[str, Any], capacity: Any, args
 
 def plot_trace(args: argparse.Namespace, out: Path) -> list[Path]:
     """Simulate every policy spec on the trace, write data and figures; return the paths written."""
-    from ..alloc_conf import parse_policy_spec
+    from ..settings.alloc_conf import parse_policy_spec
     from ..engine import select_device
     from ..plots import comparison_table, plot_latency, plot_policy_comparison, step_markers
     from ..runner import check_capacity, resolve_capacity

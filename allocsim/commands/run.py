@@ -8,7 +8,7 @@ with several devices needs ``--device N``.
 Settings: ``--set KEY=VALUE`` (allocsim's names, see ``allocsim policies``), ``--alloc-conf`` /
 ``--env-alloc-conf`` (PyTorch's ``PYTORCH_CUDA_ALLOC_CONF`` syntax) or ``--policy
 pytorch:expandable_segments:True``; ``--flags`` / ``--env-flags`` or ``--policy
-paddle:FLAGS_allocator_strategy=naive_best_fit`` (Paddle's ``FLAGS_*``, ``allocsim.paddle_flags``). A PyTorch snapshot's recorded ``allocator_settings`` apply to
+paddle:FLAGS_allocator_strategy=naive_best_fit`` (Paddle's ``FLAGS_*``, ``allocsim.settings.paddle_flags``). A PyTorch snapshot's recorded ``allocator_settings`` apply to
 the ``pytorch`` policy unless a setting overrides them.
 
 A snapshot with a recorded state and no history has nothing to replay: ``run`` then reports the
@@ -110,7 +110,7 @@ def policy_params(settings: list[str]) -> dict[str, str]:
 
     A PyTorch setting name (``max_split_size_mb``) is refused here with the allocsim name to use.
     """
-    from ..alloc_conf import setting_hint
+    from ..settings.alloc_conf import setting_hint
 
     params = {}
     for key, value in _pairs(settings, "--set"):
@@ -160,7 +160,7 @@ def add_flags_args(group: Any) -> None:
 
 def paddle_flags(args: argparse.Namespace) -> Any:
     """The ``PaddleFlags`` that ``--flags`` / ``--env-flags`` give, or None."""
-    from ..paddle_flags import env_flags, parse_flags
+    from ..settings.paddle_flags import env_flags, parse_flags
 
     if getattr(args, "env_flags", False):
         flags = env_flags()
@@ -173,7 +173,7 @@ def paddle_flags(args: argparse.Namespace) -> Any:
 
 def flags_limit_bytes(args: argparse.Namespace) -> int | None:
     """The device cap Paddle's ``FLAGS_gpu_memory_limit_mb`` sets (from --flags, --env-flags or --policy paddle:...)."""
-    from ..alloc_conf import parse_policy_spec
+    from ..settings.alloc_conf import parse_policy_spec
 
     flags = paddle_flags(args)
     limits = [x for x in (flags.limit_bytes if flags else None, parse_policy_spec(args.policy).limit_bytes)
@@ -185,7 +185,7 @@ def resolve_policy(policy: str, settings: list[str], alloc_conf: str | None = No
                    env_alloc_conf: bool = False, flags: Any = None) -> tuple[str, dict[str, Any]]:
     """``--policy``, ``--set``, ``--alloc-conf`` / ``--env-alloc-conf``, ``--flags`` / ``--env-flags``
     (``flags``: their ``PaddleFlags``) -> (policy name, params)."""
-    from ..alloc_conf import ENV_VAR, env_alloc_conf as read_env, parse_alloc_conf, parse_policy_spec
+    from ..settings.alloc_conf import ENV_VAR, env_alloc_conf as read_env, parse_alloc_conf, parse_policy_spec
 
     spec = parse_policy_spec(policy)
     find_spec(spec.name)

@@ -158,7 +158,7 @@ def allocator_settings_to_kwargs(settings: Mapping[str, Any] | None) -> dict[str
     """
     if not settings:
         return {}
-    from ..trace.settings import setting_problem
+    from ..settings.recorded import setting_problem
 
     for key in ("max_split_size", "garbage_collection_threshold", "expandable_segments",
                 "roundup_power2_divisions"):

@@ -208,7 +208,7 @@ def _check_keys(policy: PolicySpec, keys: list[str], extra: tuple[ParamSpec, ...
     valid.update({spec.name: spec for spec in extra})
     unknown = [key for key in keys if key not in valid]
     if unknown:
-        from ..alloc_conf import setting_hint
+        from ..settings.alloc_conf import setting_hint
 
         names = [spec.name for spec in (*extra, *policy.params)]
         hints = "".join(f"; {hint}" for hint in map(setting_hint, unknown) if hint)

@@ -365,7 +365,7 @@ def _assemble(path: str, events: pd.DataFrame, header: dict, side: dict, fmt: st
     except (TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise TraceFormatError(path, "header", f"malformed metadata: {quote(str(exc))}") from None
     if meta.allocator_settings is not None:
-        from ..settings import checked_allocator_settings
+        from ...settings.recorded import checked_allocator_settings
 
         meta.allocator_settings = checked_allocator_settings(meta.allocator_settings, path, lenient,
                                                              meta.notes, lambda value: value)

@@ -73,7 +73,7 @@ from ...schema import (
     frame_from_columns,
     text_column,
 )
-from ...settings import checked_allocator_settings
+from ....settings.recorded import checked_allocator_settings
 from .fast import ACTION_NAMES, DeviceEntries, entry_columns, merged_records
 from ...transport import payload_to_trace, trace_to_payload
 

@@ -11,7 +11,7 @@ import math
 from typing import Any, Callable
 
 from ..errors import TraceFormatError
-from .reading.limits import quote
+from ..trace.reading.limits import quote
 
 K_LARGE_BUFFER = 20 * 1024 * 1024
 _SIZE_MAX = (1 << 64) - 1

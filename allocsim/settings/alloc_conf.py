@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from .trace.reading.limits import QUOTE_CHARS, quote
+from ..trace.reading.limits import QUOTE_CHARS, quote
 
 MiB = 1 << 20
 #: PyTorch's kLargeBuffer in MB: the smallest max_split_size_mb / max_non_split_rounding_mb it accepts.
