@@ -10,7 +10,7 @@ import pytest
 from allocsim.settings.alloc_conf import (KEYS, format_alloc_conf, parse_alloc_conf, parse_policy_spec, setting_hint,
                                  tokenize)
 from allocsim.cli import main as cli_main
-from allocsim.policies.pytorch_rules import parse_roundup_power2_divisions
+from allocsim.settings.divisions import parse_roundup_power2_divisions
 from allocsim.policies.registry import accepted_params
 from allocsim.trace import write_trace
 from allocsim.trace.reading.builder import TraceBuilder

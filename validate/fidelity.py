@@ -57,7 +57,7 @@ from allocsim.errors import AllocsimError, OutOfMemory
 from allocsim.policies.freelist import ADDR_BITS, ADDR_MASK
 from allocsim.policies.growth import K_SMALL_SIZE
 from allocsim.policies.pytorch import PyTorchPolicy
-from allocsim.policies.pytorch_rules import allocator_settings_to_kwargs
+from allocsim.settings.recorded import allocator_settings_to_kwargs
 from allocsim.trace import read_trace
 from allocsim.trace.inference.recorded import RecordedRun, recorded_run
 from allocsim.trace.schema import EventKind, Trace

@@ -17,8 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..errors import AllocsimError
-from ..trace.reading.limits import quote
+from ..errors import AllocsimError, quote
 from ..units import GiB, parse_bytes
 
 

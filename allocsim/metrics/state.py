@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from ..policies.growth import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE
-from ..policies.pytorch_rules import (SIZE_MAX, allocator_settings_to_kwargs, get_allocation_size,
-                                      oversize_rejects, round_size)
+from ..policies.pytorch_rules import SIZE_MAX, get_allocation_size, oversize_rejects, round_size
+from ..settings.recorded import allocator_settings_to_kwargs
 from ..trace.inference.recorded import recorded_run
 from ..trace.schema import EventKind, Trace
 from ..units import format_bytes

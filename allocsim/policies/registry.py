@@ -20,6 +20,8 @@ from typing import Any, Callable, Mapping
 
 from ..adaptors import DeferredGC
 from ..units import MiB, parse_bytes
+from ..settings.divisions import parse_roundup_power2_divisions
+from ..settings.recorded import allocator_settings_to_kwargs
 from .base import Policy
 from .cuda_async import CudaAsyncPolicy
 from .cupy import CuPyPolicy
@@ -28,7 +30,6 @@ from .paddle import PaddlePolicy
 from .paddle_naive import PaddleNaivePolicy
 from .pool import PoolPolicy
 from .pytorch import PyTorchPolicy
-from .pytorch_rules import allocator_settings_to_kwargs, parse_roundup_power2_divisions
 from .stream_bound import StreamBoundPolicy
 
 

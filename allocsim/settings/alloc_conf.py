@@ -20,13 +20,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from ..trace.reading.limits import QUOTE_CHARS, quote
+from ..errors import QUOTE_CHARS, quote
+from ..units import MiB
+from .divisions import K_ROUNDUP_POWER2_INTERVALS
 
-MiB = 1 << 20
 #: PyTorch's kLargeBuffer in MB: the smallest max_split_size_mb / max_non_split_rounding_mb it accepts.
 MIN_SPLIT_MB = 20
-#: PyTorch's roundup_power2_divisions table: one entry per power-of-two interval from 1 MB to 64 GB.
-ROUNDUP_INTERVALS = 16
 ENV_VAR = "PYTORCH_CUDA_ALLOC_CONF"
 
 
@@ -311,8 +310,8 @@ def format_alloc_conf(params: Mapping[str, Any]) -> str | None:
             if isinstance(value, str):
                 parts.append(f"roundup_power2_divisions:{value}")
             else:
-                table = list(value) if not isinstance(value, int) else [value] * ROUNDUP_INTERVALS
-                if len(table) != ROUNDUP_INTERVALS:
+                table = list(value) if not isinstance(value, int) else [value] * K_ROUNDUP_POWER2_INTERVALS
+                if len(table) != K_ROUNDUP_POWER2_INTERVALS:
                     return None
                 parts.append(f"roundup_power2_divisions:{_divisions_text(table)}")
         elif name == "record_decisions":

@@ -1,6 +1,6 @@
 """Check a snapshot's recorded ``allocator_settings`` where they enter: ``checked_allocator_settings``.
 
-The settings become policy arguments later (``allocator_settings_to_kwargs``), so a wrong type or
+The settings become policy arguments later (``allocator_settings_to_kwargs``, below), so a wrong type or
 an out-of-range value must be caught here, named by file and key: an error, or under ``--lenient``
 a warning in ``meta.notes`` and the key dropped.
 """
@@ -8,13 +8,13 @@ a warning in ``meta.notes`` and the key dropped.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from ..errors import TraceFormatError
-from ..trace.reading.limits import quote
+from ..errors import TraceFormatError, quote
+from ..units import SIZE_MAX
+from .divisions import parse_roundup_power2_divisions
 
 K_LARGE_BUFFER = 20 * 1024 * 1024
-_SIZE_MAX = (1 << 64) - 1
 
 
 def setting_problem(key: str, value: Any) -> str | None:
@@ -22,7 +22,7 @@ def setting_problem(key: str, value: Any) -> str | None:
     if key == "max_split_size":
         if type(value) is not int:
             return f"is not an integer (got {type(value).__name__} {quote(value)})"
-        if value != -1 and not K_LARGE_BUFFER <= value <= _SIZE_MAX:
+        if value != -1 and not K_LARGE_BUFFER <= value <= SIZE_MAX:
             return f"{quote(value)} is out of range (-1 for unlimited, or 20 MiB .. 2**64-1 bytes)"
     elif key == "garbage_collection_threshold":
         if type(value) not in (int, float):
@@ -41,8 +41,6 @@ def setting_problem(key: str, value: Any) -> str | None:
         elif type(value) is not int and not (isinstance(value, (list, tuple))
                                               and all(type(v) is int for v in value)):
             return f"is not an integer, a list of integers or a mapping (got {type(value).__name__})"
-        from ..policies.pytorch_rules import parse_roundup_power2_divisions
-
         try:
             parse_roundup_power2_divisions(value)
         except (ValueError, TypeError, OverflowError) as exc:
@@ -71,3 +69,31 @@ def checked_allocator_settings(value: Any, path: str, lenient: bool, notes: list
         notes.append(f"{record}.{key}: recorded setting {problem}; ignored (the default applies)")
         value = {k: v for k, v in value.items() if k != key}
     return plain(value)
+
+
+def allocator_settings_to_kwargs(settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Turn a snapshot's ``allocator_settings`` into ``PyTorchPolicy`` keyword arguments.
+
+    Reads ``max_split_size`` (bytes, -1 = unlimited), ``garbage_collection_threshold``,
+    ``expandable_segments`` and ``roundup_power2_divisions``; other keys (pinned-memory and locking
+    options) do not change placement and are ignored.
+    """
+    if not settings:
+        return {}
+    for key in ("max_split_size", "garbage_collection_threshold", "expandable_segments",
+                "roundup_power2_divisions"):
+        if key in settings:
+            problem = setting_problem(key, settings[key])
+            if problem is not None:
+                raise ValueError(f"allocator setting {key} {problem}")
+    kwargs: dict[str, Any] = {}
+    if "max_split_size" in settings:
+        value = int(settings["max_split_size"])
+        kwargs["max_split_size_bytes"] = None if value < 0 or value >= SIZE_MAX else value
+    if "garbage_collection_threshold" in settings:
+        kwargs["garbage_collection_threshold"] = float(settings["garbage_collection_threshold"])
+    if "expandable_segments" in settings:
+        kwargs["expandable_segments"] = bool(settings["expandable_segments"])
+    if "roundup_power2_divisions" in settings:
+        kwargs["roundup_power2_divisions"] = parse_roundup_power2_divisions(settings["roundup_power2_divisions"])
+    return kwargs

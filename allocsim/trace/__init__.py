@@ -11,9 +11,9 @@ import os
 import zlib
 from typing import Callable
 
-from ..errors import TraceFormatError
+from ..errors import TraceFormatError, quote
 from .formats.detect import FORMATS, detect_format
-from .reading.limits import DEFAULT_LIMITS, LimitExceeded, Limits, os_error, quote
+from .reading.limits import DEFAULT_LIMITS, LimitExceeded, Limits, os_error
 from .reading.validate import check_live_bytes, check_time_range
 from .schema import EVENT_DTYPES, EventKind, Trace, TraceMeta, check_schema
 

@@ -22,11 +22,11 @@ import pyarrow.ipc
 import pyarrow.parquet as pq
 from struct import error as struct_error
 
-from ...errors import TraceFormatError
+from ...errors import TraceFormatError, quote
 from ...units import MiB
 from ..reading.builder import MAX_SIZE_BYTES
 from ..reading.ipc_check import IpcFormatError, ipc_stream_bounds
-from ..reading.limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, open_binary, quote
+from ..reading.limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, open_binary
 from ..schema import (
     EVENT_DTYPES,
     OPTIONAL_COLUMNS,

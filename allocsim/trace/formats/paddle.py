@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ...errors import TraceFormatError
+from ...errors import TraceFormatError, quote
 from ..reading import compiled
 from ..reading.builder import MAX_SIZE_BYTES, TraceBuilder
 from ..reading.frames import FrameTable
@@ -56,7 +56,7 @@ from .kineto.reader import (
     _INT64_MAX, _INT64_MIN, _MEM, _STEP, _as_int, _feed, _op_stacks, _op_stacks_compiled, _OpColumns, _Rec,
     _RecColumns, _Threads, _total_allocated_check, ts_to_ns,
 )
-from ..reading.limits import DEFAULT_LIMITS, Limits, check_count, quote, read_bytes
+from ..reading.limits import DEFAULT_LIMITS, Limits, check_count, read_bytes
 from ..schema import (
     FRAME_DTYPES, INITIAL_ALLOC_DTYPES, RECORDED_SERIES_DTYPES, STACK_DTYPES, Trace, check_schema, frame_from_columns,
 )

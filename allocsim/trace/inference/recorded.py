@@ -465,7 +465,7 @@ class _ModelReplay:
         """A replay from the recorded start state, or None when that state cannot be loaded."""
         from ...device import SimulatedDevice
         from ...policies.pytorch import PyTorchPolicy
-        from ...policies.pytorch_rules import allocator_settings_to_kwargs
+        from ...settings.recorded import allocator_settings_to_kwargs
 
         segs = trace.initial_segments[trace.initial_segments["device"] == device]
         blocks = trace.initial_blocks[trace.initial_blocks["device"] == device]

@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import TraceFormatError
-from .limits import quote
+from ...errors import TraceFormatError, quote
 from ..schema import (
     DECISION_DTYPES,
     EVENT_DTYPES,

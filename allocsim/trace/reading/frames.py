@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import TraceFormatError
-from .limits import DEFAULT_LIMITS, Limits, LimitExceeded, quote
+from ...errors import TraceFormatError, quote
+from .limits import DEFAULT_LIMITS, Limits, LimitExceeded
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _CHUNK = 8192

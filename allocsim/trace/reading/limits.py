@@ -22,7 +22,7 @@ import stat
 import zlib
 from typing import Any, Iterator
 
-from ...errors import TraceFormatError
+from ...errors import QUOTE_CHARS, TraceFormatError, quote
 from ...units import GiB, MiB, parse_bytes
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -32,8 +32,6 @@ _FIRST_WINDOW_BYTES = 1 << 10
 _NONZERO_BYTE = re.compile(b"[^\\x00]")
 #: Below this much output the ratio cap is not applied (small files compress arbitrarily well).
 _RATIO_FLOOR_BYTES = 64 * MiB
-#: Quoted values in messages are cut to this many characters (the full length is noted).
-QUOTE_CHARS = 80
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,25 +163,6 @@ def check_count(path: str, name: str, count: int, limits: Limits, what: str,
     limit = getattr(limits, name)
     if count > limit:
         raise LimitExceeded(path, record, name, limit, f"{count:,} {what}")
-
-
-# ------------------------------------------------------------------------------------ messages
-def quote(value: Any, max_chars: int = QUOTE_CHARS) -> str:
-    """``repr`` of a value from a file, cut to ``max_chars`` with its full length noted."""
-    if type(value) is int and value.bit_length() > 200:
-        return f"<{value.bit_length()}-bit integer>"
-    if isinstance(value, (str, bytes)):
-        text = repr(value[: max_chars + 1])
-        if len(value) > max_chars:
-            return f"{text[:max_chars]}... ({len(value):,} characters)"
-        return text
-    try:
-        text = repr(value)
-    except Exception:  # noqa: BLE001 - a value from a hostile file may not even repr
-        return f"<{type(value).__name__}>"
-    if len(text) > max_chars:
-        return f"{text[:max_chars]}... ({len(text):,} characters)"
-    return text
 
 
 # ------------------------------------------------------------------------------------ files

@@ -62,12 +62,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ....errors import TraceFormatError
+from ....errors import TraceFormatError, quote
 from ...reading import compiled
 from ...reading.builder import MAX_SIZE_BYTES, TraceBuilder
 from ...reading.columnar import OP_ALLOC, OP_FREE, OP_MARKER, OP_NONE, Records, build_columns
 from ...reading.frames import FrameTable, frame_tables
-from ...reading.limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, quote, read_bytes
+from ...reading.limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, read_bytes
 from ...schema import (
     BLOCK_DTYPES,
     DECISION_DTYPES,
