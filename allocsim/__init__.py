@@ -8,8 +8,8 @@ Start with ``allocsim.read_trace(path)`` and ``allocsim.run(trace, "pytorch")``;
 from typing import Any
 
 from .trace import EventKind, Trace, read_trace, write_trace
+from .version import __version__
 
-__version__ = "0.1.0"
 #: The public API's functions, imported on first use (``import allocsim`` stays light).
 _API = ("GiB", "MiB", "RecordedRun", "RunResult", "format_advice", "format_bytes", "format_sites",
         "parse_alloc_conf", "parse_bytes", "recorded_run", "run", "short_site", "site_timeline")

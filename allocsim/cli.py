@@ -50,7 +50,7 @@ class _VersionAction(argparse.Action):
 
 def version_line() -> str:
     """``allocsim X.Y.Z (policy kernel: compiled|reference (why); readers: compiled|reference (why))``."""
-    from . import __version__
+    from .version import __version__
     from .policies.kernel import describe
     from .trace.reading.compiled import describe as describe_readers
 

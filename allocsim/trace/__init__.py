@@ -29,8 +29,8 @@ def _reader(fmt: str) -> Callable[..., Trace]:
         from .formats.snapshot.reader import read_snapshot
         return read_snapshot
     if fmt == "kineto":
-        from .formats.kineto.reader import read_kineto
-        return read_kineto
+        from .formats.chrome import read_chrome
+        return read_chrome
     if fmt == "paddle":
         from .formats.paddle import read_paddle
         return read_paddle

@@ -101,19 +101,6 @@ def recorded_run(trace: Trace, device: int) -> RecordedRun | None:
     return None if data is None else RecordedRun.from_dict(data)
 
 
-def reindex_recorded(data: dict[str, Any], kept_positions: np.ndarray) -> dict[str, Any]:
-    """A copy of one device's recorded dict with event indices renumbered for the kept events."""
-    out = dict(data)
-    for key in ("ooms", "release_points"):
-        items = []
-        for item in data.get(key) or []:
-            item = dict(item)
-            item["event_index"] = int(np.searchsorted(kept_positions, item["event_index"]))
-            items.append(item)
-        out[key] = items
-    return out
-
-
 def set_recorded_run(trace: Trace, run: RecordedRun) -> None:
     """Store ``run`` in ``trace.meta.recorded`` (readers call this once per device)."""
     trace.meta.recorded[str(run.device)] = run.to_dict()

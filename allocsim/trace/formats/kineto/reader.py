@@ -359,11 +359,12 @@ def read_kineto(path, *, lenient: bool = False, limits: Limits | None = None) ->
     data = read_bytes(path, limits)
     if not data.strip():
         raise TraceFormatError(path, None, "empty file")
-    from ..detect import chrome_framework
+    return read_kineto_data(path, data, lenient=lenient, limits=limits)
 
-    if chrome_framework(data) == "paddle":   # the head did not show it: a Paddle file read by its fields
-        from ..paddle import read_paddle_data
-        return read_paddle_data(path, data, lenient=lenient, limits=limits)
+
+def read_kineto_data(path: str, data: bytes, *, lenient: bool = False, limits: Limits | None = None) -> Trace:
+    """``read_kineto`` on the file's (decompressed) bytes, already read."""
+    limits = limits or DEFAULT_LIMITS
     if compiled.active():
         scan = compiled.ext.chrome_scan(data, limits.memory_bytes, limits.depth, limits.events)
         if scan is not None:
