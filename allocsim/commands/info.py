@@ -15,10 +15,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..metrics.categories import trace_categories
-from ..metrics.sites.rows import allocation_sites
-from ..metrics.state import format_state_report, is_state_only, state_report
-from ..trace.inference.stats import summarize
 from ..units import format_bytes, parse_bytes
 from .common import add_trace_args, load_trace, print_json, select_device
 
@@ -80,6 +76,11 @@ def state_options(args: argparse.Namespace) -> dict:
 
 def main(args: argparse.Namespace) -> int:
     """Print the summary of ``args.trace`` (and the recorded state of a snapshot without history)."""
+    from ..metrics.categories import trace_categories
+    from ..metrics.sites.rows import allocation_sites
+    from ..metrics.state import format_state_report, is_state_only, state_report
+    from ..trace.inference.stats import summarize
+
     options = state_options(args)
     trace = load_trace(args)
     selected = select_device(trace, args.device)

@@ -30,14 +30,15 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from ..errors import AllocsimError
 from ..units import parse_bytes
 from .common import add_read_args, trace_limits
 from .info import add_site_args, site_options
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: Tables a result directory may hold, and what they feed.
 RESULT_FILES = ("summary.json", "timeseries.parquet", "ooms.parquet", "attribution.parquet",
@@ -280,6 +281,8 @@ def draw_result(w: Writer, summary: dict, timeseries: pd.DataFrame, ooms: pd.Dat
 
 # ----------------------------------------------------------------------------- a result directory
 def _read_result_dir(src: Path) -> dict[str, Any]:
+    import pandas as pd
+
     data: dict[str, Any] = {"summary": json.loads((src / "summary.json").read_text(encoding="utf-8")),
                             "timeseries": pd.read_parquet(src / "timeseries.parquet")}
     for key, name in (("ooms", "ooms.parquet"), ("table", "attribution.parquet"),
@@ -291,6 +294,8 @@ def _read_result_dir(src: Path) -> dict[str, Any]:
 
 def plot_result_dir(src: Path, out: Path) -> list[Path]:
     """Re-draw a result directory (or one holding a result per policy and a comparison)."""
+    import pandas as pd
+
     from ..plots import plot_latency, plot_policy_comparison
 
     if (src / "summary.json").is_file():
@@ -338,6 +343,8 @@ def is_sweep_file(path: Path) -> bool:
 
 def plot_sweep(src: Path, out: Path, metric: str, capacity: int | None) -> list[Path]:
     """Heatmap per (trace, policy) and the Pareto front of a sweep's rows."""
+    import pandas as pd
+
     from ..plots import plot_pareto, plot_sweep_heatmap, varying_params
     from ..plots.sweep import DEFAULT_OBJECTIVES, metric_label
 

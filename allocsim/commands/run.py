@@ -33,7 +33,6 @@ import argparse
 import sys
 from typing import Any
 
-from ..engine import select_device
 from ..errors import AllocsimError
 from ..output_file import check_output_folder
 from ..units import format_bytes, parse_bytes
@@ -224,6 +223,7 @@ def execute(args: argparse.Namespace, trace: Any = None):
     With ``--sites N`` (N > 0) the summary gets the run's code sites (``sites``) and the verdict's
     first OOM the site of the failed request.
     """
+    from ..engine import select_device
     from ..runner import GIVEN, Capacity, check_capacity, resolve_capacity, simulate_trace
 
     given = parse_bytes(args.capacity) if args.capacity is not None else None
@@ -333,6 +333,7 @@ def state_only(args: argparse.Namespace, trace: Any) -> dict[str, Any]:
     import json
     import os
 
+    from ..engine import select_device
     from ..metrics.state import state_report
 
     # Every device when none is chosen: a state report has no single replay to run.

@@ -13,12 +13,13 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from ..errors import AllocsimError, quote
 from ..units import GiB, parse_bytes
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def register(subparsers) -> None:

@@ -9,18 +9,29 @@ from __future__ import annotations
 
 import os
 import zlib
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import TraceFormatError, quote
 from .formats.detect import FORMATS, detect_format
 from .reading.limits import DEFAULT_LIMITS, LimitExceeded, Limits, os_error
-from .reading.validate import check_live_bytes, check_time_range
-from .schema import EVENT_DTYPES, EventKind, Trace, TraceMeta, check_schema
 
+if TYPE_CHECKING:
+    from .schema import Trace
+
+#: The schema's names, imported on first use: the schema needs pandas, which a command that only
+#: parses its arguments (``allocsim --help``) should not wait for.
+_SCHEMA = ("EventKind", "Trace", "TraceMeta", "EVENT_DTYPES", "check_schema")
 __all__ = [
-    "EventKind", "Trace", "TraceMeta", "EVENT_DTYPES", "FORMATS",
-    "read_trace", "write_trace", "detect_format", "check_schema", "Limits", "LimitExceeded",
+    *_SCHEMA, "FORMATS", "read_trace", "write_trace", "detect_format", "Limits", "LimitExceeded",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SCHEMA:
+        from . import schema
+
+        return getattr(schema, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _reader(fmt: str) -> Callable[..., Trace]:
@@ -69,6 +80,8 @@ def read_trace(path: str | os.PathLike, *, format: str | None = None, lenient: b
         # Readers name the record for every failure they foresee; this net keeps a damaged file
         # the reader did not foresee from ever surfacing as a traceback.
         raise TraceFormatError(path, None, f"malformed {fmt} data: {type(exc).__name__}: {quote(str(exc))}") from None
+    from .reading.validate import check_live_bytes, check_time_range
+
     check_time_range(path, trace.events["t_ns"].to_numpy())
     check_live_bytes(path, trace)
     return trace

@@ -25,11 +25,12 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
-from ...trace.schema import Trace
+    from ...trace.schema import Trace
 
 #: Stand-in for the Python standard library in a filter.
 STDLIB = "<stdlib>"
@@ -178,6 +179,8 @@ class SiteIndex:
     site_filter: SiteFilter = field(default_factory=SiteFilter)
 
     def __post_init__(self) -> None:
+        import numpy as np
+
         self.kineto = source_format(self.trace) in OPERATOR_FRAME_FORMATS
         self.paddle = source_format(self.trace) == "paddle"
         self.names: list[str] = []
@@ -202,6 +205,8 @@ class SiteIndex:
     # ------------------------------------------------------------------ per frame
     def _program_frames(self) -> np.ndarray:
         """Per frame row: does it belong to the program? (decided once per distinct file name)"""
+        import numpy as np
+
         verdict: dict[str, bool] = {}
         out = np.zeros(len(self._files), dtype=bool)
         for i, name in enumerate(self._files.tolist()):
@@ -221,6 +226,8 @@ class SiteIndex:
 
     # ------------------------------------------------------------------ per stack
     def _label_stacks(self, n_stacks: int) -> np.ndarray:
+        import numpy as np
+
         out = np.full(n_stacks, -1, dtype=np.int64)
         if not n_stacks:
             return out
@@ -282,6 +289,8 @@ class SiteIndex:
     # ------------------------------------------------------------------ lookups
     def site_of(self, stack_ids: np.ndarray) -> np.ndarray:
         """Site number of each stack id (-1: no frames)."""
+        import numpy as np
+
         ids = np.asarray(stack_ids, dtype=np.int64)
         out = np.full(len(ids), -1, dtype=np.int64)
         ok = (ids >= 0) & (ids < len(self.site_of_stack))
