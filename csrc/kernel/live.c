@@ -2,6 +2,7 @@
 #include "live.h"
 
 #include "u64map.h"
+#include "../common/siphash.h"
 
 #define LIVE_MIN_CAPACITY 16
 
@@ -55,7 +56,7 @@ int live_key_init(void) {
 }
 
 static inline size_t home_of(int64_t id, size_t mask) {
-    return (size_t)u64_keyed_hash((uint64_t)id, LIVE_KEY0, LIVE_KEY1) & mask;
+    return (size_t)siphash13_u64((uint64_t)id, LIVE_KEY0, LIVE_KEY1) & mask;
 }
 
 LiveEntry *live_get(LiveTableObject *t, int64_t id) {

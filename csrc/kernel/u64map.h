@@ -38,35 +38,6 @@ static inline uint64_t u64_mix(uint64_t x) {
     return x;
 }
 
-/* SipHash-1-3 of one uint64 under the 128-bit key (k0, k1): for keys a file chooses (allocation
- * ids), where a plain reversible mix lets crafted keys share one probe run and make every lookup
- * linear. With a secret per-process key the file cannot tell which keys collide. */
-#define U64_ROTL(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
-#define U64_SIPROUND                                                                    \
-    do {                                                                                \
-        v0 += v1; v1 = U64_ROTL(v1, 13); v1 ^= v0; v0 = U64_ROTL(v0, 32);               \
-        v2 += v3; v3 = U64_ROTL(v3, 16); v3 ^= v2;                                      \
-        v0 += v3; v3 = U64_ROTL(v3, 21); v3 ^= v0;                                      \
-        v2 += v1; v1 = U64_ROTL(v1, 17); v1 ^= v2; v2 = U64_ROTL(v2, 32);               \
-    } while (0)
-
-static inline uint64_t u64_keyed_hash(uint64_t x, uint64_t k0, uint64_t k1) {
-    uint64_t v0 = k0 ^ 0x736f6d6570736575ULL, v1 = k1 ^ 0x646f72616e646f6dULL;
-    uint64_t v2 = k0 ^ 0x6c7967656e657261ULL, v3 = k1 ^ 0x7465646279746573ULL;
-    v3 ^= x;
-    U64_SIPROUND;
-    v0 ^= x;
-    const uint64_t last = (uint64_t)8 << 56;     /* the message length (8 bytes) in the top byte */
-    v3 ^= last;
-    U64_SIPROUND;
-    v0 ^= last;
-    v2 ^= 0xff;
-    U64_SIPROUND;
-    U64_SIPROUND;
-    U64_SIPROUND;
-    return v0 ^ v1 ^ v2 ^ v3;
-}
-
 static inline void u64map_init(U64Map *m) {
     memset(m, 0, sizeof(*m));
 }
