@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from ..adaptors import DeferredGC
+from .adaptors import DeferredGC
 from ..units import MiB, parse_bytes
 from ..settings.divisions import parse_roundup_power2_divisions
 from ..settings.recorded import allocator_settings_to_kwargs

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .policies.base import Policy
+from .base import Policy
 
 
 class DeferredGC(Policy):
