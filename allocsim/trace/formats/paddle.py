@@ -36,7 +36,7 @@ Times: ``ts`` in microseconds, converted to ns exactly (as ``kineto.ts_to_ns``);
 
 Decoding: ``msgspec`` (``kineto_fast``), or the standard library for anything unusual. The compiled
 Chrome-trace scanner models Kineto's fields only, so Paddle files always take this route for the
-events; the frames' sweep is compiled when the readers are (``kineto._op_stacks_compiled``).
+events; the frames' sweep is the Kineto reader's (``kineto.reader.op_frames``), compiled when the readers are.
 """
 
 from __future__ import annotations
@@ -49,12 +49,10 @@ import numpy as np
 import pandas as pd
 
 from ...errors import TraceFormatError, quote
-from ..reading import compiled
 from ..reading.builder import MAX_SIZE_BYTES, TraceBuilder
-from ..reading.frames import FrameTable
 from .kineto.reader import (
-    _INT64_MAX, _INT64_MIN, _MEM, _STEP, _as_int, _feed, _op_stacks, _op_stacks_compiled, _OpColumns, _Rec,
-    _RecColumns, _Threads, _total_allocated_check, ts_to_ns,
+    _INT64_MAX, _INT64_MIN, _MEM, _STEP, _as_int, _feed, _OpColumns, _Rec, _RecColumns, _Threads,
+    _total_allocated_check, op_frames, ts_to_ns,
 )
 from ..reading.limits import DEFAULT_LIMITS, Limits, check_count, read_bytes
 from ..schema import (
@@ -262,13 +260,7 @@ def _finish(path: str, builder: TraceBuilder, recs: list[_Rec], ops: list, place
     devices = sorted(set(np.unique(cols.device[is_mem]).tolist()))
     gpus = [d for d in devices if d >= 0]
     marker_device = gpus[0] if gpus else (devices[0] if devices else -1)
-    frames = FrameTable(path, limits)
-    stacks = _op_stacks_compiled(cols, op_cols, threads.names, limits) if compiled.active() else None
-    if stacks is None:
-        stack_ids = _op_stacks(cols, op_cols, threads.names, frames)
-        tables, n_stacks = frames.tables(), frames.n_stacks
-    else:
-        stack_ids, tables, n_stacks = stacks
+    stack_ids, tables, n_stacks = op_frames(path, cols, op_cols, threads.names, limits)
     event_index, built = _feed(builder, cols, where, marker_device, stack_ids)
     series = _series(cols, event_index, reserved)
     meta = builder.meta

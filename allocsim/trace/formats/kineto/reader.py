@@ -640,13 +640,7 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: _RecColum
     mem_devices = sorted(set(np.unique(cols.device[is_mem]).tolist()))
     gpu_devices = [d for d in mem_devices if d >= 0]
     marker_device = gpu_devices[0] if gpu_devices else (mem_devices[0] if mem_devices else -1)
-    frames = FrameTable(path, limits)
-    stacks = _op_stacks_compiled(cols, ops, thread_names, limits) if compiled.active() else None
-    if stacks is None:
-        stack_ids = _op_stacks(cols, ops, thread_names, frames)
-        frame_tables, n_stacks = frames.tables(), frames.n_stacks
-    else:
-        stack_ids, frame_tables, n_stacks = stacks
+    stack_ids, frame_tables, n_stacks = op_frames(path, cols, ops, thread_names, limits)
 
     event_index, built_trace = _feed(builder, cols, where, marker_device, stack_ids)
     series = _recorded_series(cols, event_index)
@@ -702,6 +696,20 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: _RecColum
     _store_recorded_runs(trace, layouts)
     check_schema(trace)
     return trace
+
+
+def op_frames(path: str, cols: _RecColumns, ops: _OpColumns, thread_names: list[str],
+              limits: Limits) -> tuple[list[int] | None, dict, int]:
+    """Each [memory] event's pseudo-frame stack on either route: (stack ids, frame tables, stack count).
+
+    The Kineto and the Paddle readers share it: both frame an event by the ops enclosing it in time.
+    """
+    stacks = _op_stacks_compiled(cols, ops, thread_names, limits) if compiled.active() else None
+    if stacks is not None:
+        return stacks
+    frames = FrameTable(path, limits)
+    stack_ids = _op_stacks(cols, ops, thread_names, frames)
+    return stack_ids, frames.tables(), frames.n_stacks
 
 
 def _op_stacks(cols: _RecColumns, ops: _OpColumns, thread_names: list[str], frames: FrameTable) -> list[int] | None:
