@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 from ..errors import QUOTE_CHARS, quote
 from ..units import MiB
 from .divisions import K_ROUNDUP_POWER2_INTERVALS
+from .values import finite_number
 
 #: PyTorch's kLargeBuffer in MB: the smallest max_split_size_mb / max_non_split_rounding_mb it accepts.
 MIN_SPLIT_MB = 20
@@ -56,25 +57,15 @@ def _true_false(key: str, token: str) -> bool:
     return token == "True"
 
 
-def _number(key: str, token: str) -> float:
-    try:
-        value = float(token)
-    except ValueError:
-        raise ValueError(f"{key} takes a number, got {quote(token)}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(f"{key} takes a finite number, got {quote(token)}")
-    return value
-
-
 def _gc_threshold(key: str, token: str) -> float:
-    value = _number(key, token)
+    value = finite_number(key, token)
     if not 0.0 < value < 1.0:
         raise ValueError(f"{key} must be in (0.0, 1.0) as in PyTorch, got {token}")
     return value
 
 
 def _memory_fraction(key: str, token: str) -> float | None:
-    value = _number(key, token)
+    value = finite_number(key, token)
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"{key} must be in [0.0, 1.0] as in PyTorch, got {token}")
     # PyTorch's setMemoryFraction keeps no cap at 1.0 (and then garbage collection stays off too).

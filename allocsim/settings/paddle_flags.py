@@ -54,8 +54,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-MiB = 1 << 20
-GiB = 1 << 30
+from ..units import GiB, MiB
+from .values import finite_number
+
 PREFIX = "FLAGS_"
 STRATEGIES = {"auto_growth": "paddle", "naive_best_fit": "paddle-naive"}
 
@@ -87,16 +88,6 @@ def _uint_mb(name: str, text: str) -> int:
     return int(text.strip())
 
 
-def _double(name: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{name} takes a number, got {text!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(f"{name} takes a finite number, got {text!r}")
-    return value
-
-
 @dataclass(frozen=True)
 class Flag:
     """One allocator flag Paddle defines: its default, how to read it, or why it is refused."""
@@ -110,16 +101,16 @@ class Flag:
 _MODELLED = (
     Flag("FLAGS_allocator_strategy", "auto_growth", lambda n, t: t.strip()),
     Flag("FLAGS_auto_growth_chunk_size_in_mb", 0, _uint_mb),
-    Flag("FLAGS_fraction_of_gpu_memory_to_use", 0.92, _double),
+    Flag("FLAGS_fraction_of_gpu_memory_to_use", 0.92, finite_number),
     Flag("FLAGS_initial_gpu_memory_in_mb", 0, _uint_mb),
     Flag("FLAGS_reallocate_gpu_memory_in_mb", 0, _uint_mb),
     Flag("FLAGS_gpu_memory_limit_mb", 0, _uint_mb),
     Flag("FLAGS_free_idle_chunk", False, _bool),
     Flag("FLAGS_free_when_no_cache_hit", False, _bool),
     Flag("FLAGS_use_stream_safe_cuda_allocator", True, _bool),
-    Flag("FLAGS_eager_delete_tensor_gb", 0.0, _double),
+    Flag("FLAGS_eager_delete_tensor_gb", 0.0, finite_number),
     Flag("FLAGS_fast_eager_deletion_mode", True, _bool),
-    Flag("FLAGS_memory_fraction_of_eager_deletion", 1.0, _double),
+    Flag("FLAGS_memory_fraction_of_eager_deletion", 1.0, finite_number),
     Flag("FLAGS_use_virtual_memory_auto_growth", False, _bool),
 )
 _HOST = "concerns host (CPU or pinned) memory, which the paddle presets do not simulate"
