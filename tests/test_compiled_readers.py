@@ -542,7 +542,7 @@ def test_rmm_scan_reserves_for_rows_not_blank_lines():
     import sys
 
     code = """if True:
-        from allocsim.trace import compiled
+        from allocsim.trace.reading import compiled
         def peak():
             return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmPeak"))
         body = b"\\n" * (64 << 20)
