@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import AllocsimError
 from ..trace.reading.builder import MAX_SIZE_BYTES
-from ..trace.schema import EventKind, Trace, TraceMeta, check_schema, empty_frame, INITIAL_ALLOC_DTYPES
+from ..trace.schema import Trace, TraceMeta, check_schema, empty_frame, INITIAL_ALLOC_DTYPES
 from .align import Alignment, align, choose_keyer, for_keyer
 from .initial import initial_partners
 from .consistency import MixedInputs, fit_differences, input_differences
