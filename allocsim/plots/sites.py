@@ -1,4 +1,4 @@
-"""Live memory over time, stacked by code site (the table of ``metrics.site_timeline.site_timeline``)."""
+"""Live memory over time, stacked by code site (the table of ``metrics.sites.timeline.site_timeline``)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ Three tables of rows (``sites.rows_by_site``), each adding up exactly to what it
 - ``at_oom``: the allocations live when the first request failed (the verdict's live bytes), and
   ``moments.at_oom.failed_request``: the site of the request that failed;
 - ``waste``: reserved minus live requested bytes at the peak of reserved memory, charged to the
-  sites that cause it under the run's policy (``site_waste``), each row with its ``causes``.
+  sites that cause it under the run's policy (``waste``), each row with its ``causes``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Who holds the memory: ``site_rows(trace, alloc_ids, sizes)`` groups bytes by code site, exactly.
 
 A *site* is the innermost stack frame that belongs to the user's program (the rule, its fallbacks
-and ``--site-filter`` are in ``site_rule``). Every table here has the same rows: the ``top`` sites
+and ``--site-filter`` are in ``rule``). Every table here has the same rows: the ``top`` sites
 by bytes (ties: more allocations, then name), then ``other sites`` (the rest, together) and
 ``unattributed`` (allocations without recorded frames), each ``{"site", "bytes", "count",
 "frames"}``; the rows always add up to the bytes given, to the byte. ``frames`` are the program
@@ -10,10 +10,10 @@ frames (site first, then its callers) of the stack that holds the most bytes of 
 - ``live_at_peak(trace)``: the allocations alive at the trace's peak of live bytes (what the lower
   bound counts), for ``advise`` when nothing can fit;
 - ``live_at_row(trace, timeseries, ooms, row)``: the allocations a run held at one row of its time
-  series (their requested bytes equal that row's ``requested_bytes``, checked); ``site_report.run_sites``
+  series (their requested bytes equal that row's ``requested_bytes``, checked); ``report.run_sites``
   uses it at the peak of requested memory and at the first OOM;
 - ``allocation_sites(trace)``: every allocation of the trace by site, by count and by bytes (``info``);
-- the waste by site under a policy is ``site_waste``'s.
+- the waste by site under a policy is ``waste``'s.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ class LiveAtPeak:
 def live_at_peak(trace: Trace) -> LiveAtPeak:
     """The allocations alive at the first moment live bytes peak (start state included), exactly.
 
-    Same rule as the lower bound (``trace.stats.live_bytes_series``): an allocation holds its
+    Same rule as the lower bound (``trace.inference.stats.live_bytes_series``): an allocation holds its
     requested bytes from its ALLOC event until its free completes.
     """
     from ...trace.inference.stats import live_bytes_series

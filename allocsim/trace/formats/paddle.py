@@ -34,7 +34,7 @@ Times: ``ts`` in microseconds, converted to ns exactly (as ``kineto.ts_to_ns``);
 (ts, position in file) order, and each place's ``current_allocated`` must change by
 ``increase_bytes`` from one event to the next (mismatches are counted in a note).
 
-Decoding: ``msgspec`` (``kineto_fast``), or the standard library for anything unusual. The compiled
+Decoding: ``msgspec`` (``kineto.fast``), or the standard library for anything unusual. The compiled
 Chrome-trace scanner models Kineto's fields only, so Paddle files always take this route for the
 events; the frames' sweep is the Kineto reader's (``kineto.reader.op_frames``), compiled when the readers are.
 """

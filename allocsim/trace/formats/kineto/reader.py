@@ -36,13 +36,13 @@ allocations of ``|Bytes|``. The rest of what a GPU device held when recording be
 Allocated`` minus ``Bytes`` at its first event, less those orphan frees) becomes one more initial
 allocation, never freed (a note names it), so peaks and lower bounds count the memory the window
 never touches. ``Total Reserved`` at the first event is laid out as ``initial_segments`` /
-``initial_blocks`` from the addresses the window uses (``kineto_layout``: the cache the real
+``initial_blocks`` from the addresses the window uses (``layout``: the cache the real
 allocator held, free blocks included), so a ``pytorch`` replay starts where the real one did. A
 profile with no ``[memory]`` event (recorded without ``profile_memory=True``) is refused.
 
 Decoding: on the compiled route (``allocsim.trace.reading.compiled``) a strict JSON scanner in C reads the
 [memory] events into columns and keeps only the ops that can frame them; the reference route uses
-``msgspec`` (only the events the reader keeps are converted; see ``kineto_fast``), falling back to
+``msgspec`` (only the events the reader keeps are converted; see ``fast``), falling back to
 the standard library for anything unusual, which names the problem. Both share the columnar back
 half (``_finish``); the compiled scanner hands back any document it does not model.
 
@@ -511,7 +511,7 @@ def _read_scanned(path: str, data: bytes, scan: dict, lenient: bool, limits: Lim
 
 
 def msgspec_event(text: bytes) -> Any:
-    """One event object decoded as the reference's msgspec path decodes it (``kineto_fast.Event``)."""
+    """One event object decoded as the reference's msgspec path decodes it (``fast.Event``)."""
     from .fast import decode_event
 
     return decode_event(text)
@@ -906,7 +906,7 @@ def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]],
     allocator held when recording began. The window's orphan frees (already initial allocations)
     account for part of it; the rest was never freed in the window, so it becomes one allocation
     alive from the start (never freed): peaks, the lower bound and the verdict count it.
-    ``Total Reserved`` minus that is memory the allocator had cached free; ``kineto_layout`` lays
+    ``Total Reserved`` minus that is memory the allocator had cached free; ``layout`` lays
     both out from the addresses the window uses, so a replay of the recorded allocator starts
     where the real one did instead of allocating its cache anew.
     """
@@ -1002,7 +1002,7 @@ def _total_allocated_check(cols: _RecColumns) -> dict[int, dict[str, int]]:
 def _store_recorded_runs(trace: Trace, layouts: dict) -> None:
     """The caching allocator's recorded totals per GPU device, as ``RecordedRun`` facts.
 
-    Where the start layout was inferred (``kineto_layout``), reserved never shrinks in the window,
+    Where the start layout was inferred (``layout``), reserved never shrinks in the window,
     so each growth of Total Reserved is one cudaMalloc: their count and bytes are recorded too.
     """
     from ...inference.recorded import RecordedRun, set_recorded_run

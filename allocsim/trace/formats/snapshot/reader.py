@@ -30,7 +30,7 @@ fails or is stopped). Every entry is type- and range-checked and a bad one raise
 ``meta.repairs``). A final state that does not fit the window is reported in ``meta.notes`` and
 leaves ``initial_blocks`` empty instead of failing.
 
-Well-formed files take a columnar path (the compiled scan, or ``snapshot_fast`` reading the
+Well-formed files take a columnar path (the compiled scan, or ``fast`` reading the
 unpickled entries as columns; ``columnar.build_columns`` builds the events); anything to report or
 repair goes through the entry-by-entry reference path below. Both keep every entry's and block's stack frames
 (``Trace.frames`` / ``Trace.stacks``, one ``stack_id`` per event, initial allocation, block and decision).
