@@ -1,3 +1,3 @@
-"""allocsim's version (also in pyproject.toml): ``allocsim --version`` prints it."""
+"""allocsim's version, the one place it is written (pyproject.toml reads it): ``allocsim --version`` prints it."""
 
 __version__ = "0.1.0"
