@@ -9,6 +9,7 @@ importing that package's ``__init__``; the two compiled extensions are leaves.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "allocsim"
@@ -51,8 +52,9 @@ def _imports(module: str, is_package: bool, tree: ast.AST, modules: set[str]) ->
     return found
 
 
+@functools.lru_cache(maxsize=1)
 def import_graph() -> dict[str, set[str]]:
-    """Each allocsim module and the allocsim modules it imports."""
+    """Each allocsim module and the allocsim modules it imports (parsed once per session; do not mutate)."""
     parsed = {}
     for path in sorted(PACKAGE_DIR.rglob("*.py")):
         name, is_package = _module_name(path)
