@@ -8,13 +8,16 @@ and allocsim runs its pure-Python reference code (``allocsim --version`` says wh
 
 from setuptools import Extension, setup
 
-KERNEL_SOURCES = ["csrc/module.c", "csrc/freelist.c", "csrc/live.c", "csrc/pool_kernel.c"]
-KERNEL_HEADERS = ["csrc/btree.h", "csrc/columns.h", "csrc/freelist.h", "csrc/live.h", "csrc/u64map.h"]
+KERNEL_SOURCES = ["csrc/kernel/module.c", "csrc/kernel/freelist.c", "csrc/kernel/live.c", "csrc/kernel/pool_kernel.c"]
+#: Both extensions hash keys a trace file chooses with the same SipHash-1-3.
+COMMON_HEADERS = ["csrc/common/siphash.h"]
+KERNEL_HEADERS = ["csrc/kernel/btree.h", "csrc/kernel/columns.h", "csrc/kernel/freelist.h", "csrc/kernel/live.h",
+                  "csrc/kernel/u64map.h", *COMMON_HEADERS]
 READER_SOURCES = ["csrc/readers/module.c", "csrc/readers/pvm.c", "csrc/readers/snapshot_scan.c",
                   "csrc/readers/records.c", "csrc/readers/chrome_scan.c",
                   "csrc/readers/op_sweep.c", "csrc/readers/rmm_scan.c",
                   "csrc/readers/events_check.c"]
-READER_HEADERS = ["csrc/readers/rd_common.h", "csrc/readers/pvm.h"]
+READER_HEADERS = ["csrc/readers/rd_common.h", "csrc/readers/pvm.h", *COMMON_HEADERS]
 WARNINGS = ["-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
             "-Wno-cast-function-type"]
 
@@ -24,7 +27,7 @@ setup(
             "allocsim.policies._kernel",
             sources=KERNEL_SOURCES,
             depends=KERNEL_HEADERS,
-            include_dirs=["csrc"],
+            include_dirs=["csrc/kernel"],
             extra_compile_args=["-O2", *WARNINGS],
             optional=True,
         ),

@@ -7,17 +7,23 @@ subpackages' names: use ``from allocsim.api import advise``); the command line i
 
 from typing import Any
 
-from .trace import EventKind, Trace, read_trace, write_trace
+from .version import __version__
 
-__version__ = "0.1.0"
-#: The public API's functions, imported on first use (``import allocsim`` stays light).
+#: The trace layer's names, imported on first use: ``import allocsim`` (and so ``allocsim --version``)
+#: does not load pandas.
+_TRACE = ("EventKind", "Trace", "read_trace", "write_trace")
+#: The public API's functions, imported on first use too.
 _API = ("ATTRIBUTION_LABELS", "ATTRIBUTION_PARTS", "GiB", "MiB", "RecordedRun", "RunResult", "attribute_run",
         "find_max", "format_advice", "format_bytes", "format_sites", "parse_alloc_conf", "parse_bytes",
         "recorded_run", "run", "short_site", "site_timeline", "winners")
-__all__ = ["EventKind", "Trace", "read_trace", "write_trace", "__version__", *_API]
+__all__ = [*_TRACE, "__version__", *_API]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _TRACE:
+        from . import trace
+
+        return getattr(trace, name)
     if name in _API:
         from . import api
 

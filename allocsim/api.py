@@ -28,14 +28,14 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from .alloc_conf import parse_alloc_conf
+from .settings.alloc_conf import parse_alloc_conf
 from .metrics.attribution import CATEGORIES as ATTRIBUTION_PARTS
 from .metrics.attribution import LABELS as ATTRIBUTION_LABELS
-from .metrics.site_report import format_sites, short_site
-from .metrics.site_timeline import site_timeline
+from .metrics.sites.report import format_sites, short_site
+from .metrics.sites.timeline import site_timeline
 from .result import RunResult
 from .trace import Trace, read_trace, write_trace
-from .trace.recorded import RecordedRun
+from .trace.inference.recorded import RecordedRun
 from .units import GiB, MiB, format_bytes, parse_bytes
 
 
@@ -70,7 +70,7 @@ def run(trace: Trace | str | os.PathLike, policy: str = "pytorch", params: Mappi
     command's one-line message.
     """
     from .commands.run import add_sites
-    from .metrics.site_rule import SiteFilter
+    from .metrics.sites.rule import SiteFilter
     from .runner import simulate_trace
     from .scale.ranges import judge_ends
 
@@ -110,7 +110,7 @@ def format_advice(advice: Any) -> str:
 
 def recorded_run(trace: Trace, device: int | None = None) -> RecordedRun | None:
     """What the recording proves about the real run on ``device`` (the only one when None), or None."""
-    from .trace.recorded import recorded_run as _recorded
+    from .trace.inference.recorded import recorded_run as _recorded
 
     if device is None:
         devices = trace.devices

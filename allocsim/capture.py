@@ -35,7 +35,7 @@ import time
 from typing import Any, Iterator
 
 from .errors import AllocsimError
-from .trace.builder import TraceBuilder
+from .trace.reading.builder import TraceBuilder
 from .trace.schema import Trace
 
 FORMAT = "cupy-capture"

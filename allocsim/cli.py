@@ -50,9 +50,9 @@ class _VersionAction(argparse.Action):
 
 def version_line() -> str:
     """``allocsim X.Y.Z (policy kernel: compiled|reference (why); readers: compiled|reference (why))``."""
-    from . import __version__
+    from .version import __version__
     from .policies.kernel import describe
-    from .trace.compiled import describe as describe_readers
+    from .trace.reading.compiled import describe as describe_readers
 
     return f"allocsim {__version__} ({describe()}; {describe_readers()})"
 

@@ -69,11 +69,11 @@ from .cost import OP_FREE_COMPLETED, OP_FREE_REQUESTED, OP_MALLOC, OP_OTHER, Cos
 from .device import SimulatedDevice
 from .errors import AllocsimError, OutOfMemory
 from .metrics.series import Samples
-from .metrics.summary import RunInfo, RunOutput, build_result
+from .metrics.summary import RunInfo, RunOutput
 from .policies.base import Policy, ReplayRun
 from .policies.kernel import route_of
-from .result import RunResult
-from .trace.recorded import start_layout_origin
+from .result import RunResult, build_result
+from .trace.inference.recorded import start_layout_origin
 from .trace.schema import EventKind, Trace
 
 ALLOC, FREE_REQUESTED, FREE_COMPLETED, EMPTY_CACHE = (int(EventKind.ALLOC), int(EventKind.FREE_REQUESTED),

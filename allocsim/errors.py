@@ -1,6 +1,14 @@
-"""The exception tree: catch ``AllocsimError`` to handle every error this package raises on purpose."""
+"""The exception tree: catch ``AllocsimError`` to handle every error this package raises on purpose.
+
+``quote`` is how every message shows a value taken from a file or a user (cut, with its length noted).
+"""
 
 from __future__ import annotations
+
+from typing import Any
+
+#: Quoted values in messages are cut to this many characters (the full length is noted).
+QUOTE_CHARS = 80
 
 
 class AllocsimError(Exception):
@@ -34,3 +42,21 @@ class OutOfMemory(AllocsimError, MemoryError):
 
 class InvalidFree(AllocsimError, ValueError):
     """A free named an allocation id that is not live (double free or unknown id)."""
+
+
+def quote(value: Any, max_chars: int = QUOTE_CHARS) -> str:
+    """``repr`` of a value from a file, cut to ``max_chars`` with its full length noted."""
+    if type(value) is int and value.bit_length() > 200:
+        return f"<{value.bit_length()}-bit integer>"
+    if isinstance(value, (str, bytes)):
+        text = repr(value[: max_chars + 1])
+        if len(value) > max_chars:
+            return f"{text[:max_chars]}... ({len(value):,} characters)"
+        return text
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a value from a hostile file may not even repr
+        return f"<{type(value).__name__}>"
+    if len(text) > max_chars:
+        return f"{text[:max_chars]}... ({len(text):,} characters)"
+    return text

@@ -15,7 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-from .metrics.series import with_derived
+from .metrics.series import build_timeseries, with_derived
+from .metrics.summary import OOM_COLUMNS, RunInfo, RunOutput, summarize
 from .metrics.verdict import format_duration_ns
 from .units import format_bytes
 
@@ -227,3 +228,14 @@ def format_summary(s: dict[str, Any], perf: dict[str, Any] | None = None) -> str
     if verdict:
         lines.append(verdict["line"])
     return "\n".join(lines)
+
+
+def build_result(run: RunOutput, info: RunInfo) -> RunResult:
+    """Turn a finished replay into a ``RunResult`` (time series, summary, OOM table, wall-clock perf)."""
+    timeseries = build_timeseries(run.samples, run.trace.column("t_ns"), run.trace.column("kind"), run.t0_ns)
+    summary = summarize(run, info, timeseries)
+    ooms = pd.DataFrame(run.ooms, columns=list(OOM_COLUMNS))
+    events = summary["events_replayed"]
+    perf = {"sim_seconds": round(info.wall_s, 6),
+            "events_per_second": round(events / info.wall_s, 1) if info.wall_s > 0 else None}
+    return RunResult(summary=summary, timeseries=timeseries, ooms=ooms, perf=perf)

@@ -30,7 +30,7 @@ from .metrics.recorded_fit import recording_fit
 from .metrics.reproduction import capacity_matches, recorded_figures, reproduction
 from .metrics.verdict import GIVEN, INFERRED, summary_verdict
 from .result import RunResult
-from .trace.recorded import RecordedRun, recorded_run, start_layout_origin
+from .trace.inference.recorded import RecordedRun, recorded_run, start_layout_origin
 from .trace.schema import EventKind, Trace
 from .units import format_bytes
 
@@ -178,7 +178,7 @@ def merge_timed(memory: RunResult, timed: RunResult, streams: int) -> RunResult:
 
 def _settings_changes(trace: Trace, policy: str, built: Any) -> list[str]:
     """How the run's settings differ from the recorded ones (PyTorch's words where it has them)."""
-    from .alloc_conf import changed_settings
+    from .settings.alloc_conf import changed_settings
     from .policies.registry import build_policy
 
     reference = build_policy(policy, device=SimulatedDevice(built.device.capacity_bytes),

@@ -8,6 +8,8 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 TiB = 1024 * GiB
+#: The largest ``size_t``: what "unlimited" is in the C++ allocators (``std::numeric_limits<size_t>::max()``).
+SIZE_MAX = (1 << 64) - 1
 
 _UNITS = {
     "": 1, "b": 1,

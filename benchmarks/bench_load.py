@@ -44,9 +44,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from allocsim.policies import kernel  # noqa: E402
-from allocsim.trace import compiled, read_trace, write_trace  # noqa: E402
+from allocsim.trace import read_trace, write_trace  # noqa: E402
+from allocsim.trace.reading import compiled  # noqa: E402
 from allocsim.trace.schema import EVENT_DTYPES, EventKind, Trace, TraceMeta  # noqa: E402
-from allocsim.trace.snapshot import read_snapshot  # noqa: E402
+from allocsim.trace.formats.snapshot.reader import read_snapshot  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "traces"
 

@@ -20,8 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from allocsim.commands.run import add_sites  # noqa: E402
-from allocsim.metrics.site_timeline import site_timeline  # noqa: E402
-from allocsim.metrics.sites import allocation_sites  # noqa: E402
+from allocsim.metrics.sites.timeline import site_timeline  # noqa: E402
+from allocsim.metrics.sites.rows import allocation_sites  # noqa: E402
 from allocsim.runner import resolve_capacity, simulate_trace  # noqa: E402
 from allocsim.trace import read_trace  # noqa: E402
 

@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from allocsim.trace.safe_pickle import load_pickle  # noqa: E402
+from allocsim.trace.reading.safe_pickle import load_pickle  # noqa: E402
 
 DEFAULT_SOURCE = REPO.parent / "shared" / "traces" / "pytorch-snapshots" / "Wedsonlin__medium_128_training_memory_snapshot.pickle"
 _SHIFT = 1 << 40

@@ -22,7 +22,7 @@ from allocsim.cli import main
 from allocsim.runner import Capacity, simulate_trace
 from allocsim.sweep.flatten import flatten
 from allocsim.trace import read_trace, write_trace
-from allocsim.trace.builder import TraceBuilder
+from allocsim.trace.reading.builder import TraceBuilder
 from allocsim.units import MiB
 
 from .conftest import doc_quoting
@@ -402,7 +402,7 @@ def test_the_readme_advise_example_is_what_advise_prints(tmp_path, capsys):
 @pytest.mark.parametrize("name,device", [("Maphsge4__snapshot.pickle", 0), ("MercuryB1__cuda_memory_snapshot.pickle", 0),
                                          ("Constructor-Sun__memory_snapshot.pickle", 1)])
 def test_live_at_peak_adds_up_to_the_lower_bound(name, device):
-    from allocsim.metrics.sites import live_at_peak
+    from allocsim.metrics.sites.rows import live_at_peak
     from allocsim.metrics.summary import lower_bound_bytes
 
     path = SNAPSHOTS / name

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from allocsim.alloc_conf import (KEYS, format_alloc_conf, parse_alloc_conf, parse_policy_spec, setting_hint,
+from allocsim.settings.alloc_conf import (KEYS, format_alloc_conf, parse_alloc_conf, parse_policy_spec, setting_hint,
                                  tokenize)
 from allocsim.cli import main as cli_main
-from allocsim.policies.pytorch_rules import parse_roundup_power2_divisions
+from allocsim.settings.divisions import parse_roundup_power2_divisions
 from allocsim.policies.registry import accepted_params
 from allocsim.trace import write_trace
-from allocsim.trace.builder import TraceBuilder
+from allocsim.trace.reading.builder import TraceBuilder
 from allocsim.units import GiB, MiB, parse_bytes
 
 EXAMPLE = ("expandable_segments:True,max_split_size_mb:256,garbage_collection_threshold:0.6,"

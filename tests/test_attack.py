@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from allocsim.errors import TraceFormatError
-from allocsim.trace.limits import iter_chunks, open_binary, read_bytes
+from allocsim.trace.reading.limits import iter_chunks, open_binary, read_bytes
 from tests.attack_files import EXPECTED_REFUSALS, HOSTILE, OUTPUT_TARGETS, VALID, _member, nested_ops_kineto
 
 ROOT = Path(__file__).resolve().parents[1]

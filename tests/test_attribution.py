@@ -23,7 +23,7 @@ from allocsim.metrics.attribution import (
 )
 from allocsim.policies import build_policy, policy_specs
 from allocsim.trace import read_trace
-from allocsim.trace.builder import TraceBuilder
+from allocsim.trace.reading.builder import TraceBuilder
 from allocsim.units import KiB, MiB
 
 BASE = [(spec.name, {}) for spec in policy_specs() if spec.name != "deferred-gc"]

@@ -34,7 +34,7 @@ def test_child_command_uses_the_named_interpreter_or_this_one_for_a_bare_script(
 @pytest.mark.full
 def test_advise_takes_gpu_or_capacity_not_both(tmp_path):
     from allocsim.trace import write_trace
-    from allocsim.trace.builder import TraceBuilder
+    from allocsim.trace.reading.builder import TraceBuilder
 
     builder = TraceBuilder("t", "test")
     builder.alloc(0, 0, 0, 0, 0x1000, 1 << 20)

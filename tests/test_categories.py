@@ -10,7 +10,7 @@ import pytest
 
 from allocsim.cli import main
 from allocsim.metrics.categories import CATEGORIES, categorize, trace_categories
-from allocsim.metrics.sites import live_at_peak
+from allocsim.metrics.sites.rows import live_at_peak
 from allocsim.trace import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,7 +116,7 @@ def test_info_prints_categories_and_their_evidence(capsys):
 def test_category_timeline_adds_up_and_keeps_the_peak():
     """Over time: per bucket the categories add up to the live bytes there, and the peak bucket is the peak."""
     from allocsim.metrics.categories import category_timeline
-    from allocsim.trace.stats import live_bytes_series
+    from allocsim.trace.inference.stats import live_bytes_series
 
     trace = read_trace(ROOT / "traces" / "bert_recompute.json.gz")
     tl = category_timeline(trace, categorize(trace), columns=300)

@@ -7,7 +7,7 @@ import json
 from allocsim.cli import main
 from allocsim.cost import CostModel
 from allocsim.trace import write_trace
-from allocsim.trace.builder import TraceBuilder
+from allocsim.trace.reading.builder import TraceBuilder
 
 
 def test_calibrated_granularity_sets_direct_footprint(tmp_path, capsys):

@@ -11,7 +11,7 @@ import pytest
 
 from allocsim.cli import main as cli_main
 from allocsim.trace import write_trace
-from allocsim.trace.builder import TraceBuilder
+from allocsim.trace.reading.builder import TraceBuilder
 from allocsim.units import MiB
 
 REPO = Path(__file__).resolve().parents[1]

@@ -128,8 +128,8 @@ def test_info_never_adds_the_memory_of_several_gpus(shared_dir, capsys, folder, 
 
 def test_info_keeps_host_and_pinned_memory_apart():
     """Paddle's host (-1) and pinned (-2) memories are two memories: no whole-trace byte figure adds them."""
-    from allocsim.trace.builder import TraceBuilder
-    from allocsim.trace.stats import summarize
+    from allocsim.trace.reading.builder import TraceBuilder
+    from allocsim.trace.inference.stats import summarize
 
     b = TraceBuilder("paddle.json", "paddle")
     b.alloc(0, 0, -1, 0, 0x1000, 4096)

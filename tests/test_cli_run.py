@@ -14,7 +14,7 @@ import pytest
 from allocsim.cli import main as cli_main
 from allocsim.policies.direct import DirectPolicy
 from allocsim.trace import write_trace
-from allocsim.trace.builder import TraceBuilder
+from allocsim.trace.reading.builder import TraceBuilder
 from allocsim.units import MiB
 
 REPO = Path(__file__).resolve().parents[1]

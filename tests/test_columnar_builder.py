@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocsim.errors import TraceFormatError
-from allocsim.trace.builder import TraceBuilder
-from allocsim.trace.columnar import (
+from allocsim.trace.reading.builder import TraceBuilder
+from allocsim.trace.reading.columnar import (
     OP_ALLOC, OP_FREE, OP_FREE_COMPLETED, OP_FREE_REQUESTED, OP_MARKER, OP_NONE, Records, build_columns, match_keys,
 )
 

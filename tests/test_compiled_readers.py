@@ -26,13 +26,14 @@ from hypothesis import strategies as st
 
 from allocsim.errors import TraceFormatError
 from allocsim.policies import kernel
-from allocsim.trace import Trace, compiled, read_trace, write_trace
-from allocsim.trace.columnar import (
+from allocsim.trace import Trace, read_trace, write_trace
+from allocsim.trace.reading import compiled
+from allocsim.trace.reading.columnar import (
     OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, OP_FREE_COMPLETED, OP_FREE_REQUESTED, OP_MARKER, OP_NONE, Records,
     build_columns, build_columns_reference,
 )
-from allocsim.trace.limits import DEFAULT_LIMITS
-from allocsim.trace.stats import live_bytes_series, live_bytes_series_reference
+from allocsim.trace.reading.limits import DEFAULT_LIMITS
+from allocsim.trace.inference.stats import live_bytes_series, live_bytes_series_reference
 from allocsim.trace.schema import EVENT_DTYPES, EventKind, INITIAL_ALLOC_DTYPES, TraceMeta, frame_from_columns
 from allocsim.trace.transport import TABLES
 
@@ -122,7 +123,7 @@ def test_repository_kineto_captures_agree(path):
 
 @pytest.mark.shared
 def test_snapshot_without_frames_agrees(shared_dir):
-    from allocsim.trace.snapshot import read_snapshot
+    from allocsim.trace.formats.snapshot.reader import read_snapshot
 
     path = _shared("pytorch-snapshots/*.pickle")[0]
     with kernel.route("compiled"):
@@ -552,7 +553,7 @@ def test_rmm_scan_reserves_for_rows_not_blank_lines():
     import sys
 
     code = """if True:
-        from allocsim.trace import compiled
+        from allocsim.trace.reading import compiled
         def peak():
             return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmPeak"))
         body = b"\\n" * (64 << 20)

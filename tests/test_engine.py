@@ -15,7 +15,7 @@ from allocsim.errors import AllocsimError, OutOfMemory
 from allocsim.metrics import ConservationError, ConservationObserver
 from allocsim.policies.base import Policy
 from allocsim.policies.direct import DirectPolicy
-from allocsim.trace.builder import TraceBuilder
+from allocsim.trace.reading.builder import TraceBuilder
 from allocsim.trace.schema import EventKind
 from allocsim.units import KiB, MiB
 

@@ -13,7 +13,7 @@ from allocsim.errors import AllocsimError
 from allocsim.gpus import (CUBLAS_WORKSPACE_BYTES, LIBRARY_BYTES_CALIBRATED, allocator_capacity, find_gpu,
                            gpu_estimate, workspace_bytes)
 from allocsim.trace import write_trace
-from allocsim.trace.builder import TraceBuilder
+from allocsim.trace.reading.builder import TraceBuilder
 from validate import xmem
 
 REPO = Path(__file__).resolve().parents[1]

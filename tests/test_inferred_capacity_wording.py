@@ -14,7 +14,7 @@ from allocsim.metrics.summary import lower_bound_bytes
 from allocsim.metrics.verdict import verdict
 from allocsim.runner import resolve_capacity
 from allocsim.trace import read_trace
-from allocsim.trace.recorded import recorded_run
+from allocsim.trace.inference.recorded import recorded_run
 
 SNAPSHOTS = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pytorch-snapshots"
 

@@ -19,9 +19,9 @@ from allocsim.errors import TraceFormatError
 from allocsim.policies import kernel
 from allocsim.runner import Capacity, simulate_trace
 from allocsim.trace import read_trace
-from allocsim.trace.kineto_layout import DeviceWindow, start_layout
-from allocsim.trace.recorded import recorded_run
-from allocsim.trace.stats import summarize
+from allocsim.trace.formats.kineto.layout import DeviceWindow, start_layout
+from allocsim.trace.inference.recorded import recorded_run
+from allocsim.trace.inference.stats import summarize
 from allocsim.units import MiB
 
 from .conftest import doc_quoting

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from allocsim.errors import TraceFormatError
 from allocsim.trace import EventKind, Trace, detect_format, read_trace
-from allocsim.trace.kineto import device_id, read_kineto, ts_to_ns
-from allocsim.trace.validate import validate_events
+from allocsim.trace.formats.kineto.reader import device_id, read_kineto, ts_to_ns
+from allocsim.trace.reading.validate import validate_events
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data" / "kineto"
@@ -441,7 +441,7 @@ def test_memory_from_before_the_window_is_one_start_allocation(tmp_path):
     start = int(ia["alloc_id"].iloc[1])
     assert start not in trace.events["alloc_id"].tolist()                    # never freed in the window
     assert any(f"alloc_id {start}" in n and "8,000 bytes" in n for n in trace.meta.notes)
-    from allocsim.trace.stats import summarize
+    from allocsim.trace.inference.stats import summarize
 
     info = summarize(trace)
     assert info["baseline_live_bytes"] == 10_000
@@ -459,7 +459,7 @@ def test_no_start_allocation_when_the_orphans_explain_it_or_on_the_cpu(tmp_path)
 def test_shared_gpu_traces_peak_at_the_recorded_total(shared_dir):
     """With the memory held before the window as an allocation, each GPU trace's peak live bytes
     equals the largest Total Allocated the profiler recorded (Qwen: 0.98 GB held at the start)."""
-    from allocsim.trace.stats import summarize
+    from allocsim.trace.inference.stats import summarize
 
     paths = sorted((shared_dir / "traces" / "kineto-gpu").glob("*.json.gz"))
     checked = 0

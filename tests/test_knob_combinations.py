@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from allocsim.advise.knobs import preset_for
-from allocsim.alloc_conf import parse_alloc_conf
+from allocsim.settings.alloc_conf import parse_alloc_conf
 from allocsim.commands.run import EXIT_OOM
 from allocsim.device import SimulatedDevice
 from allocsim.engine import run_fast
@@ -32,7 +32,7 @@ from allocsim.policies.freelist import ADDR_BITS, ADDR_MASK
 from allocsim.policies.pytorch import PyTorchPolicy
 from allocsim.policies.registry import build_policy
 from allocsim.trace import read_trace
-from allocsim.trace.recorded import recorded_run
+from allocsim.trace.inference.recorded import recorded_run
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 FOLDERS = ("pytorch-snapshots", "scale-series")

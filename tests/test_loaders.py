@@ -17,9 +17,9 @@ import pytest
 
 from allocsim.errors import TraceFormatError
 from allocsim.trace import LimitExceeded, Limits, read_trace, write_trace
-from allocsim.trace import snapshot as snapshot_module
-from allocsim.trace.recorded import recorded_run
-from allocsim.trace.stats import summarize
+from allocsim.trace.formats.snapshot import reader as snapshot_module
+from allocsim.trace.inference.recorded import recorded_run
+from allocsim.trace.inference.stats import summarize
 from allocsim.trace.transport import TABLES
 from tests.test_snapshot_reader import FILES, SNAPSHOT_DIR, make_snapshot, write
 
@@ -267,7 +267,7 @@ def test_rmm_columnar_equals_line_by_line(tmp_path, monkeypatch):
     path = tmp_path / "log.csv"
     path.write_text("\n".join(lines) + "\n")
     fast = read_trace(path)
-    from allocsim.trace import rmm as rmm_module
+    from allocsim.trace.formats.rmm import reader as rmm_module
     monkeypatch.setattr(rmm_module, "rmm_columns", lambda *a, **k: None)
     slow = read_trace(path)
     assert_same(fast, slow)
@@ -358,7 +358,7 @@ def test_live_bytes_past_2_62_are_refused_and_sums_do_not_wrap(tmp_path):
     path = _parquet(tmp_path, _events(n=n, size_bytes=np.full(n, 1 << 50, dtype=np.int64)))
     with pytest.raises(TraceFormatError, match="event row 4096: live bytes reach"):
         read_trace(path)
-    from allocsim.trace.native import read_parquet
+    from allocsim.trace.formats.native import read_parquet
     summary = summarize(read_parquet(str(path)))          # the statistics themselves never wrap
     assert summary["peak_live_bytes"] == n * (1 << 50)
 

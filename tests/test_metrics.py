@@ -15,7 +15,7 @@ from allocsim.metrics.series import UNCHANGED, forward_fill
 from allocsim.metrics.summary import jsonable
 from allocsim.policies.base import Policy
 from allocsim.policies.direct import DirectPolicy
-from allocsim.trace.builder import TraceBuilder
+from allocsim.trace.reading.builder import TraceBuilder
 from allocsim.units import MiB
 
 
@@ -179,7 +179,8 @@ def test_summary_takes_a_public_run_output_and_never_imports_the_engine():
     import sys
 
     from allocsim.metrics.series import Samples
-    from allocsim.metrics.summary import RunInfo, RunOutput, build_result
+    from allocsim.metrics.summary import RunInfo, RunOutput
+    from allocsim.result import build_result
 
     code = "import sys, allocsim.metrics.summary; print('allocsim.engine' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from allocsim.errors import TraceFormatError
 from allocsim.trace import EventKind, detect_format, read_trace, write_trace
-from allocsim.trace.builder import TraceBuilder
+from allocsim.trace.reading.builder import TraceBuilder
 from allocsim.trace.schema import SEGMENT_DTYPES, BLOCK_DTYPES, frame_from_columns
 
 TABLES = ("events", "initial_allocs", "initial_segments", "initial_blocks", "decisions")

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from allocsim.alloc_conf import parse_policy_spec
+from allocsim.settings.alloc_conf import parse_policy_spec
 from allocsim.cli import main as cli_main
 from allocsim.device import SimulatedDevice
-from allocsim.paddle_flags import FLAGS, env_flags, format_flags, parse_flags
+from allocsim.settings.paddle_flags import FLAGS, env_flags, format_flags, parse_flags
 from allocsim.policies.registry import build_policy
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,10 +13,11 @@ import pytest
 
 from allocsim.errors import TraceFormatError
 from allocsim.policies import kernel
-from allocsim.trace import compiled, detect_format, read_trace
-from allocsim.trace.paddle import op_name, place_device, thread_key
-from allocsim.trace.recorded import recorded_run
-from allocsim.trace.stats import live_bytes_series
+from allocsim.trace.reading import compiled
+from allocsim.trace import detect_format, read_trace
+from allocsim.trace.formats.paddle import op_name, place_device, thread_key
+from allocsim.trace.inference.recorded import recorded_run
+from allocsim.trace.inference.stats import live_bytes_series
 
 REPO = Path(__file__).resolve().parents[1]
 PADDLE_TRACES = sorted((REPO / "traces" / "paddle").glob("*.json.gz"))
@@ -260,7 +261,7 @@ def test_odd_fields_give_a_trace_or_one_line_on_both_routes(tmp_path, seed):
 
 
 def test_event_cap_counts_every_trace_event(tmp_path):
-    from allocsim.trace.limits import LimitExceeded, Limits
+    from allocsim.trace.reading.limits import LimitExceeded, Limits
 
     rec = Recorder()
     rec.mem("Allocate", 0x1000, 4096)
@@ -272,8 +273,8 @@ def test_event_cap_counts_every_trace_event(tmp_path):
 
 
 def test_no_shared_or_shipped_kineto_trace_is_taken_for_paddle(shared_dir):
-    from allocsim.trace.detect import chrome_framework
-    from allocsim.trace.limits import DEFAULT_LIMITS, read_bytes
+    from allocsim.trace.formats.detect import chrome_framework
+    from allocsim.trace.reading.limits import DEFAULT_LIMITS, read_bytes
 
     paths = sorted((shared_dir / "traces" / "kineto-gpu").glob("*.json.gz")) + sorted((REPO / "traces").glob("*.json.gz"))
     assert len(paths) >= 8

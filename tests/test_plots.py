@@ -35,7 +35,7 @@ from allocsim.plots import (  # noqa: E402
     step_markers,
 )
 from allocsim.trace import read_trace  # noqa: E402
-from allocsim.trace.builder import TraceBuilder  # noqa: E402
+from allocsim.trace.reading.builder import TraceBuilder  # noqa: E402
 from allocsim.units import MiB  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

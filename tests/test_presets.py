@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from allocsim.adaptors import DeferredGC
+from allocsim.policies.adaptors import DeferredGC
 from allocsim.device import SimulatedDevice
 from allocsim.errors import OutOfMemory
 from allocsim.policies import build_policy, parse_param, policy_specs

@@ -15,10 +15,10 @@ from allocsim.device import SimulatedDevice
 from allocsim.errors import OutOfMemory
 from allocsim.policies import build_policy
 from allocsim.policies.pytorch import PyTorchPolicy
+from allocsim.settings.divisions import parse_roundup_power2_divisions
 from allocsim.policies.pytorch_rules import (
     get_allocation_size,
     oversize_rejects,
-    parse_roundup_power2_divisions,
     round_size,
     roundup_power2_next_division,
     should_split,

@@ -9,7 +9,7 @@ import pytest
 
 from allocsim.cli import main
 from allocsim.sweep.tasks import row_key
-from allocsim.trace.limits import DEFAULT_LIMITS
+from allocsim.trace.reading.limits import DEFAULT_LIMITS
 
 BERT = Path(__file__).resolve().parents[1] / "traces" / "bert_fp32.json.gz"
 

@@ -12,8 +12,8 @@ import pytest
 
 from allocsim.engine import run_fast
 from allocsim.trace import read_trace, write_trace
-from allocsim.trace import start_state
-from allocsim.trace.recorded import recorded_run
+from allocsim.trace.inference import start_state
+from allocsim.trace.inference.recorded import recorded_run
 from allocsim.trace.schema import EventKind
 from allocsim.units import KiB, MiB
 from validate.fidelity import check_trace

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from allocsim.errors import TraceFormatError
 from allocsim.trace import EventKind, Trace, detect_format, read_trace
-from allocsim.trace.rmm import NS_PER_DAY, parse_hex, parse_time_ns, read_rmm_csv
-from allocsim.trace.validate import validate_events
+from allocsim.trace.formats.rmm.reader import NS_PER_DAY, parse_hex, parse_time_ns, read_rmm_csv
+from allocsim.trace.reading.validate import validate_events
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data" / "rmm"
@@ -295,8 +295,8 @@ def _sources():
 @pytest.mark.parametrize("source", list(_sources()))
 def test_rmm_log_written_from_real_trace(tmp_path, source):
     if source.suffix == ".pickle":
-        if importlib.util.find_spec("allocsim.trace.snapshot") is None:
-            pytest.skip("allocsim.trace.snapshot is not there yet")
+        if importlib.util.find_spec("allocsim.trace.formats.snapshot.reader") is None:
+            pytest.skip("allocsim.trace.formats.snapshot.reader is not there yet")
         if not source.exists():
             pytest.skip("../shared/traces is not beside this checkout")
     original = read_trace(source)

@@ -345,7 +345,7 @@ def test_only_step_markers_are_step_boundaries(tmp_path):
                    "ts": events[0]["ts"], "dur": 1})
     trace = read_trace(write_kineto(tmp_path / "one.json", events))
     assert find_steps(trace).source == "markers"
-    from allocsim.trace.builder import TraceBuilder
+    from allocsim.trace.reading.builder import TraceBuilder
 
     b = TraceBuilder("x", "test")
     b.marker(0, 0, "snapshot")

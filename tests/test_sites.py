@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 from allocsim.cli import main
-from allocsim.metrics.site_rule import SiteFilter, SiteFilterError, SiteIndex
-from allocsim.metrics.site_timeline import site_timeline
-from allocsim.metrics.sites import allocation_sites, live_at_peak, site_rows
+from allocsim.metrics.sites.rule import SiteFilter, SiteFilterError, SiteIndex
+from allocsim.metrics.sites.timeline import site_timeline
+from allocsim.metrics.sites.rows import allocation_sites, live_at_peak, site_rows
 from allocsim.trace import read_trace, write_trace
-from allocsim.trace.builder import TraceBuilder
-from allocsim.trace.frames import FrameTable
-from allocsim.trace.recorded import recorded_run
+from allocsim.trace.reading.builder import TraceBuilder
+from allocsim.trace.reading.frames import FrameTable
+from allocsim.trace.inference.recorded import recorded_run
 from allocsim.trace.schema import FRAME_DTYPES, STACK_DTYPES, frame_from_columns
-from allocsim.trace.stats import live_bytes_series
+from allocsim.trace.inference.stats import live_bytes_series
 from allocsim.units import MiB
 
 from .conftest import doc_quoting
@@ -339,7 +339,7 @@ def test_allocation_sites_of_a_trace_without_frames(tmp_path):
                                             ("bestfit", {}), ("cupy", {}), ("paddle", {}), ("direct", {})])
 def test_every_waste_byte_is_placed_by_the_walk(policy, params, shared_dir):
     """No cause is left to a residual: the walk places each byte the attribution counts (known policies)."""
-    from allocsim.metrics.site_waste import waste_by_site, waste_total_check
+    from allocsim.metrics.sites.waste import waste_by_site, waste_total_check
     from allocsim.policies.registry import build_policy
     from allocsim.runner import device_for, resolve_capacity, simulate_trace
 

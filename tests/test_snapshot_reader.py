@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from allocsim.errors import TraceFormatError, UnsafePickleError
 from allocsim.trace import read_trace
-from allocsim.trace.safe_pickle import load_pickle
+from allocsim.trace.reading.safe_pickle import load_pickle
 from allocsim.trace.schema import EventKind, Trace, check_schema
-from allocsim.trace.snapshot import read_snapshot, round_size
+from allocsim.trace.formats.snapshot.reader import read_snapshot, round_size
 
 MiB = 1 << 20
 #: ``../shared`` beside the repository root (the ``shared_dir`` fixture skips when it is absent).

@@ -12,7 +12,7 @@ from allocsim.cli import main
 from allocsim.metrics.state import (EXHAUSTION, FRAGMENTATION, HOW_TO_RECORD, NOT_AN_OOM, has_history,
                                     is_state_only, state_report)
 from allocsim.trace import read_trace
-from allocsim.trace.safe_pickle import load_pickle
+from allocsim.trace.reading.safe_pickle import load_pickle
 
 MiB = 1 << 20
 BASE = 0x7F0000000000

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from allocsim.metrics.site_rule import SiteFilter, SiteIndex, is_stdlib
+from allocsim.metrics.sites.rule import SiteFilter, SiteIndex, is_stdlib
 from allocsim.trace import read_trace
 
 SNAPSHOT = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pytorch-snapshots" / \

@@ -18,7 +18,7 @@ from allocsim.sweep import (PERF_COLUMNS, DaskExecutor, InProcessExecutor, Proce
 from allocsim.sweep import worker
 from allocsim.sweep.grid import load_grid_file, parse_grid_item, split_values
 from allocsim.trace import write_trace
-from allocsim.trace.builder import TraceBuilder
+from allocsim.trace.reading.builder import TraceBuilder
 from allocsim.units import MiB
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import pytest
 
 from allocsim.cli import main
 from allocsim.trace import write_trace
-from allocsim.trace.builder import TraceBuilder
+from allocsim.trace.reading.builder import TraceBuilder
 from allocsim.units import MiB
 
 MAPHSGE4 = (Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pytorch-snapshots"

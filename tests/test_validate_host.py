@@ -19,7 +19,7 @@ from allocsim.cost import CostModel
 from allocsim.device import DeviceOutOfMemory
 from allocsim.policies.registry import build_policy
 from allocsim.trace import read_trace
-from allocsim.trace.builder import TraceBuilder
+from allocsim.trace.reading.builder import TraceBuilder
 from validate.calibrate import choose_rule, churn_workload, fit_linear
 from validate.devices import HostBackend, HostDevice, gpu_available
 from validate.real_allocators import validate_real

@@ -11,8 +11,8 @@ import pytest
 from allocsim.cli import main as cli_main
 from allocsim.metrics.verdict import format_duration_ns, verdict
 from allocsim.trace import write_trace
-from allocsim.trace.builder import TraceBuilder
-from allocsim.trace.recorded import RecordedOOM, RecordedRun, set_recorded_run
+from allocsim.trace.reading.builder import TraceBuilder
+from allocsim.trace.inference.recorded import RecordedOOM, RecordedRun, set_recorded_run
 from allocsim.units import GiB, MiB
 
 from .conftest import doc_quoting

@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 from allocsim.errors import AllocsimError  # noqa: E402
 from allocsim.scale import load_input, prepare_input  # noqa: E402
 from allocsim.scale.align import align  # noqa: E402
-from allocsim.trace.safe_pickle import load_pickle  # noqa: E402
+from allocsim.trace.reading.safe_pickle import load_pickle  # noqa: E402
 
 SHARED = HERE.parent.parent / "shared" / "traces" / "pytorch-snapshots"
 DEFAULT_CUTS = (0.0, 0.3, 0.6)

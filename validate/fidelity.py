@@ -21,7 +21,7 @@ cudaMallocs or frees); ``matched`` = real decisions reproduced exactly. ``free_r
 Start state: segments at their real addresses, sizes, streams and pools; live blocks at their
 real addresses bound to the trace's allocation ids; free gaps as free blocks of their stream and
 pool (``PyTorchPolicy.load_state``). The trace layer makes the block sizes exact
-(``allocsim.trace.start_state``); this module only uses them.
+(``allocsim.trace.inference.start_state``); this module only uses them.
 
 Segment identity: initial segments keep their real addresses. A segment the model creates while
 serving request *i* is paired, in creation order, with the segments the real allocator created
@@ -32,7 +32,7 @@ expandable segment's virtual range is paired the same way through its first mapp
 addresses are compared as offsets from that range's base.
 
 Segment releases no request explains (PyTorch only frees segments in ``empty_cache`` or when a
-cudaMalloc fails) are classified by the trace layer (``allocsim.trace.recorded``): the program's
+cudaMalloc fails) are classified by the trace layer (``allocsim.trace.inference.recorded``): the program's
 ``empty_cache()`` calls are EMPTY_CACHE events of the trace, a recorded OOM's failed request is an
 ALLOC event, and the points where the allocator released its cache on the out-of-memory path are
 ``RecordedRun.release_points``. The replay here refuses the recorded request's first cudaMalloc at
@@ -57,9 +57,9 @@ from allocsim.errors import AllocsimError, OutOfMemory
 from allocsim.policies.freelist import ADDR_BITS, ADDR_MASK
 from allocsim.policies.growth import K_SMALL_SIZE
 from allocsim.policies.pytorch import PyTorchPolicy
-from allocsim.policies.pytorch_rules import allocator_settings_to_kwargs
+from allocsim.settings.recorded import allocator_settings_to_kwargs
 from allocsim.trace import read_trace
-from allocsim.trace.recorded import RecordedRun, recorded_run
+from allocsim.trace.inference.recorded import RecordedRun, recorded_run
 from allocsim.trace.schema import EventKind, Trace
 
 SEGMENT_ALLOCS = ("segment_alloc", "segment_map")

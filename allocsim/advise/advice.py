@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 from ..engine import select_device
 from ..errors import AllocsimError
-from ..metrics.site_rule import SiteFilter
-from ..metrics.sites import DEFAULT_TOP, LiveAtPeak, SiteRows, live_at_peak, site_rows
+from ..metrics.sites.rule import SiteFilter
+from ..metrics.sites.rows import DEFAULT_TOP, LiveAtPeak, SiteRows, live_at_peak, site_rows
 from ..metrics.state import HOW_TO_RECORD, is_state_only
 from ..metrics.summary import lower_bound_bytes
 from ..metrics.verdict import is_lower_bound, proven_range_text

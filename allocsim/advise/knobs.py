@@ -22,12 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..alloc_conf import format_alloc_conf
+from ..settings.alloc_conf import format_alloc_conf
 from ..device import SimulatedDevice
-from ..policies.pytorch_rules import parse_roundup_power2_divisions
 from ..policies.registry import build_policy
 from ..sweep.grid import set_args
 from ..units import MiB, format_bytes
+from ..settings.divisions import parse_roundup_power2_divisions
 
 #: The memory fraction that lets garbage_collection_threshold act when the run sets none. Not 1.0:
 #: current PyTorch keeps no memory maximum at a fraction of 1.0, and without one GC never runs.

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..metrics.site_report import format_rows
-from ..metrics.site_rule import SiteFilter
+from ..metrics.sites.report import format_rows
+from ..metrics.sites.rule import SiteFilter
 from ..metrics.verdict import format_duration_ns
 from ..sweep.failures import format_error_groups
 from ..units import format_bytes

@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cost import CostModel
 from ..errors import AllocsimError
-from ..trace import Trace, read_trace
-from ..trace.limits import DEFAULT_LIMITS, Limits, parse_limit_options
+from ..trace import read_trace
+from ..trace.reading.limits import DEFAULT_LIMITS, Limits, parse_limit_options
+
+if TYPE_CHECKING:
+    from ..trace.schema import Trace
 
 
 def add_trace_args(parser: argparse.ArgumentParser) -> None:

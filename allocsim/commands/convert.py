@@ -38,7 +38,7 @@ def written_by_convert(path: str) -> bool:
     """True for a file ``convert`` wrote (allocsim Parquet, or CSV starting ``# allocsim``), which it may replace."""
     try:
         if path.endswith(".parquet"):
-            from ..trace.native import open_parquet
+            from ..trace.formats.native import open_parquet
 
             return b"allocsim" in (open_parquet(path, os.path.getsize(path)).schema_arrow.metadata or {})
         opener = gzip.open if path.endswith(".gz") else open

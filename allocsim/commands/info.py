@@ -2,7 +2,7 @@
 
 The top allocation sites (``--sites N``, ``--site-filter PATHS``; JSON ``sites``) count every
 allocation of the trace, start state included, by the innermost frame of the program that made it:
-by bytes allocated and by number of allocations (``allocsim.metrics.sites.allocation_sites``).
+by bytes allocated and by number of allocations (``allocsim.metrics.sites.rows.allocation_sites``).
 
 A snapshot with a recorded state and no history (dumped without ``_record_memory_history``) also
 gets the state report of ``allocsim.metrics.state`` (JSON: ``state``): reserved, allocated and free
@@ -15,10 +15,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..metrics.categories import trace_categories
-from ..metrics.sites import allocation_sites
-from ..metrics.state import format_state_report, is_state_only, state_report
-from ..trace.stats import summarize
 from ..units import format_bytes, parse_bytes
 from .common import add_trace_args, load_trace, print_json, select_device
 
@@ -47,7 +43,7 @@ def add_state_args(parser: argparse.ArgumentParser) -> None:
 
 def add_site_args(parser: argparse.ArgumentParser, what: str = "list") -> None:
     """Add ``--sites N`` and ``--site-filter PATHS`` (code sites: the innermost frame of the program)."""
-    from ..metrics.site_rule import DEFAULT_SKIP, RULE
+    from ..metrics.sites.rule import DEFAULT_SKIP, RULE
 
     parser.add_argument("--sites", type=int, default=10, metavar="N",
                         help=f"code sites to {what} before 'other sites' (default 10; 0: no code sites). "
@@ -60,7 +56,7 @@ def add_site_args(parser: argparse.ArgumentParser, what: str = "list") -> None:
 
 def site_options(args: argparse.Namespace) -> tuple[Any, int]:
     """(``SiteFilter``, how many sites) from ``--site-filter`` / ``--sites``; ``ValueError`` on bad values."""
-    from ..metrics.site_rule import SiteFilter
+    from ..metrics.sites.rule import SiteFilter
 
     if args.sites < 0:
         raise ValueError(f"--sites must be >= 0, got {args.sites}")
@@ -80,6 +76,11 @@ def state_options(args: argparse.Namespace) -> dict:
 
 def main(args: argparse.Namespace) -> int:
     """Print the summary of ``args.trace`` (and the recorded state of a snapshot without history)."""
+    from ..metrics.categories import trace_categories
+    from ..metrics.sites.rows import allocation_sites
+    from ..metrics.state import format_state_report, is_state_only, state_report
+    from ..trace.inference.stats import summarize
+
     options = state_options(args)
     trace = load_trace(args)
     selected = select_device(trace, args.device)
@@ -122,7 +123,7 @@ def format_trace_categories(categories: dict[str, Any]) -> str:
 
 def format_allocation_sites(sites: dict[str, Any]) -> str:
     """The top allocation sites by bytes and by count, as text."""
-    from ..metrics.site_report import format_rows
+    from ..metrics.sites.report import format_rows
 
     skipped = ", ".join(sites["skipped_paths"]) or "nothing"
     lines = [f"Allocation sites: {sites['allocations']:,} allocations by the innermost frame of the program "

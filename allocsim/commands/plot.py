@@ -30,14 +30,15 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from ..errors import AllocsimError
 from ..units import parse_bytes
 from .common import add_read_args, trace_limits
 from .info import add_site_args, site_options
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: Tables a result directory may hold, and what they feed.
 RESULT_FILES = ("summary.json", "timeseries.parquet", "ooms.parquet", "attribution.parquet",
@@ -174,7 +175,7 @@ def _simulate(trace: Any, spec: Any, params: dict[str, Any], capacity: Any, args
 
 def plot_trace(args: argparse.Namespace, out: Path) -> list[Path]:
     """Simulate every policy spec on the trace, write data and figures; return the paths written."""
-    from ..alloc_conf import parse_policy_spec
+    from ..settings.alloc_conf import parse_policy_spec
     from ..engine import select_device
     from ..plots import comparison_table, plot_latency, plot_policy_comparison, step_markers
     from ..runner import check_capacity, resolve_capacity
@@ -228,7 +229,7 @@ def _peak_text(table: pd.DataFrame) -> str:
 
 def write_site_timeline(w: Writer, trace: Any, top: int, site_filter: Any) -> list[Path]:
     """The trace's live bytes stacked by code site: ``sites_timeline.parquet`` and the ``sites`` figure."""
-    from ..metrics.site_timeline import site_timeline
+    from ..metrics.sites.timeline import site_timeline
     from ..plots import plot_site_timeline
 
     # One step per 1.5 pixel columns of the 12-inch, 120-dpi figure's axes (about 900 px wide): every
@@ -280,6 +281,8 @@ def draw_result(w: Writer, summary: dict, timeseries: pd.DataFrame, ooms: pd.Dat
 
 # ----------------------------------------------------------------------------- a result directory
 def _read_result_dir(src: Path) -> dict[str, Any]:
+    import pandas as pd
+
     data: dict[str, Any] = {"summary": json.loads((src / "summary.json").read_text(encoding="utf-8")),
                             "timeseries": pd.read_parquet(src / "timeseries.parquet")}
     for key, name in (("ooms", "ooms.parquet"), ("table", "attribution.parquet"),
@@ -291,6 +294,8 @@ def _read_result_dir(src: Path) -> dict[str, Any]:
 
 def plot_result_dir(src: Path, out: Path) -> list[Path]:
     """Re-draw a result directory (or one holding a result per policy and a comparison)."""
+    import pandas as pd
+
     from ..plots import plot_latency, plot_policy_comparison
 
     if (src / "summary.json").is_file():
@@ -338,6 +343,8 @@ def is_sweep_file(path: Path) -> bool:
 
 def plot_sweep(src: Path, out: Path, metric: str, capacity: int | None) -> list[Path]:
     """Heatmap per (trace, policy) and the Pareto front of a sweep's rows."""
+    import pandas as pd
+
     from ..plots import plot_pareto, plot_sweep_heatmap, varying_params
     from ..plots.sweep import DEFAULT_OBJECTIVES, metric_label
 

@@ -6,7 +6,6 @@ import argparse
 import sys
 from typing import Any
 
-from ..metrics.summary import jsonable
 from .common import print_json
 
 
@@ -31,6 +30,7 @@ def type_name(kind: Any) -> str:
 
 def spec_dicts() -> list[dict[str, Any]]:
     """Every registered policy as a JSON-ready dict: name, description, params."""
+    from ..metrics.summary import jsonable
     from ..policies.registry import policy_specs
 
     return [{

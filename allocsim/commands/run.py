@@ -8,7 +8,7 @@ with several devices needs ``--device N``.
 Settings: ``--set KEY=VALUE`` (allocsim's names, see ``allocsim policies``), ``--alloc-conf`` /
 ``--env-alloc-conf`` (PyTorch's ``PYTORCH_CUDA_ALLOC_CONF`` syntax) or ``--policy
 pytorch:expandable_segments:True``; ``--flags`` / ``--env-flags`` or ``--policy
-paddle:FLAGS_allocator_strategy=naive_best_fit`` (Paddle's ``FLAGS_*``, ``allocsim.paddle_flags``). A PyTorch snapshot's recorded ``allocator_settings`` apply to
+paddle:FLAGS_allocator_strategy=naive_best_fit`` (Paddle's ``FLAGS_*``, ``allocsim.settings.paddle_flags``). A PyTorch snapshot's recorded ``allocator_settings`` apply to
 the ``pytorch`` policy unless a setting overrides them.
 
 A snapshot with a recorded state and no history has nothing to replay: ``run`` then reports the
@@ -17,7 +17,7 @@ says how to record a history for what-if replays.
 
 Code sites (``--sites N``, ``--site-filter PATHS``): who holds the memory at the peak of requested
 memory and at the first OOM, and who causes the waste at the peak of reserved memory, by the
-innermost frame of the program (``allocsim.metrics.site_report``; JSON ``sites``).
+innermost frame of the program (``allocsim.metrics.sites.report``; JSON ``sites``).
 
 Capacity: ``--capacity SIZE``, else the capacity the recording implies (said in the output), else
 unlimited. The last line is the verdict. Exit status: 0 when it fits (or no capacity), 3 on a
@@ -33,7 +33,6 @@ import argparse
 import sys
 from typing import Any
 
-from ..engine import select_device
 from ..errors import AllocsimError
 from ..output_file import check_output_folder
 from ..units import format_bytes, parse_bytes
@@ -110,7 +109,7 @@ def policy_params(settings: list[str]) -> dict[str, str]:
 
     A PyTorch setting name (``max_split_size_mb``) is refused here with the allocsim name to use.
     """
-    from ..alloc_conf import setting_hint
+    from ..settings.alloc_conf import setting_hint
 
     params = {}
     for key, value in _pairs(settings, "--set"):
@@ -160,7 +159,7 @@ def add_flags_args(group: Any) -> None:
 
 def paddle_flags(args: argparse.Namespace) -> Any:
     """The ``PaddleFlags`` that ``--flags`` / ``--env-flags`` give, or None."""
-    from ..paddle_flags import env_flags, parse_flags
+    from ..settings.paddle_flags import env_flags, parse_flags
 
     if getattr(args, "env_flags", False):
         flags = env_flags()
@@ -173,7 +172,7 @@ def paddle_flags(args: argparse.Namespace) -> Any:
 
 def flags_limit_bytes(args: argparse.Namespace) -> int | None:
     """The device cap Paddle's ``FLAGS_gpu_memory_limit_mb`` sets (from --flags, --env-flags or --policy paddle:...)."""
-    from ..alloc_conf import parse_policy_spec
+    from ..settings.alloc_conf import parse_policy_spec
 
     flags = paddle_flags(args)
     limits = [x for x in (flags.limit_bytes if flags else None, parse_policy_spec(args.policy).limit_bytes)
@@ -185,7 +184,7 @@ def resolve_policy(policy: str, settings: list[str], alloc_conf: str | None = No
                    env_alloc_conf: bool = False, flags: Any = None) -> tuple[str, dict[str, Any]]:
     """``--policy``, ``--set``, ``--alloc-conf`` / ``--env-alloc-conf``, ``--flags`` / ``--env-flags``
     (``flags``: their ``PaddleFlags``) -> (policy name, params)."""
-    from ..alloc_conf import ENV_VAR, env_alloc_conf as read_env, parse_alloc_conf, parse_policy_spec
+    from ..settings.alloc_conf import ENV_VAR, env_alloc_conf as read_env, parse_alloc_conf, parse_policy_spec
 
     spec = parse_policy_spec(policy)
     find_spec(spec.name)
@@ -224,6 +223,7 @@ def execute(args: argparse.Namespace, trace: Any = None):
     With ``--sites N`` (N > 0) the summary gets the run's code sites (``sites``) and the verdict's
     first OOM the site of the failed request.
     """
+    from ..engine import select_device
     from ..runner import GIVEN, Capacity, check_capacity, resolve_capacity, simulate_trace
 
     given = parse_bytes(args.capacity) if args.capacity is not None else None
@@ -293,7 +293,7 @@ def add_gpu_estimate(result: Any, gpu: Any) -> None:
 def add_sites(result: Any, trace: Any, policy: str, params: dict[str, Any], capacity_bytes: int | None,
               cost_model: Any, site_filter: Any, top: int, continue_on_oom: bool, categories: Any = None) -> None:
     """Add the run's code sites to its summary (``sites``) and name the failed request in its verdict."""
-    from ..metrics.site_report import name_failed_request, run_sites
+    from ..metrics.sites.report import name_failed_request, run_sites
     from ..policies.registry import build_policy
     from ..runner import device_for
 
@@ -310,7 +310,7 @@ def add_sites(result: Any, trace: Any, policy: str, params: dict[str, Any], capa
 def format_run(result: Any) -> str:
     """The run's report; its memory categories and code sites (if any) just before the verdict line, which stays last."""
     from ..metrics.categories import format_run_categories
-    from ..metrics.site_report import format_sites
+    from ..metrics.sites.report import format_sites
 
     text = result.format_text()
     sites = result.summary.get("sites")
@@ -333,6 +333,7 @@ def state_only(args: argparse.Namespace, trace: Any) -> dict[str, Any]:
     import json
     import os
 
+    from ..engine import select_device
     from ..metrics.state import state_report
 
     # Every device when none is chosen: a state report has no single replay to run.

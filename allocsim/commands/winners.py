@@ -13,13 +13,13 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
-from ..errors import AllocsimError
-from ..trace.limits import quote
+from ..errors import AllocsimError, quote
 from ..units import GiB, parse_bytes
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def register(subparsers) -> None:

@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 
 from ..trace.schema import EventKind, Trace
-from .site_rule import SiteFilter, SiteIndex
-from .sites import group_sums
+from .sites.rule import SiteFilter, SiteIndex
+from .sites.rows import group_sums
 
 #: Category names, in the order they are listed; codes are indices into this tuple.
 CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "autograd_detail",
@@ -203,7 +203,7 @@ def categorize(trace: Trace, site_filter: SiteFilter | None = None) -> Categorie
         temporary[w] = died[w] < next_born
 
     # Each step's peak of live bytes (window allocations only): the turn from forward to backward.
-    from ..trace.stats import live_bytes_series
+    from ..trace.inference.stats import live_bytes_series
 
     step_peak = np.full(n_steps, -1, dtype=np.int64)
     if n_events:
@@ -290,7 +290,7 @@ def run_categories(trace: Trace, result: Any, categories: Categories, *, continu
     Each split adds up exactly to the run's live requested bytes there (checked), the same live set
     as the code-site tables (``sites.live_at_row``).
     """
-    from .sites import live_at_row, oom_row, peak_row
+    from .sites.rows import live_at_row, oom_row, peak_row
 
     ts, ooms, summary = result.timeseries, result.ooms, result.summary
     peak = live_at_row(trace, ts, ooms, peak_row(ts), continue_on_oom=continue_on_oom)
@@ -312,7 +312,7 @@ def label_site_rows(rows: list[dict[str, Any]], index: Any, alloc_ids: np.ndarra
                     size_bytes: np.ndarray, categories: Categories) -> None:
     """Give each site row (``sites.rows_by_site`` over these allocations) its ``category``: the one holding
     most of its bytes, and ``categories``: its bytes per category (adding up to the row's bytes)."""
-    from .sites import OTHER, UNATTRIBUTED
+    from .sites.rows import OTHER, UNATTRIBUTED
 
     site = index.site_of(np.asarray(stack_ids, dtype=np.int64))
     codes = categories.of(alloc_ids)
@@ -340,7 +340,7 @@ def format_run_categories(categories: dict[str, Any]) -> list[str]:
 
 def trace_categories(trace: Trace, site_filter: SiteFilter | None = None) -> dict[str, Any]:
     """Bytes per category at the trace's own peak of live bytes (``info``), with the rules' evidence."""
-    from .sites import live_at_peak
+    from .sites.rows import live_at_peak
 
     categories = categorize(trace, site_filter)
     peak = live_at_peak(trace)

@@ -1,6 +1,6 @@
 """Simulated beside recorded: ``recorded_figures`` and ``reproduction`` say whether a run is the real one.
 
-A recording (``allocsim.trace.recorded.RecordedRun``) holds what the real allocator did: peak
+A recording (``allocsim.trace.inference.recorded.RecordedRun``) holds what the real allocator did: peak
 reserved (and, from Kineto, peak allocated), device calls, OOMs. ``recorded_figures`` puts those
 figures under the names a run summary uses, so the two can stand side by side.
 

@@ -27,14 +27,14 @@ from typing import Any
 import numpy as np
 
 from ..policies.growth import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE
-from ..policies.pytorch_rules import (SIZE_MAX, allocator_settings_to_kwargs, get_allocation_size,
-                                      oversize_rejects, round_size)
-from ..trace.recorded import recorded_run
+from ..policies.pytorch_rules import SIZE_MAX, get_allocation_size, oversize_rejects, round_size
+from ..settings.recorded import allocator_settings_to_kwargs
+from ..trace.inference.recorded import recorded_run
 from ..trace.schema import EventKind, Trace
 from ..units import format_bytes
-from .site_report import format_rows
-from .site_rule import SiteFilter
-from .sites import DEFAULT_TOP, site_rows
+from .sites.report import format_rows
+from .sites.rule import SiteFilter
+from .sites.rows import DEFAULT_TOP, site_rows
 
 HOW_TO_RECORD = ("what-if replays (other settings, another capacity) need a recorded history: call "
                  "torch.cuda.memory._record_memory_history(max_entries=100000) before the run and "

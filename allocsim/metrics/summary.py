@@ -26,13 +26,11 @@ import pandas as pd
 
 from ..cost import CostModel, stack_counter
 from ..trace.schema import EventKind
-from ..trace.stats import live_bytes_series
-from .series import build_timeseries
+from ..trace.inference.stats import live_bytes_series
 from .verdict import summary_verdict
 
 if TYPE_CHECKING:
     from ..policies.base import Policy
-    from ..result import RunResult
     from ..trace.schema import Trace
     from .series import Samples
 
@@ -45,7 +43,7 @@ OOM_COLUMNS = ("event_index", "t_ns", "sim_t_ns", "alloc_id", "stream", "request
 
 @dataclasses.dataclass
 class RunOutput:
-    """What one replay produced, whichever engine ran it: the input of ``summarize`` and ``build_result``."""
+    """What one replay produced, whichever engine ran it: the input of ``summarize`` and ``result.build_result``."""
 
     trace: "Trace"
     policy: "Policy"
@@ -235,16 +233,3 @@ def _timing(info: RunInfo, ts: pd.DataFrame, span_ns: int) -> dict[str, Any]:
                makespan_over_span=_ratio(info.makespan_ns, span_ns),
                cost_model=info.cost_model.to_dict() if info.cost_model else None)
     return out
-
-
-def build_result(run: RunOutput, info: RunInfo) -> "RunResult":
-    """Turn a finished replay into a ``RunResult`` (time series, summary, OOM table, wall-clock perf)."""
-    from ..result import RunResult
-
-    timeseries = build_timeseries(run.samples, run.trace.column("t_ns"), run.trace.column("kind"), run.t0_ns)
-    summary = summarize(run, info, timeseries)
-    ooms = pd.DataFrame(run.ooms, columns=list(OOM_COLUMNS))
-    events = summary["events_replayed"]
-    perf = {"sim_seconds": round(info.wall_s, 6),
-            "events_per_second": round(events / info.wall_s, 1) if info.wall_s > 0 else None}
-    return RunResult(summary=summary, timeseries=timeseries, ooms=ooms, perf=perf)

@@ -132,7 +132,7 @@ def _flat(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def non_default_settings(summary: Mapping[str, Any]) -> str:
     """The run's settings that differ from its policy's defaults, as one comma-separated text ("" if none)."""
-    from ..alloc_conf import changed_settings
+    from ..settings.alloc_conf import changed_settings
     from ..device import SimulatedDevice
     from ..metrics.summary import jsonable
 

@@ -1,4 +1,4 @@
-"""Live memory over time, stacked by code site (the table of ``metrics.site_timeline.site_timeline``)."""
+"""Live memory over time, stacked by code site (the table of ``metrics.sites.timeline.site_timeline``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..metrics.site_report import short_site
-from ..metrics.sites import OTHER, UNATTRIBUTED
+from ..metrics.sites.report import short_site
+from ..metrics.sites.rows import OTHER, UNATTRIBUTED
 from ..units import format_bytes
 from ._common import gib, new_axes
 

@@ -15,7 +15,7 @@ __all__ = ["Policy", *sorted(_REGISTRY_NAMES)]
 
 def __getattr__(name: str) -> Any:
     # The registry imports every policy and the adaptors, and the adaptors import ``base``: loading
-    # it lazily lets ``allocsim.adaptors`` be imported first without a circular import.
+    # it lazily lets ``allocsim.policies.adaptors`` be imported first without a circular import.
     if name in _REGISTRY_NAMES:
         from . import registry
 

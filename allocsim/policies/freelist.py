@@ -15,7 +15,7 @@ thousand free blocks, and for those ``bisect`` plus the memmove of ``list.insert
 (both in C) cost less than any Python-level tree or ``SortedList`` method call. The price is
 O(n) memmove per change, which only matters for pools of ~10^5 free blocks.
 
-This class is the readable reference. The compiled kernel (``kernel.py``, ``csrc/``) has a
+This class is the readable reference. The compiled kernel (``kernel.py``, ``csrc/kernel/``) has a
 ``FreeList`` with the same contents and methods (a B+ tree per stream and open-addressing address
 maps: O(log n) whatever the pool holds); policies use only the methods below, never the dicts
 directly, so either implementation serves them.

@@ -4,7 +4,7 @@ The pool policies (``bestfit``, ``stream-bound``, ``cupy``, ``paddle``, ``cuda-a
 ``paddle-naive`` and the ``pytorch`` preset) have one readable Python implementation, the
 *reference* (``Policy.malloc`` -> ``_do_malloc``, ``Policy.free_completed`` -> ``_do_free``, the
 ``FreeList`` in ``freelist.py``). The optional C extension ``allocsim.policies._kernel`` (built by
-``pip install .`` when a C compiler is there; see ``csrc/``) holds a compiled ``FreeList`` with the
+``pip install .`` when a C compiler is there; see ``csrc/kernel/``) holds a compiled ``FreeList`` with the
 same contents and methods, a ``LiveTable`` that is the policy's ``live`` dict and ``pending`` set,
 and a ``Kernel`` that serves a policy's ``malloc``, ``free_completed`` and ``replay_run`` with the
 reference's exact decisions; misses, releases, garbage collection and page mapping stay in the

@@ -31,11 +31,11 @@ from .expandable import ExpandableSegments
 from .freelist import ADDR_BITS, ADDR_MASK, FreeList
 from .growth import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE, pytorch_allocation_size
 from .pool import PoolPolicy
+from ..settings.divisions import parse_roundup_power2_divisions
+from ..settings.recorded import allocator_settings_to_kwargs
 from .pytorch_rules import (
     K_MIN_BLOCK_SIZE,
     SIZE_MAX,
-    allocator_settings_to_kwargs,
-    parse_roundup_power2_divisions,
     round_size,
 )
 

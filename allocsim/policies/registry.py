@@ -18,8 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from ..adaptors import DeferredGC
+from .adaptors import DeferredGC
 from ..units import MiB, parse_bytes
+from ..settings.divisions import parse_roundup_power2_divisions
+from ..settings.recorded import allocator_settings_to_kwargs
 from .base import Policy
 from .cuda_async import CudaAsyncPolicy
 from .cupy import CuPyPolicy
@@ -28,7 +30,6 @@ from .paddle import PaddlePolicy
 from .paddle_naive import PaddleNaivePolicy
 from .pool import PoolPolicy
 from .pytorch import PyTorchPolicy
-from .pytorch_rules import allocator_settings_to_kwargs, parse_roundup_power2_divisions
 from .stream_bound import StreamBoundPolicy
 
 
@@ -208,7 +209,7 @@ def _check_keys(policy: PolicySpec, keys: list[str], extra: tuple[ParamSpec, ...
     valid.update({spec.name: spec for spec in extra})
     unknown = [key for key in keys if key not in valid]
     if unknown:
-        from ..alloc_conf import setting_hint
+        from ..settings.alloc_conf import setting_hint
 
         names = [spec.name for spec in (*extra, *policy.params)]
         hints = "".join(f"; {hint}" for hint in map(setting_hint, unknown) if hint)

@@ -81,7 +81,7 @@ def build_report(trace_path: str, policies: list[str], *, capacity: str | None =
     from ..commands.run import execute, format_run, resolve_policy
     from ..engine import select_device
     from ..metrics.categories import categorize
-    from ..metrics.site_rule import SiteFilter, SiteIndex
+    from ..metrics.sites.rule import SiteFilter, SiteIndex
     from ..runner import resolve_capacity
     from .page import render
 
@@ -118,7 +118,7 @@ def _advise(trace_path: str, policy: str, capacity: str | None, device: int | No
     """``allocsim advise --fast``'s JSON object and text for the first policy's allocator."""
     from ..advise.advice import advise
     from ..advise.report import advice_to_dict, format_advice
-    from ..alloc_conf import parse_policy_spec
+    from ..settings.alloc_conf import parse_policy_spec
     name = parse_policy_spec(policy).name
     advice = advise(trace_path, policy=name if name in ("pytorch", "paddle", "cupy") else "pytorch",
                     capacity_bytes=parse_bytes(capacity) if capacity else None, device=device, fast=True,

@@ -133,7 +133,7 @@ def _series(event_index: np.ndarray, values: np.ndarray, starts: np.ndarray, n_e
 
 def timelines(trace: Trace, runs: list[PolicyRun]) -> dict[str, Any]:
     """Live, simulated allocated / reserved per policy and recorded reserved (when the trace has it), per bucket."""
-    from ..trace.stats import live_bytes_series
+    from ..trace.inference.stats import live_bytes_series
 
     n = len(trace.events)
     starts = bucket_starts(np.arange(n), TIMELINE_COLUMNS)

@@ -26,14 +26,14 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import AllocsimError
-from ..trace.builder import MAX_SIZE_BYTES
-from ..trace.schema import EventKind, Trace, TraceMeta, check_schema, empty_frame, INITIAL_ALLOC_DTYPES
+from ..trace.reading.builder import MAX_SIZE_BYTES
+from ..trace.schema import Trace, TraceMeta, check_schema, empty_frame, INITIAL_ALLOC_DTYPES
 from .align import Alignment, align, choose_keyer, for_keyer
 from .initial import initial_partners
 from .consistency import MixedInputs, fit_differences, input_differences
 from .inputs import ScaleInput
 from .laws import LAW_KINDS, SizeLaw, fit_law
-from .ranges import encode_range, layout_miss_bytes, prediction_range, widen_by_layout
+from .ranges import encode_range, layout_miss_bytes, new_sizes, prediction_range, widen_by_layout
 from .report import InputSummary, ScaleReport
 from .sites import frame_origin
 from .evaluate import peaks
@@ -202,22 +202,6 @@ def _scaled_times(t_ns: np.ndarray, ratio: float) -> np.ndarray:
     return t0 + np.floor((t_ns - t0).astype(np.float64) * ratio).astype(np.int64)
 
 
-def _new_sizes(events_alloc_id: np.ndarray, kind: np.ndarray, old_sizes: np.ndarray,
-               ids: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Event sizes with every event of allocation ``ids[i]`` resized to ``sizes[i]``."""
-    out = old_sizes.copy()
-    if not len(ids):
-        return out
-    order = np.argsort(ids, kind="stable")
-    sorted_ids, sorted_sizes = ids[order], sizes[order]
-    carries = (kind == EventKind.ALLOC) | (kind == EventKind.FREE_REQUESTED) | (kind == EventKind.FREE_COMPLETED)
-    pos = np.searchsorted(sorted_ids, events_alloc_id)
-    pos_clipped = np.minimum(pos, len(sorted_ids) - 1)
-    hit = carries & (pos < len(sorted_ids)) & (sorted_ids[pos_clipped] == events_alloc_id)
-    out[hit] = sorted_sizes[pos_clipped[hit]]
-    return out
-
-
 @dataclasses.dataclass
 class _Prepared:
     """What a target needs from one reference input and does not depend on the target."""
@@ -332,7 +316,7 @@ def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, 
     kind = events["kind"].to_numpy()
     ids = np.concatenate([reference.alloc_id, init_ids]).astype(np.int64)
     sizes = np.concatenate([fits.sizes, init_fits.sizes if init_fits else np.zeros(0, dtype=np.int64)])
-    events["size_bytes"] = _new_sizes(events["alloc_id"].to_numpy(), kind, events["size_bytes"].to_numpy(), ids, sizes)
+    events["size_bytes"] = new_sizes(events["alloc_id"].to_numpy(), kind, events["size_bytes"].to_numpy(), ids, sizes)
     empty = np.zeros(0, dtype=np.int64)
     low = np.concatenate([fits.low, init_fits.low if init_fits else empty])
     high = np.concatenate([fits.high, init_fits.high if init_fits else empty])

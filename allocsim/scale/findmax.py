@@ -35,7 +35,7 @@ from ..errors import AllocsimError
 from ..metrics.summary import lower_bound_bytes
 from ..metrics.verdict import GIVEN
 from ..runner import Capacity, simulate_trace
-from ..trace.builder import MAX_SIZE_BYTES
+from ..trace.reading.builder import MAX_SIZE_BYTES
 from ..units import format_bytes
 from .build import Scaler, TargetTooFar
 from .ranges import end_traces, judge_ends

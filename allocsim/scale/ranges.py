@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AllocsimError
-from ..trace.builder import MAX_SIZE_BYTES
+from ..trace.reading.builder import MAX_SIZE_BYTES
 from ..trace.schema import EventKind, Trace
 from ..units import format_bytes
 
@@ -53,13 +53,27 @@ def recorded_range(trace: Trace) -> dict[str, np.ndarray] | None:
     return {k: v.astype(np.int64) for k, v in out.items()}
 
 
+def new_sizes(events_alloc_id: np.ndarray, kind: np.ndarray, old_sizes: np.ndarray,
+              ids: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Event sizes with every event of allocation ``ids[i]`` resized to ``sizes[i]``."""
+    out = old_sizes.copy()
+    if not len(ids):
+        return out
+    order = np.argsort(ids, kind="stable")
+    sorted_ids, sorted_sizes = ids[order], sizes[order]
+    carries = (kind == EventKind.ALLOC) | (kind == EventKind.FREE_REQUESTED) | (kind == EventKind.FREE_COMPLETED)
+    pos = np.searchsorted(sorted_ids, events_alloc_id)
+    pos_clipped = np.minimum(pos, len(sorted_ids) - 1)
+    hit = carries & (pos < len(sorted_ids)) & (sorted_ids[pos_clipped] == events_alloc_id)
+    out[hit] = sorted_sizes[pos_clipped[hit]]
+    return out
+
+
 def with_sizes(trace: Trace, ids: np.ndarray, sizes: np.ndarray) -> Trace:
     """A copy of ``trace`` with allocation ``ids[i]`` (its events and start-of-window row) resized to ``sizes[i]``."""
-    from .build import _new_sizes
-
     events = trace.events.copy()
-    events["size_bytes"] = _new_sizes(events["alloc_id"].to_numpy(), events["kind"].to_numpy(),
-                                      events["size_bytes"].to_numpy(), ids, sizes)
+    events["size_bytes"] = new_sizes(events["alloc_id"].to_numpy(), events["kind"].to_numpy(),
+                                     events["size_bytes"].to_numpy(), ids, sizes)
     initial = trace.initial_allocs.copy()
     if len(initial) and len(ids):
         lookup = dict(zip(ids.tolist(), sizes.tolist()))

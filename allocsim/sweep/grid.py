@@ -264,7 +264,7 @@ def _check_keys(policy: str, keys: Iterable[str], inner: list[str], where: str) 
     table = accepted_keys(policy, inner)
     unknown = [k for k in keys if k not in table]
     if unknown:
-        from ..alloc_conf import setting_hint
+        from ..settings.alloc_conf import setting_hint
 
         valid = sorted({spec.name for spec in table.values()})
         hints = "".join(f"; {hint}" for hint in map(setting_hint, unknown) if hint)
@@ -285,7 +285,7 @@ key none has is refused); grid-file keys
     values are parsed and its policy built once here, so a value that cannot work stops the sweep
     before it starts.
     """
-    from ..alloc_conf import parse_policy_spec
+    from ..settings.alloc_conf import parse_policy_spec
 
     cli_axes: dict[str, list[Any]] = {}
     for item in grid_items:

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import __version__
+from ..version import __version__
 from .grid import Config
 
 #: Read files in blocks of this size when hashing them.

@@ -40,7 +40,7 @@ LOADS: list[str] = []
 def cached_trace(path: str, sha256: str, lenient: bool = False, limits: Any = None) -> Any:
     """The trace at ``path`` from this process's cache, reading it (and checking its hash) on a miss.
 
-    ``lenient`` and ``limits`` (``allocsim.trace.limits.Limits``; None: the defaults) are how the
+    ``lenient`` and ``limits`` (``allocsim.trace.reading.limits.Limits``; None: the defaults) are how the
     user asked for the file to be read (``--lenient``, ``--limits``); they are part of the cache key.
     """
     from ..trace import read_trace

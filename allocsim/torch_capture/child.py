@@ -53,8 +53,8 @@ def main(args: list[str]) -> int:
     from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: PLC0415
 
     from ..trace import write_trace  # noqa: PLC0415
-    from ..trace.builder import TraceBuilder  # noqa: PLC0415
-    from ..trace.frames import FrameTable  # noqa: PLC0415
+    from ..trace.reading.builder import TraceBuilder  # noqa: PLC0415
+    from ..trace.reading.frames import FrameTable  # noqa: PLC0415
     from ..trace.schema import FRAME_DTYPES, STACK_DTYPES, frame_from_columns  # noqa: PLC0415
     from . import FORMAT  # noqa: PLC0415
     from .devicemap import cuda_on_meta  # noqa: PLC0415

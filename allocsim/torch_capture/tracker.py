@@ -24,8 +24,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ..trace.builder import TraceBuilder
-from ..trace.frames import FrameTable
+from ..trace.reading.builder import TraceBuilder
+from ..trace.reading.frames import FrameTable
 from . import cudnn
 
 #: The device the script's ``cuda`` tensors live on during a capture.

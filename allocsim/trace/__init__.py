@@ -9,39 +9,50 @@ from __future__ import annotations
 
 import os
 import zlib
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import TraceFormatError
-from .detect import FORMATS, detect_format
-from .limits import DEFAULT_LIMITS, LimitExceeded, Limits, os_error, quote
-from .validate import check_live_bytes, check_time_range
-from .schema import EVENT_DTYPES, EventKind, Trace, TraceMeta, check_schema
+from ..errors import TraceFormatError, quote
+from .formats.detect import FORMATS, detect_format
+from .reading.limits import DEFAULT_LIMITS, LimitExceeded, Limits, os_error
 
+if TYPE_CHECKING:
+    from .schema import Trace
+
+#: The schema's names, imported on first use: the schema needs pandas, which a command that only
+#: parses its arguments (``allocsim --help``) should not wait for.
+_SCHEMA = ("EventKind", "Trace", "TraceMeta", "EVENT_DTYPES", "check_schema")
 __all__ = [
-    "EventKind", "Trace", "TraceMeta", "EVENT_DTYPES", "FORMATS",
-    "read_trace", "write_trace", "detect_format", "check_schema", "Limits", "LimitExceeded",
+    *_SCHEMA, "FORMATS", "read_trace", "write_trace", "detect_format", "Limits", "LimitExceeded",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SCHEMA:
+        from . import schema
+
+        return getattr(schema, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _reader(fmt: str) -> Callable[..., Trace]:
     # Imported lazily so that a broken optional reader cannot stop the others from loading.
     if fmt == "pytorch-snapshot":
-        from .snapshot import read_snapshot
+        from .formats.snapshot.reader import read_snapshot
         return read_snapshot
     if fmt == "kineto":
-        from .kineto import read_kineto
-        return read_kineto
+        from .formats.chrome import read_chrome
+        return read_chrome
     if fmt == "paddle":
-        from .paddle import read_paddle
+        from .formats.paddle import read_paddle
         return read_paddle
     if fmt == "rmm-csv":
-        from .rmm import read_rmm_csv
+        from .formats.rmm.reader import read_rmm_csv
         return read_rmm_csv
     if fmt == "allocsim-parquet":
-        from .native import read_parquet
+        from .formats.native import read_parquet
         return read_parquet
     if fmt == "allocsim-csv":
-        from .native import read_csv
+        from .formats.native import read_csv
         return read_csv
     raise ValueError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
 
@@ -52,7 +63,7 @@ def read_trace(path: str | os.PathLike, *, format: str | None = None, lenient: b
 
     With ``lenient=True`` readers repair what they can (documented per reader) and list every
     repair in ``trace.meta.repairs`` instead of raising. ``limits`` caps what the file may make a
-    reader do (``allocsim.trace.limits.Limits``; an exceeded cap raises ``LimitExceeded``).
+    reader do (``allocsim.trace.reading.limits.Limits``; an exceeded cap raises ``LimitExceeded``).
     """
     path = os.fspath(path)
     limits = limits or DEFAULT_LIMITS
@@ -69,6 +80,8 @@ def read_trace(path: str | os.PathLike, *, format: str | None = None, lenient: b
         # Readers name the record for every failure they foresee; this net keeps a damaged file
         # the reader did not foresee from ever surfacing as a traceback.
         raise TraceFormatError(path, None, f"malformed {fmt} data: {type(exc).__name__}: {quote(str(exc))}") from None
+    from .reading.validate import check_live_bytes, check_time_range
+
     check_time_range(path, trace.events["t_ns"].to_numpy())
     check_live_bytes(path, trace)
     return trace
@@ -76,7 +89,7 @@ def read_trace(path: str | os.PathLike, *, format: str | None = None, lenient: b
 
 def write_trace(trace: Trace, path: str | os.PathLike) -> None:
     """Write ``trace`` losslessly: Parquet unless ``path`` ends in ``.csv`` (or ``.csv.gz``)."""
-    from .native import write_csv, write_parquet
+    from .formats.native import write_csv, write_parquet
 
     path = os.fspath(path)
     if path.endswith(".csv") or path.endswith(".csv.gz"):

@@ -192,7 +192,7 @@ class TraceMeta:
     repairs: list[str] = dataclasses.field(default_factory=list)   #: what --lenient changed, one line each
     notes: list[str] = dataclasses.field(default_factory=list)     #: facts a user should know (e.g. orphan frees)
     #: What the recording proves about the real run, per device (``str(device)`` -> the dict of
-    #: ``allocsim.trace.recorded.RecordedRun``): real peaks and device calls, inferred capacity, OOMs.
+    #: ``allocsim.trace.inference.recorded.RecordedRun``): real peaks and device calls, inferred capacity, OOMs.
     recorded: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -265,8 +265,6 @@ class Trace:
         kept_positions = np.flatnonzero(keep)
         recorded = {}
         if str(device) in self.meta.recorded:
-            from .recorded import reindex_recorded
-
             recorded[str(device)] = reindex_recorded(self.meta.recorded[str(device)], kept_positions)
         meta = dataclasses.replace(self.meta, devices=[device], recorded=recorded)
         return Trace(
@@ -347,3 +345,16 @@ def check_schema(trace: Trace) -> None:
             if dtype == _OBJECT and pd.api.types.is_string_dtype(got):
                 continue  # pandas >= 3 stores text as its own string dtype
             raise ValueError(f"{name}.{col}: dtype {got} != {dtype}")
+
+
+def reindex_recorded(data: dict[str, Any], kept_positions: np.ndarray) -> dict[str, Any]:
+    """A copy of one device's recorded dict with event indices renumbered for the kept events."""
+    out = dict(data)
+    for key in ("ooms", "release_points"):
+        items = []
+        for item in data.get(key) or []:
+            item = dict(item)
+            item["event_index"] = int(np.searchsorted(kept_positions, item["event_index"]))
+            items.append(item)
+        out[key] = items
+    return out

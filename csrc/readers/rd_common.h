@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/siphash.h"
+
 /* ------------------------------------------------------------------------------------ budget */
 typedef struct {
     size_t used;
@@ -75,48 +77,9 @@ static inline int vec_reserve_raw(Budget *b, void **data, size_t *cap, size_t le
 /* ------------------------------------------------------------------------------------ keyed hash */
 extern uint64_t rd_hash_key[2];   /* drawn from os.urandom when the module loads */
 
-#define RD_ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
-#define RD_SIPROUND                                                                    \
-    do {                                                                               \
-        v0 += v1; v1 = RD_ROTL(v1, 13); v1 ^= v0; v0 = RD_ROTL(v0, 32);                \
-        v2 += v3; v3 = RD_ROTL(v3, 16); v3 ^= v2;                                      \
-        v0 += v3; v3 = RD_ROTL(v3, 21); v3 ^= v0;                                      \
-        v2 += v1; v1 = RD_ROTL(v1, 17); v1 ^= v2; v2 = RD_ROTL(v2, 32);                \
-    } while (0)
-
-static inline uint64_t rd_load64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap64(v);
-#endif
-    return v;
-}
-
-/* SipHash-1-3 of `len` bytes under rd_hash_key (one compression round, three finalisation rounds). */
+/* SipHash-1-3 of `len` bytes under rd_hash_key. */
 static inline uint64_t rd_hash(const void *data, size_t len) {
-    const uint8_t *in = (const uint8_t *)data;
-    uint64_t k0 = rd_hash_key[0], k1 = rd_hash_key[1];
-    uint64_t v0 = k0 ^ 0x736f6d6570736575ULL, v1 = k1 ^ 0x646f72616e646f6dULL;
-    uint64_t v2 = k0 ^ 0x6c7967656e657261ULL, v3 = k1 ^ 0x7465646279746573ULL;
-    size_t blocks = len / 8;
-    for (size_t i = 0; i < blocks; i++) {
-        uint64_t m = rd_load64(in + 8 * i);
-        v3 ^= m;
-        RD_SIPROUND;
-        v0 ^= m;
-    }
-    uint64_t last = (uint64_t)len << 56;
-    const uint8_t *tail = in + 8 * blocks;
-    for (size_t i = 0; i < (len & 7); i++) last |= (uint64_t)tail[i] << (8 * i);
-    v3 ^= last;
-    RD_SIPROUND;
-    v0 ^= last;
-    v2 ^= 0xff;
-    RD_SIPROUND;
-    RD_SIPROUND;
-    RD_SIPROUND;
-    return v0 ^ v1 ^ v2 ^ v3;
+    return siphash13(data, len, rd_hash_key[0], rd_hash_key[1]);
 }
 
 static inline uint64_t rd_hash2(int64_t a, int64_t b) {

@@ -1,7 +1,7 @@
 """Build the compiled readers and the policy kernel with AddressSanitizer + UBSan, in place.
 
 Run from the repository root: ``python tests/fuzz/build_sanitized.py``. It compiles the same
-sources as setup.py (every ``csrc/*.c`` into ``allocsim.policies._kernel``, every
+sources as setup.py (every ``csrc/kernel/*.c`` into ``allocsim.policies._kernel``, every
 ``csrc/readers/*.c`` into ``allocsim.trace._readers``) with GCC and the flags below, replacing the
 extensions an editable install built. ``python tests/fuzz/build_sanitized.py --normal`` puts the
 ordinary build (setup.py's flags) back, and ``--coverage`` adds edge coverage to the readers
@@ -21,7 +21,7 @@ FLAGS = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-saniti
          "-O1", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
          "-Wno-cast-function-type"]
 EXTENSIONS = {
-    "allocsim/policies/_kernel": ("csrc", sorted(glob.glob("csrc/*.c"))),
+    "allocsim/policies/_kernel": ("csrc/kernel", sorted(glob.glob("csrc/kernel/*.c"))),
     "allocsim/trace/_readers": ("csrc/readers", sorted(glob.glob("csrc/readers/*.c"))),
 }
 

@@ -37,7 +37,7 @@ class Coverage:
     """The edge map of the readers' coverage build, or nothing when the build has none."""
 
     def __init__(self) -> None:
-        from allocsim.trace import compiled
+        from allocsim.trace.reading import compiled
 
         self.map = None
         if compiled.ext is None:

@@ -16,8 +16,8 @@ import numpy as np
 from tests.fuzz import common, engine
 
 from allocsim.policies import kernel
-from allocsim.trace import compiled
-from allocsim.trace.columnar import Records, build_columns, build_columns_reference
+from allocsim.trace.reading import compiled
+from allocsim.trace.reading.columnar import Records, build_columns, build_columns_reference
 
 EXPECTED = (ValueError, TypeError, BufferError, OverflowError, MemoryError)
 EXTREMES = [0, 1, -1, 2, 3, 511, 512, 1 << 31, -(1 << 31), (1 << 50), (1 << 50) + 1, (1 << 62), (1 << 63) - 1,

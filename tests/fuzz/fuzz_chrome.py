@@ -17,8 +17,8 @@ from collections import Counter
 
 from tests.fuzz import common, engine
 
-from allocsim.trace import compiled
-from allocsim.trace.limits import DEFAULT_LIMITS as L
+from allocsim.trace.reading import compiled
+from allocsim.trace.reading.limits import DEFAULT_LIMITS as L
 
 TOKENS = [b'"traceEvents"', b'"[memory]"', b'"args"', b'"Addr"', b'"Bytes"', b'"Device Type"', b'"Device Id"',
           b'"Total Allocated"', b'"Total Reserved"', b'"ph"', b'"X"', b'"cat"', b'"cpu_op"', b'"python_function"',

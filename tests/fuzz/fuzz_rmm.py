@@ -13,9 +13,9 @@ import zlib
 
 from tests.fuzz import common, engine
 
-from allocsim.trace import compiled
+from allocsim.trace.reading import compiled
 from allocsim.errors import TraceFormatError
-from allocsim.trace.rmm import _header_of, _parse_header
+from allocsim.trace.formats.rmm.reader import _header_of, _parse_header
 
 TOKENS = [b"allocate", b"free", b"allocate failure", b"Allocate", b"0x", b"(nil)", b"nullptr", b",", b"\n", b"\r\n",
           b"Thread,Time,Action,Pointer,Size,Stream\n", b"Action,Pointer,Size\n", b"23:59:60.999999999", b"00:00:00",

@@ -15,10 +15,10 @@ import zlib
 
 from tests.fuzz import common, engine
 
-from allocsim.trace import compiled
-from allocsim.trace.limits import DEFAULT_LIMITS as L
-from allocsim.trace.safe_pickle import loads_fast
-from allocsim.trace.snapshot import _MAX_TIME_US, SYNTHETIC_STEP_NS
+from allocsim.trace.reading import compiled
+from allocsim.trace.reading.limits import DEFAULT_LIMITS as L
+from allocsim.trace.reading.safe_pickle import loads_fast
+from allocsim.trace.formats.snapshot.reader import _MAX_TIME_US, SYNTHETIC_STEP_NS
 
 KEYS = ["action", "size", "stream", "addr", "time_us", "frames", "device_free", "user_metadata", "compile_context",
         "address", "total_size", "blocks", "device", "segment_type", "is_expandable", "segment_pool_id", "state",

@@ -1,0 +1,57 @@
+"""Recognise a trace file's format from its first bytes, not its name."""
+
+from __future__ import annotations
+
+import os
+
+from ...errors import TraceFormatError
+from ..reading.limits import check_regular_file, read_head
+
+FORMATS = ("pytorch-snapshot", "kineto", "paddle", "rmm-csv", "allocsim-parquet", "allocsim-csv")
+
+# Chrome traces come from several profilers; their [memory] events' args tell them apart. Plain
+# substring tests (memchr speed) over the whole file: a regular expression would crawl over every '"'.
+_PADDLE_FIELDS = (b'"increase_bytes"', b'"current_allocated"')
+_KINETO_FIELDS = (b'"Bytes"', b'"Total Allocated"')
+#: Paddle's top-level keys (``ChromeTracingLogger``): they tell a Paddle file recorded without memory.
+_PADDLE_TOP_KEYS = (b'"span_index"', b'"ExtraInfo"')
+
+
+def chrome_framework(data: bytes) -> str:
+    """Which profiler wrote a Chrome trace, by its memory fields: ``"paddle"`` or ``"kineto"``.
+
+    PaddlePaddle's ``[memory]`` args carry ``increase_bytes`` / ``current_allocated``, PyTorch's
+    (Kineto) ``Bytes`` / ``Total Allocated``. A file with Paddle's fields (or, recorded without
+    memory, Paddle's top-level ``span_index`` / ``ExtraInfo``) and none of Kineto's is Paddle's;
+    everything else goes to the Kineto reader, which names what it finds.
+    """
+    if any(f in data for f in _KINETO_FIELDS):    # Kineto's fields come early in its files: cheap
+        return "kineto"
+    return "paddle" if any(f in data for f in _PADDLE_FIELDS + _PADDLE_TOP_KEYS) else "kineto"
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    """Return one of ``FORMATS`` for the file at ``path``, or raise ``TraceFormatError`` saying why not."""
+    path = os.fspath(path)
+    check_regular_file(path)   # one line for a directory, FIFO, device file, missing or unreadable file
+    head = read_head(path)
+    if not head:
+        raise TraceFormatError(path, None, "empty file (after decompression)")
+    if head[:4] == b"PAR1":
+        return "allocsim-parquet"
+    if head[:1] == b"\x80" or path.endswith((".pickle", ".pkl")):
+        # Protocol >= 2 pickles start with PROTO (0x80); older protocols are recognised by name.
+        return "pytorch-snapshot"
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if text[:1] in (b"{", b"["):
+        return chrome_framework(head)
+    first_line = text.split(b"\n", 1)[0].decode("utf-8", "replace")
+    if first_line.startswith("# allocsim"):
+        return "allocsim-csv"
+    fields = [f.strip().lower() for f in first_line.split(",")]
+    if {"action", "pointer", "size"} <= set(fields):
+        return "rmm-csv"
+    if fields[:6] == ["t_ns", "kind", "alloc_id", "size_bytes", "stream", "device"]:
+        return "allocsim-csv"
+    raise TraceFormatError(path, None, "unknown trace format (expected a PyTorch snapshot pickle, "
+                           "Kineto or PaddlePaddle profiler JSON, RMM log CSV, or allocsim Parquet/CSV)")

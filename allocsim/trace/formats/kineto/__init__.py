@@ -1,0 +1,1 @@
+"""torch.profiler / Kineto Chrome traces: ``reader`` (reference), ``fast`` (C-speed decoding), ``layout`` (start state)."""

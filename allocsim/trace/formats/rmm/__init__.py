@@ -1,0 +1,1 @@
+"""RMM ``logging_resource_adaptor`` CSV logs: ``reader`` (reference) and ``fast`` (columnar route)."""

@@ -1,0 +1,1 @@
+"""PyTorch memory snapshots: ``reader`` (reference) and ``fast`` (the compiled route's entry columns)."""
