@@ -10,7 +10,7 @@ import pandas as pd
 from allocsim.engine import run_fast
 from allocsim.scale import load_input
 from allocsim.scale.evaluate import peaks
-from allocsim.scale.ranges import fresh_start
+from allocsim.scale.start_layout import fresh_start
 from allocsim.scale.start_layout import (as_predicted, carried_layout, find_period, one_cache, steady_start,
                                          step_boundary)
 from allocsim.trace.schema import EVENT_DTYPES, INITIAL_ALLOC_DTYPES, EventKind, Trace, TraceMeta

@@ -152,15 +152,6 @@ def judge_ends(run_end: Any, trace: Trace) -> dict[str, Any] | None:
     return out
 
 
-def fresh_start(trace: Trace) -> Trace:
-    """``trace`` with its start-of-window allocations to be placed anew (its recorded layout dropped), as a prediction is."""
-    initial = trace.initial_allocs.copy()
-    initial["addr"] = -1
-    initial["block_size_bytes"] = -1
-    return Trace(events=trace.events, meta=trace.meta, labels=list(trace.labels), initial_allocs=initial,
-                 frames=trace.frames, stacks=trace.stacks)
-
-
 def layout_miss_bytes(trace: Trace, policy: str = "pytorch") -> tuple[int, int] | None:
     """``(laid out as predicted - recorded, recorded)`` peak reserved of one input (None: no layout recorded).
 

@@ -33,6 +33,15 @@ from ..trace.schema import BLOCK_DTYPES, SEGMENT_DTYPES, EventKind, Trace
 MIN_PERIOD_EVENTS = 2
 
 
+def fresh_start(trace: Trace) -> Trace:
+    """``trace`` with its start-of-window allocations to be placed anew (its recorded layout dropped), as a prediction is."""
+    initial = trace.initial_allocs.copy()
+    initial["addr"] = -1
+    initial["block_size_bytes"] = -1
+    return Trace(events=trace.events, meta=trace.meta, labels=list(trace.labels), initial_allocs=initial,
+                 frames=trace.frames, stacks=trace.stacks)
+
+
 def find_period(trace: Trace) -> int | None:
     """The least ``L`` with event ``i`` and ``i + L`` alike (kind and size) for the whole window, at most half of it."""
     kind = trace.events["kind"].to_numpy().astype(np.int64)
@@ -305,7 +314,6 @@ def as_predicted(trace: Trace, recorded: Trace | None = None, keep_cached: bool 
     stay where it had them (``carried_layout``, with its cached segments if ``keep_cached``); the
     rest follow the window's period (``steady_start``, ``steady`` True) or are placed anew.
     """
-    from .ranges import fresh_start
 
     carried = carried_layout(fresh_start(trace), trace if recorded is None else recorded, keep_cached)
     steady = None if keep_cached else steady_start(carried)
