@@ -641,3 +641,41 @@ def many_streams_rmm(folder: Path, rng: random.Random) -> tuple[Path, dict]:
 
 
 HOSTILE["slow bombs round 2"]["many streams"] = many_streams_rmm
+
+
+def many_initial_segments_snapshot(folder: Path, rng: random.Random, n_segments: int = 40_000) -> tuple[Path, dict]:
+    """40k initial segments, each holding live blocks whose stacks are shared among thousands of sites:
+    charging waste to code sites asked every free block for a copy of every segment (quadratic)."""
+    sites = [[{"filename": f"model/layer{(s * 7 + d) % 50}.py", "line": (s * 13 + d) % 997, "name": f"fn{(s + d) % 300}"}
+              for d in range(rng.randint(2, 8))] for s in range(max(1, n_segments // 8))]
+    segments, baseline = [], 0
+    for k in range(n_segments):
+        base, offset, blocks = _A + k * 2 * MiB, 0, []
+        for _ in range(rng.randint(1, 4)):
+            size = 512 * rng.randint(1, 64)
+            blocks.append({"address": base + offset, "size": size, "requested_size": size, "state": "active_allocated",
+                           "frames": rng.choice(sites)})   # one list object: pickled once, shared
+            offset += size
+            baseline += size
+        blocks.append({"address": base + offset, "size": 2 * MiB - offset, "requested_size": 0, "state": "inactive"})
+        segments.append({"device": 0, "address": base, "total_size": 2 * MiB, "stream": 0, "segment_type": "small",
+                         "blocks": blocks})
+    ops = _random_ops(rng, 400)
+    live = {addr: size for action, addr, size in ops if action == "alloc"}
+    for action, addr, _size in ops:
+        if action == "free":
+            del live[addr]
+    ops += [("free", addr, size) for addr, size in live.items()]   # the final segments are the initial ones
+    top = _A + n_segments * 2 * MiB                    # the history's blocks lie past the initial segments
+    history = []
+    for t, (action, addr, size) in enumerate(ops):
+        frames = rng.choice(sites)
+        acts = ("alloc",) if action == "alloc" else ("free_requested", "free_completed")
+        history += [{"action": act, "addr": top + addr, "size": size, "stream": 0, "time_us": t, "frames": frames}
+                    for act in acts]
+    path = folder / "initial_segments.pickle"
+    path.write_bytes(pickle.dumps({"segments": segments, "device_traces": [history]}, protocol=4))
+    return path, {**_recount(ops), "initial_segments": n_segments, "baseline_live_bytes": baseline}
+
+
+HOSTILE["slow bombs round 2"]["many initial segments"] = many_initial_segments_snapshot

@@ -341,3 +341,42 @@ def test_hostile_options_give_one_line(tmp_path, capsys):
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert code == 2 and len(err) == 1, f"{name}: exit {code}, {err}"
         assert expected in err[0] and len(err[0]) < 400, f"{name}: {err[0][:500]}"
+
+
+# ------------------------------------------------------------------ bounded work on big start states
+def test_site_waste_reads_each_pool_view_once(tmp_path, monkeypatch):
+    """Charging waste to code sites on a start state of 1,000 segments copies each compiled free list's
+    views once per pool, not once per free block (40k segments took over 10 minutes), and charges the
+    same bytes to the same sites as the reference route."""
+    from allocsim.metrics.site_waste import waste_by_site, waste_total_check
+    from allocsim.policies import kernel
+    from allocsim.policies.registry import build_policy
+    from allocsim.runner import device_for, resolve_capacity, simulate_trace
+    from allocsim.trace import read_trace
+    from tests.attack_files import many_initial_segments_snapshot
+
+    if kernel.compiled is None and os.environ.get("CI") != "true":
+        pytest.skip(f"compiled kernel not built here: {kernel.LOAD_ERROR}")
+    n_segments = 1000
+    path, expected = many_initial_segments_snapshot(tmp_path, random.Random(0), n_segments)
+    trace = read_trace(path)
+    capacity = resolve_capacity(trace, None)
+    copied = []
+    items = kernel.compiled.FreeList._items
+    monkeypatch.setattr(kernel.CompiledFreeList, "_items", lambda self, name: copied.append(n := items(self, name)) or n)
+
+    charges = {}
+    for route in ("compiled", "reference"):
+        with kernel.route(route):
+            target = simulate_trace(trace, "pytorch", {}, capacity=capacity, fast=True).summary["at_peak_reserved"]["event_index"]
+            copied.clear()
+            charges[route] = waste_by_site(trace, lambda: build_policy("pytorch", device=device_for(capacity.bytes),
+                                                                       allocator_settings=trace.meta.allocator_settings),
+                                           target)
+            if route == "compiled":
+                # Each view copy holds at most every segment's entries; per free block it was 1,000 copies.
+                assert 0 < len(copied) <= 8, f"{len(copied)} copies of free-list views"
+                assert sum(len(c) for c in copied) <= 8 * (n_segments + 1)
+        assert waste_total_check(charges[route]) == charges[route].waste_bytes > 0
+    assert charges["compiled"].charges == charges["reference"].charges
+    assert expected["initial_segments"] == n_segments == len(trace.initial_segments)
