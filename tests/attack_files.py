@@ -679,3 +679,24 @@ def many_initial_segments_snapshot(folder: Path, rng: random.Random, n_segments:
 
 
 HOSTILE["slow bombs round 2"]["many initial segments"] = many_initial_segments_snapshot
+
+
+def streams_taking_the_largest_rmm(folder: Path, rng: random.Random, n: int = 60_000) -> tuple[Path, dict]:
+    """Each of 60k streams caches one 32 MiB block, then takes it back and at once needs a new segment:
+    every new reserved peak followed the take of the largest free block, which made the free list look
+    for the next largest over every stream (quadratic on both routes)."""
+    size = 32 * MiB                  # a whole large-pool segment: the cached block is exactly the size asked
+    requests = [("alloc", (1 << 30) + k * size, size, k + 1) for k in range(n)]
+    requests += [("free", addr, s, stream) for _a, addr, s, stream in requests]
+    for k in range(n):
+        requests += [("alloc", (1 << 30) + k * size, size, k + 1), ("alloc", (1 << 46) + k * size, size, k + 1)]
+    lines = ["Thread,Time,Action,Pointer,Size,Stream"]
+    for i, (action, addr, s, stream) in enumerate(requests):
+        lines.append(f"1,10:{i // 60_000_000:02d}:{i // 1_000_000 % 60:02d}.{i % 1_000_000:06d},"
+                     f"{'allocate' if action == 'alloc' else 'free'},0x{addr:x},{s},0x{stream:x}")
+    path = folder / "streams_largest.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path, _recount([r[:3] for r in requests])
+
+
+HOSTILE["slow bombs round 2"]["streams taking the largest"] = streams_taking_the_largest_rmm

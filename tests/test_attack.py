@@ -380,3 +380,50 @@ def test_site_waste_reads_each_pool_view_once(tmp_path, monkeypatch):
         assert waste_total_check(charges[route]) == charges[route].waste_bytes > 0
     assert charges["compiled"].charges == charges["reference"].charges
     assert expected["initial_segments"] == n_segments == len(trace.initial_segments)
+
+
+class _NoWalk(dict):
+    """A stream map that refuses to be walked (``largest()`` must not look at every stream)."""
+
+    def values(self):
+        raise AssertionError("walked every stream")
+
+    items = __iter__ = values
+
+
+def test_largest_free_block_is_not_a_walk_over_streams(tmp_path):
+    """Taking the largest free block and then reaching a new reserved peak, stream after stream
+    (60k streams: minutes on either route), gives the same run on both routes, and the reference
+    free list answers ``largest()`` without walking its streams."""
+    from allocsim.policies import kernel
+    from allocsim.policies.freelist import FreeList, check_free_list
+    from allocsim.runner import simulate_trace
+    from allocsim.trace import read_trace
+    from tests.attack_files import streams_taking_the_largest_rmm
+
+    rng = random.Random(0)
+    pool = FreeList()
+    for k in range(400):
+        pool.add_segment(k << 30, 1 << 20, k)
+        pool.add(k << 30, 1 << 20, k)
+    pool.by_stream = _NoWalk(pool.by_stream)
+    for k in rng.sample(range(400), 400):     # take blocks in any order: largest() follows
+        pool.take(k, (1 << 20) << 64 | k << 30)
+        pool.add(k << 30, 512 * rng.randint(1, 2048), k)
+        assert pool.largest() == max(size for blocks in dict.values(pool.by_stream) for key in blocks
+                                     for size in [key >> 64])
+    pool.by_stream = dict(pool.by_stream)
+    check_free_list(pool)
+
+    path, expected = streams_taking_the_largest_rmm(tmp_path, rng, 1500)
+    trace = read_trace(path)
+    summaries = {}
+    for route in ("compiled", "reference"):
+        if route == "compiled" and kernel.compiled is None and os.environ.get("CI") != "true":
+            continue
+        with kernel.route(route):
+            summary = simulate_trace(trace, "pytorch", {}, fast=True).summary
+        summaries[route] = {k: v for k, v in summary.items() if "seconds" not in k and "per_s" not in k}
+    assert summaries["reference"]["peak_requested_bytes"] == expected["peak_live_bytes"]
+    if "compiled" in summaries:
+        assert summaries["compiled"] == summaries["reference"]
