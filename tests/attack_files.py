@@ -700,3 +700,26 @@ def streams_taking_the_largest_rmm(folder: Path, rng: random.Random, n: int = 60
 
 
 HOSTILE["slow bombs round 2"]["streams taking the largest"] = streams_taking_the_largest_rmm
+
+
+def tiny_blocks_snapshot(folder: Path, rng: random.Random, n_blocks: int = 10_000_000) -> tuple[Path, dict]:
+    """10^7 live 512 B blocks (130 MB of pickle): under a 4 GiB address-space cap the compiled scan
+    ran out of memory the budget allowed, and the file went to the reference route for minutes, which
+    then blamed ``memory_bytes``. It must be refused at once, naming the process's limit."""
+    per_segment = 4096                                      # 2 MiB small-pool segments, tiled by 512 B blocks
+    n_segments = -(-n_blocks // per_segment)
+    segments = [{"device": 0, "address": _A + k * 2 * MiB, "total_size": 2 * MiB, "stream": 0, "segment_type": "small",
+                 "blocks": [{"size": 512, "state": "active_allocated"} for _ in range(per_segment)]}
+                for k in range(n_segments)]
+    path = folder / f"tiny_blocks_{n_blocks}.pickle"
+    path.write_bytes(pickle.dumps({"segments": segments, "device_traces": [[]]}, protocol=4))
+    return path, {"allocs": 0, "frees": 0, "baseline_live_bytes": 512 * per_segment * n_segments}
+
+
+def fitting_tiny_blocks_snapshot(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """10^6 live 512 B blocks: under a 4 GiB cap they fit, and must be read (on the compiled route where built)."""
+    return tiny_blocks_snapshot(folder, rng, 1_000_000)
+
+
+HOSTILE["slow bombs round 2"]["tiny blocks over the process limit"] = tiny_blocks_snapshot
+HOSTILE["slow bombs round 2"]["tiny blocks within the process limit"] = fitting_tiny_blocks_snapshot

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from allocsim.errors import TraceFormatError
 from allocsim.trace.limits import iter_chunks, open_binary, read_bytes
-from tests.attack_files import EXPECTED_REFUSALS, HOSTILE, OUTPUT_TARGETS, VALID, _member, nested_ops_kineto
+from tests.attack_files import EXPECTED_REFUSALS, HOSTILE, MiB, OUTPUT_TARGETS, VALID, _member, nested_ops_kineto
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMORY_CAP_BYTES = 4 << 30
@@ -427,3 +427,39 @@ def test_largest_free_block_is_not_a_walk_over_streams(tmp_path):
     assert summaries["reference"]["peak_requested_bytes"] == expected["peak_live_bytes"]
     if "compiled" in summaries:
         assert summaries["compiled"] == summaries["reference"]
+
+
+def test_compiled_budget_follows_the_process_memory_limit(tmp_path, monkeypatch):
+    """Under a process limit tighter than ``memory_bytes`` the compiled scan's budget comes from that
+    limit: a snapshot that fits stays on the compiled route, one that does not is refused at once with
+    one line naming the limit (it went to the reference route for minutes and blamed memory_bytes)."""
+    from allocsim.errors import TraceFormatError
+    from allocsim.policies import kernel
+    from allocsim.trace import compiled, isolate, read_trace, snapshot
+    from allocsim.trace.headroom import Headroom, headroom
+    from tests.attack_files import tiny_blocks_snapshot
+
+    if compiled.ext is None and os.environ.get("CI") != "true":
+        pytest.skip(compiled.LOAD_ERROR)
+    room = headroom()
+    assert room is None or room.bytes >= 0 and "limit" in room.limit
+    path, expected = tiny_blocks_snapshot(tmp_path, random.Random(0), 40_960)
+
+    def no_reference(*args, **kwargs):
+        raise AssertionError("the file went to the reference route")
+
+    monkeypatch.setattr(isolate, "run_isolated", no_reference)
+    with kernel.route("compiled"):
+        monkeypatch.setattr(snapshot, "headroom", lambda: Headroom(600 * MiB, "the test's limit of 600 MiB"))
+        trace = read_trace(path)             # a scan of ~10 MB: within a third of 600 MiB
+        assert int(trace.initial_allocs["size_bytes"].sum()) == expected["baseline_live_bytes"]
+        monkeypatch.setattr(snapshot, "headroom", lambda: Headroom(6 * MiB, "the test's limit of 6 MiB"))
+        with pytest.raises(TraceFormatError) as refused:
+            read_trace(path)
+        message = str(refused.value)
+        assert path.name in message and "the test's limit of 6 MiB" in message and "\n" not in message
+        assert "memory_bytes" not in message
+        # A budget set by --limits memory_bytes still goes to the reference route, which names that cap.
+        monkeypatch.setattr(snapshot, "headroom", lambda: None)
+        with pytest.raises(AssertionError, match="reference route"):
+            read_trace(path, limits=snapshot.Limits(memory_bytes=2 * MiB))
