@@ -723,3 +723,59 @@ def fitting_tiny_blocks_snapshot(folder: Path, rng: random.Random) -> tuple[Path
 
 HOSTILE["slow bombs round 2"]["tiny blocks over the process limit"] = tiny_blocks_snapshot
 HOSTILE["slow bombs round 2"]["tiny blocks within the process limit"] = fitting_tiny_blocks_snapshot
+
+
+def _odd_columns(n: int) -> dict[str, Callable[[], pa.Array]]:
+    """Arrow types a Parquet column can hold that are no integer: each must give one clean line."""
+    import datetime
+    import decimal
+
+    def ext(make_type: str, storage: pa.Array, *args) -> pa.Array:
+        return pa.ExtensionArray.from_storage(getattr(pa, make_type)(*args), storage)
+
+    return {
+        "decimal128": lambda: pa.array([decimal.Decimal(512)] * n, pa.decimal128(20, 0)),
+        "decimal256": lambda: pa.array([decimal.Decimal(10) ** 70] * n, pa.decimal256(76, 0)),
+        "decimal256 fraction": lambda: pa.array([decimal.Decimal("512.5")] * n, pa.decimal256(60, 1)),
+        "list": lambda: pa.array([[512]] * n, pa.list_(pa.int64())),
+        "list of lists": lambda: pa.array([[[[512]]]] * n),
+        "fixed-size list": lambda: pa.array([[512, 1]] * n, pa.list_(pa.int64(), 2)),
+        "struct": lambda: pa.array([{"a": 512}] * n, pa.struct([("a", pa.int64())])),
+        "map": lambda: pa.array([[("a", 512), ("a", 1)]] * n, pa.map_(pa.string(), pa.int64())),
+        "dictionary of ints": lambda: pa.array([512] * n).dictionary_encode(),
+        "dictionary with nulls": lambda: pa.DictionaryArray.from_arrays(pa.array([0, None] * (n // 2), pa.int32()),
+                                                                        pa.array(["512"])),
+        "fixed-size binary": lambda: pa.array([b"12345678"] * n, pa.binary(8)),
+        "float16": lambda: pa.array(np.full(n, np.inf, np.float16)),
+        "date32": lambda: pa.array([datetime.date(9999, 12, 31)] * n),
+        "time64": lambda: pa.array([1000] * n, pa.time64("us")),
+        "timestamp, unknown zone": lambda: pa.array([1] * n, pa.timestamp("s", tz="Mars/Olympus")),
+        "duration": lambda: pa.array([1 << 62] * n, pa.duration("s")),
+        "null": lambda: pa.nulls(n),
+        "uint64 past int64": lambda: pa.array([(1 << 64) - 1] * n, pa.uint64()),
+        "extension uuid": lambda: ext("uuid", pa.array([b"0123456789abcdef"] * n, pa.binary(16))),
+        "extension bool8": lambda: ext("bool8", pa.array([1] * n, pa.int8())),
+        "extension json": lambda: ext("json_", pa.array(["512"] * n)),
+        "extension tensor": lambda: ext("fixed_shape_tensor", pa.array([[512]] * n, pa.list_(pa.int64(), 1)),
+                                        pa.int64(), [1]),
+        "extension opaque": lambda: ext("opaque", pa.array([512] * n), pa.int64(), "x", "y"),
+    }
+
+
+def odd_type_parquet(folder: Path, rng: random.Random, kind: str | None = None, column: str | None = None) -> tuple[Path, None]:
+    """An allocsim Parquet file whose event column holds a type pyarrow may not convert (was an
+    ``ArrowException`` escaping as a traceback)."""
+    n = 6
+    odd = _odd_columns(n)
+    kind = kind or rng.choice(sorted(odd))
+    column = column or rng.choice(["size_bytes", "t_ns", "kind", "alloc_id", "stream", "device"])
+    cols = {"t_ns": pa.array(np.arange(n, dtype=np.int64)), "kind": pa.array([1, 2] * (n // 2), pa.uint8()),
+            "alloc_id": pa.array(np.arange(n, dtype=np.int64) // 2), "size_bytes": pa.array(np.full(n, 512, np.int64)),
+            "stream": pa.array(np.zeros(n, np.int64)), "device": pa.array(np.zeros(n, np.int16))}
+    cols[column] = odd[kind]()
+    path = folder / f"odd_{kind.replace(' ', '_').replace(',', '')}_{column}.parquet"
+    pq.write_table(pa.table(cols), path)
+    return path, None
+
+
+HOSTILE["bombs round 2"]["parquet odd column types"] = odd_type_parquet

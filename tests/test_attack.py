@@ -463,3 +463,40 @@ def test_compiled_budget_follows_the_process_memory_limit(tmp_path, monkeypatch)
         monkeypatch.setattr(snapshot, "headroom", lambda: None)
         with pytest.raises(AssertionError, match="reference route"):
             read_trace(path, limits=snapshot.Limits(memory_bytes=2 * MiB))
+
+
+def _odd_columns_give_one_line(folder: Path, capsys, columns: tuple[str, ...]) -> dict:
+    from allocsim.cli import main
+    from tests.attack_files import _odd_columns, odd_type_parquet
+
+    outcomes = {}
+    for kind in sorted(_odd_columns(6)):
+        for column in columns:
+            path, _ = odd_type_parquet(folder, random.Random(0), kind, column)
+            commands = [["info", str(path)], ["run", str(path), "--policy", "pytorch", "--fast", "--sites", "0"],
+                        ["convert", str(path), "-o", str(folder / "copy.parquet")]]
+            for argv in commands:
+                (folder / "copy.parquet").unlink(missing_ok=True)
+                capsys.readouterr()
+                code = main(argv)
+                err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+                assert code in (0, 1, 2), f"{kind} in {column}, {argv[0]}: exit {code}"
+                assert (code == 0) == (not err) and len(err) <= 1 and (not err or path.name in err[0]), \
+                    f"{kind} in {column}, {argv[0]}: {err}"
+                outcomes[kind, column, argv[0]] = code
+                if code:
+                    break         # run and convert read the file as info does: the same line
+    return outcomes
+
+
+def test_parquet_columns_of_odd_types_give_one_line(tmp_path, capsys):
+    """Every Arrow type a Parquet event column can hold reads as numbers or gives one line naming
+    the file, through ``info``, ``run`` and ``convert`` in-process (no ``ArrowException`` escapes)."""
+    outcomes = _odd_columns_give_one_line(tmp_path, capsys, ("size_bytes",))
+    assert 0 in outcomes.values() and 2 in outcomes.values()
+
+
+@pytest.mark.slow
+def test_parquet_columns_of_odd_types_every_column(tmp_path, capsys):
+    outcomes = _odd_columns_give_one_line(tmp_path, capsys, ("t_ns", "kind", "alloc_id", "stream", "device"))
+    assert 0 in outcomes.values() and 2 in outcomes.values()
