@@ -500,3 +500,22 @@ def test_parquet_columns_of_odd_types_give_one_line(tmp_path, capsys):
 def test_parquet_columns_of_odd_types_every_column(tmp_path, capsys):
     outcomes = _odd_columns_give_one_line(tmp_path, capsys, ("t_ns", "kind", "alloc_id", "stream", "device"))
     assert 0 in outcomes.values() and 2 in outcomes.values()
+
+
+def test_headroom_reads_the_tightest_cgroup_limit(tmp_path, monkeypatch):
+    """The cgroup limit is the tightest of the group and its ancestors, less reclaimable page cache."""
+    from allocsim.trace import headroom as room
+
+    (tmp_path / "proc").write_text("0::/outer/inner\n")
+    for folder, limit, used, cache in (("", "max", 10 << 30, 0), ("outer", 8 << 30, 6 << 30, 1 << 30),
+                                       ("outer/inner", "max", 5 << 30, 0)):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "memory.max").write_text(f"{limit}\n")
+        (tmp_path / folder / "memory.current").write_text(f"{used}\n")
+        (tmp_path / folder / "memory.stat").write_text(f"anon 5\ninactive_file {cache}\n")
+    monkeypatch.setattr(room, "_CGROUP_ROOT", str(tmp_path))
+    monkeypatch.setattr(room, "_PROC_CGROUP", str(tmp_path / "proc"))
+    found = room._cgroup_memory()
+    assert found.bytes == (8 << 30) - (5 << 30) and "8.00 GiB" in found.limit
+    monkeypatch.setattr(room, "_address_space", lambda: room.Headroom(1 << 30, "the address-space limit"))
+    assert room.headroom().bytes == 1 << 30

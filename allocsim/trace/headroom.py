@@ -16,6 +16,7 @@ import os
 from ..units import format_bytes
 
 _CGROUP_ROOT = "/sys/fs/cgroup"
+_PROC_CGROUP = "/proc/self/cgroup"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,27 +60,48 @@ def _read_int(path: str) -> int | None:
     return int(text) if text.isdigit() else None     # "max": no limit
 
 
-def _cgroup_memory() -> Headroom | None:
-    """cgroup v2 ``memory.max - memory.current`` of this process's group (v1: ``limit_in_bytes - usage``)."""
+def _inactive_file_bytes(folder: str, key: str) -> int:
+    """Page cache the kernel reclaims before it fails an allocation (``memory.stat``), 0 if unknown."""
     try:
-        with open("/proc/self/cgroup") as fh:
+        with open(os.path.join(folder, "memory.stat")) as fh:
+            for line in fh:
+                name, _, value = line.partition(" ")
+                if name == key and value.strip().isdigit():
+                    return int(value)
+    except OSError:
+        pass
+    return 0
+
+
+def _cgroup_memory() -> Headroom | None:
+    """What this process's cgroup and its ancestors leave: ``memory.max`` minus what they use, less
+    reclaimable page cache (cgroup v2; v1: ``memory.limit_in_bytes`` minus ``usage_in_bytes``)."""
+    try:
+        with open(_PROC_CGROUP) as fh:
             lines = fh.read().splitlines()
     except OSError:
         return None
+    tightest = None
     for line in lines:
         hierarchy, _, rest = line.partition(":")
         controllers, _, group = rest.partition(":")
         if hierarchy == "0" and controllers == "":
-            folder, files = os.path.join(_CGROUP_ROOT, group.lstrip("/")), ("memory.max", "memory.current")
+            root, files, cache = _CGROUP_ROOT, ("memory.max", "memory.current"), "inactive_file"
         elif "memory" in controllers.split(","):
-            folder = os.path.join(_CGROUP_ROOT, "memory", group.lstrip("/"))
-            files = ("memory.limit_in_bytes", "memory.usage_in_bytes")
+            root = os.path.join(_CGROUP_ROOT, "memory")
+            files, cache = ("memory.limit_in_bytes", "memory.usage_in_bytes"), "total_inactive_file"
         else:
             continue
-        limit, used = (_read_int(os.path.join(folder, name)) for name in files)
-        if limit is not None and used is not None and limit < 1 << 60:   # v1 writes "no limit" as ~2**63
-            return Headroom(max(0, limit - used), f"the cgroup's memory limit of {format_bytes(limit)} (memory.max)")
-    return None
+        parts = [p for p in group.split("/") if p and p not in (".", "..")]
+        for depth in range(len(parts), -1, -1):         # the group, then each ancestor: the tightest wins
+            folder = os.path.join(root, *parts[:depth])
+            limit, used = (_read_int(os.path.join(folder, name)) for name in files)
+            if limit is None or used is None or limit >= 1 << 60:   # v1 writes "no limit" as ~2**63
+                continue
+            left = max(0, limit - max(0, used - _inactive_file_bytes(folder, cache)))
+            if tightest is None or left < tightest.bytes:
+                tightest = Headroom(left, f"the cgroup's memory limit of {format_bytes(limit)} (memory.max)")
+    return tightest
 
 
 def headroom() -> Headroom | None:
