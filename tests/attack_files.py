@@ -641,3 +641,142 @@ def many_streams_rmm(folder: Path, rng: random.Random) -> tuple[Path, dict]:
 
 
 HOSTILE["slow bombs round 2"]["many streams"] = many_streams_rmm
+
+
+def many_initial_segments_snapshot(folder: Path, rng: random.Random, n_segments: int = 40_000) -> tuple[Path, dict]:
+    """40k initial segments, each holding live blocks whose stacks are shared among thousands of sites:
+    charging waste to code sites asked every free block for a copy of every segment (quadratic)."""
+    sites = [[{"filename": f"model/layer{(s * 7 + d) % 50}.py", "line": (s * 13 + d) % 997, "name": f"fn{(s + d) % 300}"}
+              for d in range(rng.randint(2, 8))] for s in range(max(1, n_segments // 8))]
+    segments, baseline = [], 0
+    for k in range(n_segments):
+        base, offset, blocks = _A + k * 2 * MiB, 0, []
+        for _ in range(rng.randint(1, 4)):
+            size = 512 * rng.randint(1, 64)
+            blocks.append({"address": base + offset, "size": size, "requested_size": size, "state": "active_allocated",
+                           "frames": rng.choice(sites)})   # one list object: pickled once, shared
+            offset += size
+            baseline += size
+        blocks.append({"address": base + offset, "size": 2 * MiB - offset, "requested_size": 0, "state": "inactive"})
+        segments.append({"device": 0, "address": base, "total_size": 2 * MiB, "stream": 0, "segment_type": "small",
+                         "blocks": blocks})
+    ops = _random_ops(rng, 400)
+    live = {addr: size for action, addr, size in ops if action == "alloc"}
+    for action, addr, _size in ops:
+        if action == "free":
+            del live[addr]
+    ops += [("free", addr, size) for addr, size in live.items()]   # the final segments are the initial ones
+    top = _A + n_segments * 2 * MiB                    # the history's blocks lie past the initial segments
+    history = []
+    for t, (action, addr, size) in enumerate(ops):
+        frames = rng.choice(sites)
+        acts = ("alloc",) if action == "alloc" else ("free_requested", "free_completed")
+        history += [{"action": act, "addr": top + addr, "size": size, "stream": 0, "time_us": t, "frames": frames}
+                    for act in acts]
+    path = folder / "initial_segments.pickle"
+    path.write_bytes(pickle.dumps({"segments": segments, "device_traces": [history]}, protocol=4))
+    return path, {**_recount(ops), "initial_segments": n_segments, "baseline_live_bytes": baseline}
+
+
+HOSTILE["slow bombs round 2"]["many initial segments"] = many_initial_segments_snapshot
+
+
+def streams_taking_the_largest_rmm(folder: Path, rng: random.Random, n: int = 60_000) -> tuple[Path, dict]:
+    """Each of 60k streams caches one 32 MiB block, then takes it back and at once needs a new segment:
+    every new reserved peak followed the take of the largest free block, which made the free list look
+    for the next largest over every stream (quadratic on both routes)."""
+    size = 32 * MiB                  # a whole large-pool segment: the cached block is exactly the size asked
+    requests = [("alloc", (1 << 30) + k * size, size, k + 1) for k in range(n)]
+    requests += [("free", addr, s, stream) for _a, addr, s, stream in requests]
+    for k in range(n):
+        requests += [("alloc", (1 << 30) + k * size, size, k + 1), ("alloc", (1 << 46) + k * size, size, k + 1)]
+    lines = ["Thread,Time,Action,Pointer,Size,Stream"]
+    for i, (action, addr, s, stream) in enumerate(requests):
+        lines.append(f"1,10:{i // 60_000_000:02d}:{i // 1_000_000 % 60:02d}.{i % 1_000_000:06d},"
+                     f"{'allocate' if action == 'alloc' else 'free'},0x{addr:x},{s},0x{stream:x}")
+    path = folder / "streams_largest.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path, _recount([r[:3] for r in requests])
+
+
+HOSTILE["slow bombs round 2"]["streams taking the largest"] = streams_taking_the_largest_rmm
+
+
+def tiny_blocks_snapshot(folder: Path, rng: random.Random, n_blocks: int = 10_000_000) -> tuple[Path, dict | None]:
+    """10^7 live 512 B blocks (130 MB of pickle): under a 4 GiB address-space cap the compiled scan
+    ran out of memory the budget allowed, and the file went to the reference route for minutes, which
+    then blamed ``memory_bytes``. It must be refused at once, naming the process's limit."""
+    per_segment = 4096                                      # 2 MiB small-pool segments, tiled by 512 B blocks
+    n_segments = -(-n_blocks // per_segment)
+    segments = [{"device": 0, "address": _A + k * 2 * MiB, "total_size": 2 * MiB, "stream": 0, "segment_type": "small",
+                 "blocks": [{"size": 512, "state": "active_allocated"} for _ in range(per_segment)]}
+                for k in range(n_segments)]
+    path = folder / f"tiny_blocks_{n_blocks}.pickle"
+    path.write_bytes(pickle.dumps({"segments": segments, "device_traces": [[]]}, protocol=4))
+    recount = {"allocs": 0, "frees": 0, "baseline_live_bytes": 512 * per_segment * n_segments}
+    return path, recount if n_blocks < 5_000_000 else None     # 10^7: refused under the suite's cap
+
+
+def fitting_tiny_blocks_snapshot(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """10^6 live 512 B blocks: under a 4 GiB cap they fit, and must be read (on the compiled route where built)."""
+    return tiny_blocks_snapshot(folder, rng, 1_000_000)
+
+
+HOSTILE["slow bombs round 2"]["tiny blocks over the process limit"] = tiny_blocks_snapshot
+HOSTILE["slow bombs round 2"]["tiny blocks within the process limit"] = fitting_tiny_blocks_snapshot
+
+
+def _odd_columns(n: int) -> dict[str, Callable[[], pa.Array]]:
+    """Arrow types a Parquet column can hold that are no integer: each must give one clean line."""
+    import datetime
+    import decimal
+
+    def ext(make_type: str, storage: pa.Array, *args) -> pa.Array:
+        return pa.ExtensionArray.from_storage(getattr(pa, make_type)(*args), storage)
+
+    return {
+        "decimal128": lambda: pa.array([decimal.Decimal(512)] * n, pa.decimal128(20, 0)),
+        "decimal256": lambda: pa.array([decimal.Decimal(10) ** 70] * n, pa.decimal256(76, 0)),
+        "decimal256 fraction": lambda: pa.array([decimal.Decimal("512.5")] * n, pa.decimal256(60, 1)),
+        "list": lambda: pa.array([[512]] * n, pa.list_(pa.int64())),
+        "list of lists": lambda: pa.array([[[[512]]]] * n),
+        "fixed-size list": lambda: pa.array([[512, 1]] * n, pa.list_(pa.int64(), 2)),
+        "struct": lambda: pa.array([{"a": 512}] * n, pa.struct([("a", pa.int64())])),
+        "map": lambda: pa.array([[("a", 512), ("a", 1)]] * n, pa.map_(pa.string(), pa.int64())),
+        "dictionary of ints": lambda: pa.array([512] * n).dictionary_encode(),
+        "dictionary with nulls": lambda: pa.DictionaryArray.from_arrays(pa.array([0, None] * (n // 2), pa.int32()),
+                                                                        pa.array(["512"])),
+        "fixed-size binary": lambda: pa.array([b"12345678"] * n, pa.binary(8)),
+        "float16": lambda: pa.array(np.full(n, np.inf, np.float16)),
+        "date32": lambda: pa.array([datetime.date(9999, 12, 31)] * n),
+        "time64": lambda: pa.array([1000] * n, pa.time64("us")),
+        "timestamp, unknown zone": lambda: pa.array([1] * n, pa.timestamp("s", tz="Mars/Olympus")),
+        "duration": lambda: pa.array([1 << 62] * n, pa.duration("s")),
+        "null": lambda: pa.nulls(n),
+        "uint64 past int64": lambda: pa.array([(1 << 64) - 1] * n, pa.uint64()),
+        "extension uuid": lambda: ext("uuid", pa.array([b"0123456789abcdef"] * n, pa.binary(16))),
+        "extension bool8": lambda: ext("bool8", pa.array([1] * n, pa.int8())),
+        "extension json": lambda: ext("json_", pa.array(["512"] * n)),
+        "extension tensor": lambda: ext("fixed_shape_tensor", pa.array([[512]] * n, pa.list_(pa.int64(), 1)),
+                                        pa.int64(), [1]),
+        "extension opaque": lambda: ext("opaque", pa.array([512] * n), pa.int64(), "x", "y"),
+    }
+
+
+def odd_type_parquet(folder: Path, rng: random.Random, kind: str | None = None, column: str | None = None) -> tuple[Path, None]:
+    """An allocsim Parquet file whose event column holds a type pyarrow may not convert (was an
+    ``ArrowException`` escaping as a traceback)."""
+    n = 6
+    odd = _odd_columns(n)
+    kind = kind or rng.choice(sorted(odd))
+    column = column or rng.choice(["size_bytes", "t_ns", "kind", "alloc_id", "stream", "device"])
+    cols = {"t_ns": pa.array(np.arange(n, dtype=np.int64)), "kind": pa.array([1, 2] * (n // 2), pa.uint8()),
+            "alloc_id": pa.array(np.arange(n, dtype=np.int64) // 2), "size_bytes": pa.array(np.full(n, 512, np.int64)),
+            "stream": pa.array(np.zeros(n, np.int64)), "device": pa.array(np.zeros(n, np.int16))}
+    cols[column] = odd[kind]()
+    path = folder / f"odd_{kind.replace(' ', '_').replace(',', '')}_{column}.parquet"
+    pq.write_table(pa.table(cols), path)
+    return path, None
+
+
+HOSTILE["bombs round 2"]["parquet odd column types"] = odd_type_parquet

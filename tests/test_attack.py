@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from allocsim.errors import TraceFormatError
 from allocsim.trace.reading.limits import iter_chunks, open_binary, read_bytes
-from tests.attack_files import EXPECTED_REFUSALS, HOSTILE, OUTPUT_TARGETS, VALID, _member, nested_ops_kineto
+from tests.attack_files import EXPECTED_REFUSALS, HOSTILE, MiB, OUTPUT_TARGETS, VALID, _member, nested_ops_kineto
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMORY_CAP_BYTES = 4 << 30
@@ -348,3 +348,181 @@ def test_hostile_options_give_one_line(tmp_path, capsys):
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert code == 2 and len(err) == 1, f"{name}: exit {code}, {err}"
         assert expected in err[0] and len(err[0]) < 400, f"{name}: {err[0][:500]}"
+
+
+# ------------------------------------------------------------------ bounded work on big start states
+def test_site_waste_reads_each_pool_view_once(tmp_path, monkeypatch):
+    """Charging waste to code sites on a start state of 1,000 segments copies each compiled free list's
+    views once per pool, not once per free block (40k segments took over 10 minutes), and charges the
+    same bytes to the same sites as the reference route."""
+    from allocsim.metrics.sites.waste import waste_by_site, waste_total_check
+    from allocsim.policies import kernel
+    from allocsim.policies.registry import build_policy
+    from allocsim.runner import device_for, resolve_capacity, simulate_trace
+    from allocsim.trace import read_trace
+    from tests.attack_files import many_initial_segments_snapshot
+
+    if kernel.compiled is None and os.environ.get("CI") != "true":
+        pytest.skip(f"compiled kernel not built here: {kernel.LOAD_ERROR}")
+    n_segments = 1000
+    path, expected = many_initial_segments_snapshot(tmp_path, random.Random(0), n_segments)
+    trace = read_trace(path)
+    capacity = resolve_capacity(trace, None)
+    copied = []
+    items = kernel.compiled.FreeList._items
+    monkeypatch.setattr(kernel.CompiledFreeList, "_items", lambda self, name: copied.append(n := items(self, name)) or n)
+
+    charges = {}
+    for route in ("compiled", "reference"):
+        with kernel.route(route):
+            target = simulate_trace(trace, "pytorch", {}, capacity=capacity, fast=True).summary["at_peak_reserved"]["event_index"]
+            copied.clear()
+            charges[route] = waste_by_site(trace, lambda: build_policy("pytorch", device=device_for(capacity.bytes),
+                                                                       allocator_settings=trace.meta.allocator_settings),
+                                           target)
+            if route == "compiled":
+                # Each view copy holds at most every segment's entries; per free block it was 1,000 copies.
+                assert 0 < len(copied) <= 8, f"{len(copied)} copies of free-list views"
+                assert sum(len(c) for c in copied) <= 8 * (n_segments + 1)
+        assert waste_total_check(charges[route]) == charges[route].waste_bytes > 0
+    assert charges["compiled"].charges == charges["reference"].charges
+    assert expected["initial_segments"] == n_segments == len(trace.initial_segments)
+
+
+class _NoWalk(dict):
+    """A stream map that refuses to be walked (``largest()`` must not look at every stream)."""
+
+    def values(self):
+        raise AssertionError("walked every stream")
+
+    items = __iter__ = values
+
+
+def test_largest_free_block_is_not_a_walk_over_streams(tmp_path):
+    """Taking the largest free block and then reaching a new reserved peak, stream after stream
+    (60k streams: minutes on either route), gives the same run on both routes, and the reference
+    free list answers ``largest()`` without walking its streams."""
+    from allocsim.policies import kernel
+    from allocsim.policies.freelist import FreeList, check_free_list
+    from allocsim.runner import simulate_trace
+    from allocsim.trace import read_trace
+    from tests.attack_files import streams_taking_the_largest_rmm
+
+    rng = random.Random(0)
+    pool = FreeList()
+    for k in range(400):
+        pool.add_segment(k << 30, 1 << 20, k)
+        pool.add(k << 30, 1 << 20, k)
+    pool.by_stream = _NoWalk(pool.by_stream)
+    for k in rng.sample(range(400), 400):     # take blocks in any order: largest() follows
+        pool.take(k, (1 << 20) << 64 | k << 30)
+        pool.add(k << 30, 512 * rng.randint(1, 2048), k)
+        assert pool.largest() == max(size for blocks in dict.values(pool.by_stream) for key in blocks
+                                     for size in [key >> 64])
+    pool.by_stream = dict(pool.by_stream)
+    check_free_list(pool)
+
+    path, expected = streams_taking_the_largest_rmm(tmp_path, rng, 1500)
+    trace = read_trace(path)
+    summaries = {}
+    for route in ("compiled", "reference"):
+        if route == "compiled" and kernel.compiled is None and os.environ.get("CI") != "true":
+            continue
+        with kernel.route(route):
+            summary = simulate_trace(trace, "pytorch", {}, fast=True).summary
+        summaries[route] = {k: v for k, v in summary.items() if "seconds" not in k and "per_s" not in k}
+    assert summaries["reference"]["peak_requested_bytes"] == expected["peak_live_bytes"]
+    if "compiled" in summaries:
+        assert summaries["compiled"] == summaries["reference"]
+
+
+def test_compiled_budget_follows_the_process_memory_limit(tmp_path, monkeypatch):
+    """Under a process limit tighter than ``memory_bytes`` the compiled scan's budget comes from that
+    limit: a snapshot that fits stays on the compiled route, one that does not is refused at once with
+    one line naming the limit (it went to the reference route for minutes and blamed memory_bytes)."""
+    from allocsim.errors import TraceFormatError
+    from allocsim.policies import kernel
+    from allocsim.trace import compiled, isolate, read_trace, snapshot
+    from allocsim.trace.reading.headroom import Headroom, headroom
+    from tests.attack_files import tiny_blocks_snapshot
+
+    if compiled.ext is None and os.environ.get("CI") != "true":
+        pytest.skip(compiled.LOAD_ERROR)
+    room = headroom()
+    assert room is None or room.bytes >= 0 and "limit" in room.limit
+    path, expected = tiny_blocks_snapshot(tmp_path, random.Random(0), 40_960)
+
+    def no_reference(*args, **kwargs):
+        raise AssertionError("the file went to the reference route")
+
+    monkeypatch.setattr(isolate, "run_isolated", no_reference)
+    with kernel.route("compiled"):
+        monkeypatch.setattr(snapshot, "headroom", lambda: Headroom(600 * MiB, "the test's limit of 600 MiB"))
+        trace = read_trace(path)             # a scan of ~10 MB: within a third of 600 MiB
+        assert int(trace.initial_allocs["size_bytes"].sum()) == expected["baseline_live_bytes"]
+        monkeypatch.setattr(snapshot, "headroom", lambda: Headroom(6 * MiB, "the test's limit of 6 MiB"))
+        with pytest.raises(TraceFormatError) as refused:
+            read_trace(path)
+        message = str(refused.value)
+        assert path.name in message and "the test's limit of 6 MiB" in message and "\n" not in message
+        assert "memory_bytes" not in message
+        # A budget set by --limits memory_bytes still goes to the reference route, which names that cap.
+        monkeypatch.setattr(snapshot, "headroom", lambda: None)
+        with pytest.raises(AssertionError, match="reference route"):
+            read_trace(path, limits=snapshot.Limits(memory_bytes=2 * MiB))
+
+
+def _odd_columns_give_one_line(folder: Path, capsys, columns: tuple[str, ...]) -> dict:
+    from allocsim.cli import main
+    from tests.attack_files import _odd_columns, odd_type_parquet
+
+    outcomes = {}
+    for kind in sorted(_odd_columns(6)):
+        for column in columns:
+            path, _ = odd_type_parquet(folder, random.Random(0), kind, column)
+            commands = [["info", str(path)], ["run", str(path), "--policy", "pytorch", "--fast", "--sites", "0"],
+                        ["convert", str(path), "-o", str(folder / "copy.parquet")]]
+            for argv in commands:
+                (folder / "copy.parquet").unlink(missing_ok=True)
+                capsys.readouterr()
+                code = main(argv)
+                err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+                assert code in (0, 1, 2), f"{kind} in {column}, {argv[0]}: exit {code}"
+                assert (code == 0) == (not err) and len(err) <= 1 and (not err or path.name in err[0]), \
+                    f"{kind} in {column}, {argv[0]}: {err}"
+                outcomes[kind, column, argv[0]] = code
+                if code:
+                    break         # run and convert read the file as info does: the same line
+    return outcomes
+
+
+def test_parquet_columns_of_odd_types_give_one_line(tmp_path, capsys):
+    """Every Arrow type a Parquet event column can hold reads as numbers or gives one line naming
+    the file, through ``info``, ``run`` and ``convert`` in-process (no ``ArrowException`` escapes)."""
+    outcomes = _odd_columns_give_one_line(tmp_path, capsys, ("size_bytes",))
+    assert 0 in outcomes.values() and 2 in outcomes.values()
+
+
+@pytest.mark.slow
+def test_parquet_columns_of_odd_types_every_column(tmp_path, capsys):
+    outcomes = _odd_columns_give_one_line(tmp_path, capsys, ("t_ns", "kind", "alloc_id", "stream", "device"))
+    assert 0 in outcomes.values() and 2 in outcomes.values()
+
+
+def test_headroom_reads_the_tightest_cgroup_limit(tmp_path, monkeypatch):
+    """The cgroup limit is the tightest of the group and its ancestors, less reclaimable page cache."""
+    from allocsim.trace.reading import headroom as room
+
+    (tmp_path / "proc").write_text("0::/outer/inner\n")
+    for folder, limit, used, cache in (("", "max", 10 << 30, 0), ("outer", 8 << 30, 6 << 30, 1 << 30),
+                                       ("outer/inner", "max", 5 << 30, 0)):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "memory.max").write_text(f"{limit}\n")
+        (tmp_path / folder / "memory.current").write_text(f"{used}\n")
+        (tmp_path / folder / "memory.stat").write_text(f"anon 5\ninactive_file {cache}\n")
+    monkeypatch.setattr(room, "_CGROUP_ROOT", str(tmp_path))
+    monkeypatch.setattr(room, "_PROC_CGROUP", str(tmp_path / "proc"))
+    found = room._cgroup_memory()
+    assert found.bytes == (8 << 30) - (5 << 30) and "8.00 GiB" in found.limit
+    monkeypatch.setattr(room, "_address_space", lambda: room.Headroom(1 << 30, "the address-space limit"))
+    assert room.headroom().bytes == 1 << 30

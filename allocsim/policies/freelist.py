@@ -27,7 +27,8 @@ two cudaMallocs that happen to be adjacent are still separate allocations.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
-from typing import Iterator
+from heapq import heapify, heappop, heappush
+from typing import Callable, Iterator
 
 #: Addresses live in the low 64 bits of a packed key; sizes above them.
 ADDR_BITS = 64
@@ -47,7 +48,7 @@ class FreeList:
     """
 
     __slots__ = ("by_stream", "size_at", "start_ending_at", "segment_size_at", "segment_stream_at",
-                 "segment_bytes", "clock", "inserted_at")
+                 "segment_bytes", "clock", "inserted_at", "count_of_size", "size_heap")
 
     def __init__(self, *, track_age: bool = False):
         self.by_stream: dict[int, list[int]] = {}   # stream key -> sorted packed keys
@@ -60,6 +61,11 @@ class FreeList:
         # is that call count and ``inserted_at`` the clock when each free block entered the set.
         self.clock = 0
         self.inserted_at: dict[int, int] | None = {} if track_age else None
+        # largest() is asked at every new peak: free blocks counted by size, and a max-heap of those
+        # sizes (negated; an entry whose count fell to 0 is dropped when it reaches the top), so it
+        # never walks every stream (60k streams took minutes).
+        self.count_of_size: dict[int, int] = {}
+        self.size_heap: list[int] = []
 
     # ------------------------------------------------------------------ byte counts
     # Derived on demand (O(free blocks)) instead of kept up to date: they are read by reports and
@@ -197,6 +203,7 @@ class FreeList:
         addr = key & ADDR_MASK
         del self.size_at[addr]
         del self.start_ending_at[addr + size_bytes]
+        self._uncount(size_bytes)
         if self.inserted_at is not None:
             self.inserted_at.pop(addr, None)
 
@@ -209,8 +216,23 @@ class FreeList:
         if blocks is None:
             blocks = self.by_stream[stream_key] = []
         insort(blocks, size_bytes << ADDR_BITS | addr)
+        self._count(size_bytes)
         if self.inserted_at is not None:
             self.inserted_at[addr] = self.clock
+
+    def _count(self, size_bytes: int) -> None:
+        n = self.count_of_size.get(size_bytes, 0)
+        self.count_of_size[size_bytes] = n + 1
+        if not n:
+            heappush(self.size_heap, -size_bytes)
+            if len(self.size_heap) > 2 * len(self.count_of_size) + 64:   # mostly gone sizes: rebuild
+                self.size_heap = [-size for size in self.count_of_size]
+                heapify(self.size_heap)
+
+    def _uncount(self, size_bytes: int) -> None:
+        n = self.count_of_size.pop(size_bytes)
+        if n > 1:
+            self.count_of_size[size_bytes] = n - 1
 
     def free(self, addr: int, size_bytes: int, stream_key: int) -> int:
         """Return a block, merging it with free neighbours of its segment; return the merge count.
@@ -229,6 +251,7 @@ class FreeList:
             if prev_addr is not None:
                 prev_size = size_at.pop(prev_addr)
                 del blocks[bisect_left(blocks, prev_size << ADDR_BITS | prev_addr)]
+                self._uncount(prev_size)
                 addr = prev_addr
                 size_bytes += prev_size
                 merges = 1
@@ -238,6 +261,7 @@ class FreeList:
             if next_size is not None:
                 del start_ending_at[end + next_size]
                 del blocks[bisect_left(blocks, next_size << ADDR_BITS | end)]
+                self._uncount(next_size)
                 if inserted_at is not None:
                     inserted_at.pop(end, None)
                 size_bytes += next_size
@@ -245,6 +269,7 @@ class FreeList:
         size_at[addr] = size_bytes
         start_ending_at[addr + size_bytes] = addr
         insort(blocks, size_bytes << ADDR_BITS | addr)
+        self._count(size_bytes)
         if inserted_at is not None:   # the merged block is new to the set: its age restarts
             inserted_at[addr] = self.clock
         return merges
@@ -252,11 +277,10 @@ class FreeList:
     # ------------------------------------------------------------------ reporting
     def largest(self) -> int:
         """Return the size of the largest free block (0 when there is none)."""
-        best = 0
-        for blocks in self.by_stream.values():
-            if blocks and blocks[-1] >> ADDR_BITS > best:
-                best = blocks[-1] >> ADDR_BITS
-        return best
+        heap, count_of_size = self.size_heap, self.count_of_size
+        while heap and -heap[0] not in count_of_size:
+            heappop(heap)      # a size no free block has any more
+        return -heap[0] if heap else 0
 
     def blocks(self) -> Iterator[tuple[int, int, int]]:
         """Yield ``(addr, size, stream_key)`` of every free block (for checks and reports)."""
@@ -276,16 +300,35 @@ class FreeList:
         check_free_list(self)
 
 
+def segment_finder(pool) -> Callable[[int], int]:
+    """Return ``segment_of`` for many lookups: the segments are sorted once, each lookup bisects.
+
+    (``FreeList.segment_of`` scans every segment per call: checks over a start state of 40k
+    segments took minutes with it.)
+    """
+    segment_size_at = dict(pool.segment_size_at)
+    starts = sorted(segment_size_at)
+
+    def segment_of(addr: int) -> int:
+        k = bisect_right(starts, addr) - 1
+        if k < 0 or addr >= starts[k] + segment_size_at[starts[k]]:
+            raise KeyError(f"no segment holds {addr:#x}")
+        return starts[k]
+
+    return segment_of
+
+
 def check_free_list(pool) -> None:
-    """Check a ``FreeList`` (either implementation) through its public views: for tests, O(blocks x segments)."""
+    """Check a ``FreeList`` (either implementation) through its public views: for tests and ``validate``."""
     total = 0
     count = 0
     size_at, start_ending_at, segment_size_at = pool.size_at, pool.start_ending_at, pool.segment_size_at
     segment_stream_at = pool.segment_stream_at
+    segment_of = segment_finder(pool)
     for addr, size, skey in pool.blocks():
         assert size_at.get(addr) == size, f"free block {addr:#x} missing from size_at"
         assert start_ending_at.get(addr + size) == addr, f"free block {addr:#x} missing from start_ending_at"
-        seg = pool.segment_of(addr)
+        seg = segment_of(addr)
         assert addr + size <= seg + segment_size_at[seg], f"free block {addr:#x} overruns its segment"
         assert segment_stream_at[seg] == skey, f"free block {addr:#x} filed under the wrong stream"
         end = addr + size
@@ -297,4 +340,6 @@ def check_free_list(pool) -> None:
     for skey, blocks in pool.by_stream.items():
         assert all(a < b for a, b in zip(blocks, blocks[1:])), f"free blocks of stream {skey} are not sorted"
     assert total == pool.free_bytes, f"free_bytes {pool.free_bytes} != {total}"
+    largest = max((size for _addr, size, _skey in pool.blocks()), default=0)
+    assert pool.largest() == largest, f"largest() {pool.largest()} != {largest}"
     assert pool.segment_bytes == sum(segment_size_at.values()), "segment_bytes drifted"

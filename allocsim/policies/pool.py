@@ -21,7 +21,7 @@ from ..errors import OutOfMemory
 from ..units import MiB
 from . import kernel
 from .base import Policy
-from .freelist import ADDR_BITS, ADDR_MASK, FreeList
+from .freelist import ADDR_BITS, ADDR_MASK, FreeList, segment_finder
 from .growth import K_SMALL_SIZE, make_growth
 
 #: What a pool releases before retrying a failed device allocation, in order.
@@ -301,8 +301,9 @@ def check_tiling(pools: tuple[FreeList, ...], pieces: list[tuple[FreeList, int, 
     for pool in pools:
         for start in segments[id(pool)]:
             tiles[id(pool), start] = []
+    finders = {id(pool): segment_finder(pool) for pool in pools}
     for pool, addr, size in pieces:
-        tiles[id(pool), pool.segment_of(addr)].append((addr, size))
+        tiles[id(pool), finders[id(pool)](addr)].append((addr, size))
     for pool in pools:
         for start, size in segments[id(pool)].items():
             cursor = start

@@ -128,27 +128,27 @@ static void forget_block(FreeListObject *fl, uint64_t size, uint64_t addr) {
     if (fl->track_age) u64map_del(&fl->inserted_at, addr, NULL);
 }
 
-static inline void note_erased(FreeListObject *fl, uint64_t size) {
-    if (size >= fl->largest_bytes) fl->largest_stale = 1;
+static inline void note_erased(FreeListObject *fl, uint64_t size, uint64_t addr) {
+    bt_erase(&fl->all_blocks, block_key(size, addr));
 }
 
 int fl_take(FreeListObject *fl, int64_t stream_key, uint64_t size, uint64_t addr) {
     BTree *tree = fl_stream_tree(fl, stream_key, 0);
     if (!tree) return 2;
     if (!bt_erase(tree, block_key(size, addr))) return 1;
-    note_erased(fl, size);
+    note_erased(fl, size, addr);
     forget_block(fl, size, addr);
     return 0;
 }
 
 static int index_block(FreeListObject *fl, BTree *tree, uint64_t addr, uint64_t size) {
-    if (bt_insert(tree, block_key(size, addr)) < 0 || u64map_put(&fl->size_at, addr, size) < 0
+    if (bt_insert(tree, block_key(size, addr)) < 0 || bt_insert(&fl->all_blocks, block_key(size, addr)) < 0
+            || u64map_put(&fl->size_at, addr, size) < 0
             || u64map_put(&fl->start_ending_at, addr + size, addr) < 0
             || (fl->track_age && u64map_put(&fl->inserted_at, addr, (uint64_t)fl->clock) < 0)) {
         PyErr_NoMemory();
         return -1;
     }
-    if (size > fl->largest_bytes) fl->largest_bytes = size;   /* stale stays stale: still a lower bound */
     return 0;
 }
 
@@ -172,7 +172,7 @@ int fl_free(FreeListObject *fl, uint64_t addr, uint64_t size, int64_t stream_key
     if (!u64map_contains(&fl->segment_size_at, addr) && u64map_del(&fl->start_ending_at, addr, &other)) {
         u64map_del(&fl->size_at, other, &other_size);   /* a segment's start is a hard boundary */
         if (!bt_erase(tree, block_key(other_size, other))) return corrupt("previous", other);
-        note_erased(fl, other_size);
+        note_erased(fl, other_size, other);
         addr = other;
         size += other_size;
         merges = 1;
@@ -181,7 +181,7 @@ int fl_free(FreeListObject *fl, uint64_t addr, uint64_t size, int64_t stream_key
     if (!u64map_contains(&fl->segment_size_at, end) && u64map_del(&fl->size_at, end, &other_size)) {
         u64map_del(&fl->start_ending_at, end + other_size, NULL);
         if (!bt_erase(tree, block_key(other_size, end))) return corrupt("next", end);
-        note_erased(fl, other_size);
+        note_erased(fl, other_size, end);
         if (fl->track_age) u64map_del(&fl->inserted_at, end, NULL);
         size += other_size;
         merges++;
@@ -267,6 +267,7 @@ static void FreeList_dealloc(FreeListObject *fl) {
     u64map_free(&fl->inserted_at);
     u64map_free(&fl->stream_slot);
     for (Py_ssize_t k = 0; k < fl->n_streams; k++) bt_free(&fl->stream_trees[k]);
+    bt_free(&fl->all_blocks);
     PyMem_Free(fl->stream_keys);
     PyMem_Free(fl->stream_trees);
     Py_TYPE(fl)->tp_free((PyObject *)fl);
@@ -481,16 +482,8 @@ static PyObject *FreeList_free(FreeListObject *fl, PyObject *const *args, Py_ssi
 }
 
 static PyObject *FreeList_largest(FreeListObject *fl, PyObject *Py_UNUSED(ignored)) {
-    if (fl->largest_stale) {
-        uint64_t best = 0;
-        for (Py_ssize_t k = 0; k < fl->n_streams; k++) {
-            BlockKey key;
-            if (bt_last(&fl->stream_trees[k], &key) && key_size(key) > best) best = key_size(key);
-        }
-        fl->largest_bytes = best;
-        fl->largest_stale = 0;
-    }
-    return PyLong_FromUnsignedLongLong(fl->largest_bytes);
+    BlockKey key;
+    return PyLong_FromUnsignedLongLong(bt_last(&fl->all_blocks, &key) ? key_size(key) : 0);
 }
 
 static PyObject *FreeList_blocks(FreeListObject *fl, PyObject *Py_UNUSED(ignored)) {

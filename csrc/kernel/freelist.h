@@ -35,10 +35,10 @@ typedef struct {
     int track_age;
     int64_t clock;             /* PyTorch's get_free_block call count (garbage collection ages) */
     uint64_t segment_bytes;
-    /* The largest free block over all streams, kept as blocks come and go, so largest() (asked at
-     * every new peak) is not a walk over every stream; recomputed only after the largest is taken. */
-    uint64_t largest_bytes;
-    int largest_stale;
+    /* Every free block of every stream, (size, address) order: largest() (asked at every new peak)
+     * is its last key, never a walk over every stream (a recompute after each take of the largest
+     * block was quadratic in streams once takes and new peaks alternate). */
+    BTree all_blocks;
 } FreeListObject;
 
 extern PyTypeObject FreeList_Type;

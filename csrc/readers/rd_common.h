@@ -22,15 +22,21 @@
 typedef struct {
     size_t used;
     size_t limit;
+    size_t refused;   /* 0, or the bytes held had the first refused allocation gone through */
 } Budget;
+
+static inline void *budget_refuse(Budget *b, size_t more) {
+    if (!b->refused) b->refused = b->used + more < b->used ? SIZE_MAX : b->used + more;
+    return NULL;
+}
 
 /* realloc charged to the budget; NULL (and the old block kept) when over it or out of memory. */
 static inline void *budget_realloc(Budget *b, void *ptr, size_t old_bytes, size_t new_bytes) {
     if (new_bytes > old_bytes) {
         size_t more = new_bytes - old_bytes;
-        if (b->used + more < b->used || b->used + more > b->limit) return NULL;
+        if (b->used + more < b->used || b->used + more > b->limit) return budget_refuse(b, more);
         void *p = realloc(ptr, new_bytes);
-        if (!p) return NULL;
+        if (!p) return budget_refuse(b, more);
         b->used += more;
         return p;
     }

@@ -606,7 +606,8 @@ static void dev_free(Budget *b, DevCols *dc) {
 
 /* snapshot_scan(data, memory_bytes, max_frames, max_string_chars, max_segments, max_devices,
  *               max_events, max_time_us, step_ns, keep_frames[, max_frame_text])
- *   -> dict | None (see read_scanned). */
+ *   -> dict (see read_scanned) | int (over memory_bytes or out of memory: the bytes it needed at least)
+ *      | None (the reference route must read the file). */
 PyObject *rd_snapshot_scan(PyObject *self, PyObject *args) {
     Py_buffer buf;
     long long memory_bytes, max_frames, max_chars, max_segments, max_devices, max_events, max_time_us, step_ns;
@@ -745,8 +746,14 @@ PyObject *rd_snapshot_scan(PyObject *self, PyObject *args) {
     goto done;
 
 hand_back:
-    result = Py_None;
-    Py_INCREF(Py_None);
+    /* Out of budget: the bytes it wanted, so the caller can refuse at once (the reference route needs
+     * more than this); any other reason: None, and the reference route names the problem. */
+    if (budget.refused) {
+        result = PyLong_FromSize_t(budget.refused);
+    } else {
+        result = Py_None;
+        Py_INCREF(Py_None);
+    }
     goto done;
 error:
     result = NULL;

@@ -242,7 +242,8 @@ def _free_block_requests(bottom: PoolPolicy, stream: int) -> list[tuple[str, str
     expandable = _expandable_pools(bottom)
     for fl in bottom.pools:
         exp = expandable.get(id(fl))
-        starts = sorted(fl.segment_size_at) if exp is not None else None
+        seg_size_at = fl.segment_size_at   # once per pool: on the compiled route each read is a copy
+        starts = sorted(seg_size_at) if exp is not None else None
         for skey, blocks in fl.by_stream.items():
             for key in blocks:
                 size = key >> ADDR_BITS
@@ -260,7 +261,7 @@ def _free_block_requests(bottom: PoolPolicy, stream: int) -> list[tuple[str, str
                                 ("occupant", "free_slivers", begin + pages, addr + size)]
                     else:
                         out.append(("occupant", "free_slivers", addr, addr + size))
-                elif fl.segment_size_at.get(addr) == size:
+                elif seg_size_at.get(addr) == size:
                     out.append(("owner", "cached_segments", addr, addr + size))
                 else:
                     out.append(("occupant", "free_slivers", addr, addr + size))

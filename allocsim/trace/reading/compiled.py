@@ -6,7 +6,8 @@ Every reader has one readable Python implementation, the *reference*. The option
 interpreter that reads a snapshot into columns without unpickling it, and the records builder
 shared by every reader. A compiled part either returns exactly what the reference returns or hands
 the input back (``None``), and the reader then takes the reference route; the differential tests
-hold the two routes to identical traces.
+hold the two routes to identical traces. (The snapshot scan out of memory returns the bytes it
+needed instead: under a process limit the reader refuses the file rather than need more.)
 
 The route follows the policy kernel's switch, ``ALLOCSIM_KERNEL`` (see ``allocsim.policies.kernel``):
 ``auto`` (default) uses the compiled readers when they load, ``reference`` never does, and

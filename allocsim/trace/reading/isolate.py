@@ -24,6 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...errors import TraceFormatError, UnsafePickleError
+from .headroom import vm_size_bytes
 from .limits import Limits, LimitExceeded
 
 _ALLOWED_DTYPES = {"int8", "int16", "int32", "int64", "uint8", "bool"}
@@ -86,22 +87,11 @@ def decode_payload(blob: bytes) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------- the child
-def _vm_size_bytes() -> int:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def _cap_child(limits: Limits) -> None:
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    want = _vm_size_bytes() + limits.memory_bytes
+    want = vm_size_bytes() + limits.memory_bytes
     if soft != resource.RLIM_INFINITY:
         want = min(want, soft)
     if hard != resource.RLIM_INFINITY:
