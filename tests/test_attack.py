@@ -442,7 +442,9 @@ def test_compiled_budget_follows_the_process_memory_limit(tmp_path, monkeypatch)
     one line naming the limit (it went to the reference route for minutes and blamed memory_bytes)."""
     from allocsim.errors import TraceFormatError
     from allocsim.policies import kernel
-    from allocsim.trace import compiled, isolate, read_trace, snapshot
+    from allocsim.trace import read_trace
+    from allocsim.trace.formats.snapshot import reader as snapshot
+    from allocsim.trace.reading import compiled, isolate
     from allocsim.trace.reading.headroom import Headroom, headroom
     from tests.attack_files import tiny_blocks_snapshot
 
