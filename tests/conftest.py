@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def doc_pages() -> list[Path]:
-    """README.md and the pages under docs/ (docs/_incoming/ holds notes waiting to be folded in, not pages)."""
+    """README.md and the pages under docs/."""
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
