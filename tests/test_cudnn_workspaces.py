@@ -2,9 +2,11 @@
 
 The script has one convolution of each kind PyTorch's CUDA backend treats differently: a 3x3
 convolution (cuDNN, a workspace per phase under the model), a float32 depthwise one (PyTorch's own
-kernel, none) and a 1x1 one (a GEMM, none). At ratio 0.5 the 3x3 convolution's workspaces are half
-its larger feature map: output 2 x 8 x 16 x 16 float32 = 16384 bytes -> 8192 bytes, forward and
-backward filter (its input needs no gradient, so there is no backward-data phase).
+kernel, none) and a 1x1 one (cuDNN, a workspace in backward data only). At ratios 0.5 the 3x3
+convolution's workspaces are half its larger feature map: output 2 x 8 x 16 x 16 float32 = 16384
+bytes -> 8192 bytes, forward and backward filter (its input needs no gradient, so there is no
+backward-data phase); the 1x1 convolution's backward data is half the gradient it computes, its
+input 2 x 8 x 16 x 16 float32 -> 8192 bytes too, and it comes first in the backward pass.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ for _ in range(2):
 '''
 OUT_BYTES = 2 * 8 * 16 * 16 * 4       # the 3x3 convolution's output, its larger feature map
 GRAD_WEIGHT_BYTES = 8 * 3 * 3 * 3 * 4
+POINTWISE_GRAD_BYTES = 2 * 8 * 16 * 16 * 4    # the gradient of the 1x1 convolution's input
 
 
 @pytest.fixture(scope="module")
@@ -67,16 +70,19 @@ def test_the_3x3_convolution_asks_for_its_workspaces_at_its_kernels(captured):
     trace = captured
     events = trace.events
     found = _workspace_events(trace)
-    assert [(size, parsed[0]) for _i, _a, size, parsed in found] == [(OUT_BYTES // 2, "forward"),
-                                                                     (OUT_BYTES // 2, "backward filter")]
-    for i, alloc_id, _size, parsed in found:
+    assert [(size, parsed[0]) for _i, _a, size, parsed in found] == [
+        (OUT_BYTES // 2, "forward"), (POINTWISE_GRAD_BYTES // 2, "backward data"), (OUT_BYTES // 2, "backward filter")]
+    for i, alloc_id, _size, _parsed in found:
         # handed back right after the kernel, before any other request
         assert events["kind"][i + 1] == EventKind.FREE_REQUESTED and events["alloc_id"][i + 1] == alloc_id
+    for _i, _a, _size, parsed in (found[0], found[2]):
         assert parsed[1] == [2, 3, 16, 16] and parsed[2] == [8, 3, 3, 3] and parsed[3] == [2, 8, 16, 16]
-    fwd, bwd = found[0][0], found[1][0]
+    assert found[1][3][1:4] == ([2, 8, 16, 16], [4, 8, 1, 1], [2, 4, 16, 16])
+    fwd, pointwise, bwd = found[0][0], found[1][0], found[2][0]
     assert events["size_bytes"][fwd - 1] == OUT_BYTES                 # the output exists first
+    assert events["size_bytes"][pointwise - 1] == POINTWISE_GRAD_BYTES   # the gradient, then the workspace
     assert events["size_bytes"][bwd - 1] == GRAD_WEIGHT_BYTES         # then grad_weight, then its workspace
-    assert trace.meta.version_hints["cudnn_workspace_ratio"] == 0.5
+    assert trace.meta.version_hints["cudnn_workspace_ratios"] == {"kernel": 0.5, "pointwise_data": 0.5}
 
 
 def test_a_bad_ratio_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
@@ -93,8 +99,30 @@ def test_which_convolutions_run_on_cudnn():
     assert cudnn.runs_on_cudnn([8, 32, 10, 10], [64, 1, 3, 3], 32, 4) is False      # depthwise, multiplier 2
     assert cudnn.runs_on_cudnn([8, 32, 10, 10], [32, 1, 3, 3], 32, 2) is True       # half: cuDNN depthwise
     assert cudnn.runs_on_cudnn([8, 32, 10, 10], [32, 8, 3, 3], 4, 4) is True        # grouped, not depthwise
-    assert cudnn.workspace_bytes([8, 32, 10, 10], [64, 32, 1, 1], [8, 64, 10, 10], 1, 4, 2.0) == 0
-    assert cudnn.workspace_bytes([8, 32, 10, 10], [64, 32, 3, 3], [8, 64, 5, 5], 1, 4, 0.25) == 8 * 32 * 100
+    ratios = cudnn.WorkspaceRatios(kernel=0.25, pointwise_data=2.0)
+    for phase in cudnn.PHASES:       # a larger kernel: the larger feature map (here the input) in every phase
+        assert cudnn.workspace_bytes(phase, [8, 32, 10, 10], [64, 32, 3, 3], [8, 64, 5, 5], 1, 4, ratios) == 8 * 32 * 100
+    # a 1x1 kernel: only backward data, on the gradient it computes (the input's bytes)
+    assert cudnn.workspace_bytes("backward data", [8, 32, 10, 10], [64, 32, 1, 1], [8, 64, 10, 10], 1, 4,
+                                 ratios) == 2 * 8 * 32 * 100 * 4
+    assert cudnn.workspace_bytes("forward", [8, 32, 10, 10], [64, 32, 1, 1], [8, 64, 10, 10], 1, 4, ratios) == 0
+    assert cudnn.workspace_bytes("backward filter", [8, 32, 10, 10], [64, 32, 1, 1], [8, 64, 10, 10], 1, 4,
+                                 ratios) == 0
+    # fp32 depthwise runs PyTorch's kernel: no workspace whatever the ratios
+    assert cudnn.workspace_bytes("forward", [8, 32, 10, 10], [32, 1, 3, 3], [8, 32, 10, 10], 32, 4, 5.0) == 0
+
+
+def test_the_ratios_setting_takes_one_number_or_two(monkeypatch):
+    monkeypatch.setenv("ALLOCSIM_CUDNN_WORKSPACE_RATIO", "3")
+    assert cudnn.workspace_ratio() == cudnn.WorkspaceRatios(3.0, 3.0)
+    monkeypatch.setenv("ALLOCSIM_CUDNN_WORKSPACE_RATIO", "3,0.5")
+    assert cudnn.workspace_ratio() == cudnn.WorkspaceRatios(3.0, 0.5)
+    for bad in ("1,2,3", "nan", "-1,1", "1,"):
+        monkeypatch.setenv("ALLOCSIM_CUDNN_WORKSPACE_RATIO", bad)
+        with pytest.raises(ValueError, match="ALLOCSIM_CUDNN_WORKSPACE_RATIO"):
+            cudnn.workspace_ratio()
+    monkeypatch.delenv("ALLOCSIM_CUDNN_WORKSPACE_RATIO")
+    assert cudnn.workspace_ratio() == cudnn.WORKSPACE_RATIOS_CALIBRATED
 
 
 def test_labels_round_trip_and_other_frames_do_not_parse():
@@ -109,18 +137,21 @@ def test_rescaling_a_capture_sets_every_workspace_to_the_new_ratio(captured):
     from validate.xmem import rescale_workspaces
 
     trace = captured
-    doubled = rescale_workspaces(trace, 2.0)
-    assert doubled.meta.version_hints["cudnn_workspace_ratio"] == 2.0
-    assert trace.meta.version_hints["cudnn_workspace_ratio"] == 0.5          # the capture is left as it was
-    assert [size for _i, _a, size, _p in _workspace_events(doubled)] == [2 * OUT_BYTES, 2 * OUT_BYTES]
-    events = doubled.events
-    for i, alloc_id, _size, _p in _workspace_events(doubled):     # the frees carry the new size too
+    rescaled = rescale_workspaces(trace, cudnn.WorkspaceRatios(2.0, 3.0))
+    assert rescaled.meta.version_hints["cudnn_workspace_ratios"] == {"kernel": 2.0, "pointwise_data": 3.0}
+    assert trace.meta.version_hints["cudnn_workspace_ratios"]["kernel"] == 0.5    # the capture is left as it was
+    new_sizes = [2 * OUT_BYTES, 3 * POINTWISE_GRAD_BYTES, 2 * OUT_BYTES]
+    assert [size for _i, _a, size, _p in _workspace_events(rescaled)] == new_sizes
+    events = rescaled.events
+    for (_i, alloc_id, _size, _p), size in zip(_workspace_events(rescaled), new_sizes):   # the frees too
         rows = events[(events["alloc_id"] == alloc_id) & (events["kind"] != EventKind.MARKER)]
-        assert len(rows) == 3 and set(rows["size_bytes"]) == {2 * OUT_BYTES}
+        assert len(rows) == 3 and set(rows["size_bytes"]) == {size}
+    only_pointwise = rescale_workspaces(trace, cudnn.WorkspaceRatios(0.0, 1.0))
+    assert [size for _i, _a, size, _p in _workspace_events(only_pointwise)] == [POINTWISE_GRAD_BYTES]
     none = rescale_workspaces(trace, 0.0)
-    # two requests, each with its free requested and completed
-    assert _workspace_events(none) == [] and len(none.events) == len(trace.events) - 6
-    kept = trace.events[trace.events["kind"] == EventKind.ALLOC]["size_bytes"].sum() - OUT_BYTES
+    # three requests, each with its free requested and completed
+    assert _workspace_events(none) == [] and len(none.events) == len(trace.events) - 9
+    kept = trace.events[trace.events["kind"] == EventKind.ALLOC]["size_bytes"].sum() - OUT_BYTES - POINTWISE_GRAD_BYTES // 2
     assert none.events[none.events["kind"] == EventKind.ALLOC]["size_bytes"].sum() == kept
 
 
@@ -137,12 +168,14 @@ def test_cli_capture_refuses_a_bad_ratio_in_one_line(tmp_path):
                            sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [
-        "allocsim capture: error: ALLOCSIM_CUDNN_WORKSPACE_RATIO must be a number in [0, 1e6], got '-1'"]
+        "allocsim capture: error: ALLOCSIM_CUDNN_WORKSPACE_RATIO must be R or R,P with numbers in [0, 1e6], "
+        "got '-1'"]
 
 
 @pytest.mark.full          # a torch capture or a real GPU step: seconds each
 def test_the_real_gpu_step_shows_the_models_shape(shared_dir):
-    """The Kineto ResNet-50 step (a V100): 1x1 forward calls take next to no workspace, larger kernels one each."""
+    """The Kineto ResNet-50 step (a V100): 1x1 forward calls take next to no workspace, larger kernels one each,
+    and the 1x1 backward-data calls that take one take exactly the gradient's bytes."""
     from validate.cudnn_evidence import summary, workspaces
 
     path = shared_dir / "traces" / "kineto-gpu" / "pytorch_kineto_resnet50_nw0_1623143566756.json.gz"
@@ -150,4 +183,6 @@ def test_the_real_gpu_step_shows_the_models_shape(shared_dir):
     larger, one_by_one = found["forward, larger than 1x1"], found["forward, 1x1"]
     assert larger["calls"] == larger["with_workspace"] == 17 and larger["median_ratio"] > 1
     assert one_by_one["calls"] == 36 and one_by_one["max_ratio"] < 0.01
+    pointwise_data = found["backward data, 1x1"]
+    assert pointwise_data["calls"] == 36 and pointwise_data["with_workspace"] == pointwise_data["at_gradient_bytes"] == 12
     assert sum(g["with_workspace"] for g in found.values()) == 74

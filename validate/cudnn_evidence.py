@@ -56,26 +56,38 @@ def workspaces(path: str) -> list[dict]:
         # input). The profiler does not record the output, so the feature map is the one it shows.
         kernel = dims[1][2] * dims[1][3] if phase != "backward filter" else None
         maps = dims if phase == "backward filter" else dims[:1]
+        # backward data computes the input's gradient: (N, C_in, H, W) with the output's H, W at stride 1
+        gradient = (dims[0][0] * dims[1][1] * dims[0][2] * dims[0][3] * 4) if phase == "backward data" else None
         rows.append({"phase": phase, "dims": dims, "kernel_area": kernel,
                      "workspace_bytes": max(taken, default=0),
-                     "feature_map_bytes": max(_numel(d) for d in maps) * 4})
+                     "feature_map_bytes": max(_numel(d) for d in maps) * 4, "gradient_bytes": gradient})
     return rows
 
 
 def summary(rows: list[dict]) -> dict:
-    """Calls, calls with a workspace, their bytes and the median ratio, per (phase, 1x1 or larger kernel)."""
+    """Calls, calls with a workspace, their bytes and the median ratio, per (phase, 1x1 or larger kernel).
+
+    For 1x1 backward data, ``at_gradient_bytes`` counts the calls whose workspace is the bytes of the
+    gradient they compute (to 1 MiB, stride 1 assumed): the quantity the model's second ratio scales.
+    """
     groups: dict[str, list[float]] = defaultdict(list)
     total_bytes: dict[str, int] = defaultdict(int)
+    at_gradient = 0
     for r in rows:
+        if r["phase"] == "backward data" and r["kernel_area"] == 1 and r["workspace_bytes"] > 0:
+            at_gradient += abs(r["workspace_bytes"] - r["gradient_bytes"]) < (1 << 20)
         if r["kernel_area"] is None:
             kind = "any kernel"      # the profiler gives backward-filter calls no weight shape
         else:
             kind = "1x1" if r["kernel_area"] == 1 else "larger than 1x1"
         groups[f"{r['phase']}, {kind}"].append(r["workspace_bytes"] / r["feature_map_bytes"])
         total_bytes[f"{r['phase']}, {kind}"] += r["workspace_bytes"]
-    return {k: {"calls": len(v), "with_workspace": sum(x > 0 for x in v), "workspace_bytes": total_bytes[k],
-                "median_ratio": round(statistics.median(v), 3), "max_ratio": round(max(v), 3)}
-            for k, v in sorted(groups.items())}
+    found = {k: {"calls": len(v), "with_workspace": sum(x > 0 for x in v), "workspace_bytes": total_bytes[k],
+                 "median_ratio": round(statistics.median(v), 3), "max_ratio": round(max(v), 3)}
+             for k, v in sorted(groups.items())}
+    if "backward data, 1x1" in found:
+        found["backward data, 1x1"]["at_gradient_bytes"] = at_gradient
+    return found
 
 
 def main(argv: list[str]) -> int:

@@ -94,11 +94,13 @@ def main(args: list[str]) -> int:
     meta.source = os.path.basename(script[1] if script[0] == "-m" else script[0])
     meta.version_hints.update({"torch": torch.__version__, "capture": "cuda on meta",
                                "optimizer_steps": done["steps"],
-                               "cudnn_workspace_ratio": tracker.workspace_ratio})
+                               "cudnn_workspace_ratios": tracker.workspace_ratio._asdict()})
     meta.notes.append(f"allocsim capture of `{name}`: cuda mapped to the meta device; requests are the "
                       "storages ATen operators create, frees are their release; cuDNN convolution "
                       f"workspaces are modelled ({tracker.n_workspaces} requests, ratio "
-                      f"{tracker.workspace_ratio:g} of the larger feature map, allocsim.torch_capture.cudnn); "
+                      f"{tracker.workspace_ratio.kernel:g} of the larger feature map for kernels larger than "
+                      f"1x1, {tracker.workspace_ratio.pointwise_data:g} of the input for 1x1 backward data, "
+                      "allocsim.torch_capture.cudnn); "
                       "cuBLAS workspaces are added by run --gpu")
     if failure:
         meta.notes.append(f"incomplete: {failure}")

@@ -16,15 +16,22 @@ and what the capture copies:
   fallback list, whose engines need none) is tried: "the first engine whose workspace fits".
 
 Which engine cuDNN's heuristic picks, and its workspace, is decided inside the closed library per
-shape and GPU architecture; no public table gives it. The model here is therefore one calibrated
-number: a convolution whose kernel is larger than 1x1 (the shapes where cuDNN's heuristics choose
-Winograd, FFT-tiling or split reductions, whose workspaces grow with the feature map) asks for
-``ratio`` times the bytes of its larger feature map (input or output) in each of its three phases;
-a 1x1 convolution is a plain GEMM and asks for none. The shape of this rule is what a real GPU step
-shows (``validate/cudnn_evidence.py`` on the Kineto ResNet-50 trace, a V100 with
-``cudnn.benchmark``: forward 1x1 calls take at most 0.5% of their feature map, every larger kernel
-takes one, median 4.7 times it); ``ratio`` itself is fitted on xMem's 001-Anova RTX 3060 runs only
-(``validate/xmem_calibration.json``, ``python -m validate xmem --calibrate``).
+shape and GPU architecture; no public table gives it. The model here is therefore two calibrated
+ratios, one per kind of call whose real workspaces have a different shape
+(``validate/cudnn_evidence.py`` on the Kineto ResNet-50 trace, a V100 with ``cudnn.benchmark``):
+
+* ``kernel``: a convolution whose kernel is larger than 1x1 (the shapes where cuDNN chooses
+  Winograd, FFT-tiling or split reductions, whose workspaces grow with the feature map) asks for
+  ``kernel`` times the bytes of its larger feature map (input or output) in each of its three
+  phases. In the Kineto step every forward call with a larger kernel takes one, median 4.7 times it.
+* ``pointwise_data``: the backward-data phase of a 1x1 convolution asks for ``pointwise_data``
+  times the bytes of the gradient it computes (the convolution's input). In the Kineto step 12 of
+  the 36 such calls take a workspace of exactly those bytes (1.00 times, to the MiB) and the others none.
+* every other 1x1 phase asks for none: the 36 forward 1x1 calls take at most 0.5% of their feature
+  map; backward-filter calls of 1x1 kernels take at most 0.41 times it and most none.
+
+Both ratios are fitted on xMem's 001-Anova RTX 3060 runs only (``validate/xmem_calibration.json``,
+``python -m validate xmem --calibrate``).
 The capture inserts each workspace as an allocation and a free at its convolution, so the replay
 sees it where it happens (inside the backward pass, next to the activations' peak), not as a flat sum.
 """
@@ -33,10 +40,21 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Sequence
+from typing import NamedTuple, Sequence
+
+
+class WorkspaceRatios(NamedTuple):
+    """The model's two ratios: larger-than-1x1 kernels (every phase) and 1x1 backward data."""
+
+    kernel: float
+    pointwise_data: float
+
+    def __str__(self) -> str:
+        return f"{self.kernel:g},{self.pointwise_data:g}"
+
 
 #: Fitted on xMem's 001-Anova rows (RTX 3060, sm86); validate/xmem_calibration.json has the fit.
-WORKSPACE_RATIO_CALIBRATED = 4.0
+WORKSPACE_RATIOS_CALIBRATED = WorkspaceRatios(4.0, 0.0)
 #: The phases of one convolution in a training step, in the order the CUDA run allocates them.
 PHASES = ("forward", "backward data", "backward filter")
 #: Frame name of a workspace request: the phase and the convolution's shapes, parseable again.
@@ -44,18 +62,30 @@ _LABEL = re.compile(r"^cudnn workspace: convolution (forward|backward data|backw
                     r"x=(\d+(?:x\d+)*) w=(\d+(?:x\d+)*) y=(\d+(?:x\d+)*) groups=(\d+) dtype_bytes=(\d+)$")
 
 
-def workspace_ratio() -> float:
-    """The ratio in force: ``ALLOCSIM_CUDNN_WORKSPACE_RATIO`` when set (>= 0), else the calibrated one."""
+def _parse_ratios(text: str) -> WorkspaceRatios:
+    parts = text.split(",")
+    if len(parts) > 2:
+        raise ValueError
+    values = [float(p) for p in parts]
+    if not all(0 <= v <= 1e6 for v in values):       # also refuses nan
+        raise ValueError
+    return WorkspaceRatios(values[0], values[-1])
+
+
+def workspace_ratio() -> WorkspaceRatios:
+    """The ratios in force: ``ALLOCSIM_CUDNN_WORKSPACE_RATIO`` when set, else the calibrated ones.
+
+    ``R`` sets both ratios to R (0: no workspaces); ``R,P`` sets R for larger kernels and P for 1x1
+    backward data.
+    """
     text = os.environ.get("ALLOCSIM_CUDNN_WORKSPACE_RATIO", "").strip()
     if not text:
-        return WORKSPACE_RATIO_CALIBRATED
+        return WORKSPACE_RATIOS_CALIBRATED
     try:
-        value = float(text)
+        return _parse_ratios(text)
     except ValueError:
-        raise ValueError(f"ALLOCSIM_CUDNN_WORKSPACE_RATIO must be a number >= 0, got {text!r}") from None
-    if not value >= 0 or value > 1e6:
-        raise ValueError(f"ALLOCSIM_CUDNN_WORKSPACE_RATIO must be a number in [0, 1e6], got {text!r}")
-    return value
+        raise ValueError("ALLOCSIM_CUDNN_WORKSPACE_RATIO must be R or R,P with numbers in [0, 1e6], "
+                         f"got {text!r}") from None
 
 
 def runs_on_cudnn(x_shape: Sequence[int], w_shape: Sequence[int], groups: int, dtype_bytes: int) -> bool:
@@ -74,15 +104,23 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
-def workspace_bytes(x_shape: Sequence[int], w_shape: Sequence[int], y_shape: Sequence[int],
-                    groups: int, dtype_bytes: int, ratio: float) -> int:
-    """Bytes one cuDNN phase of this convolution asks for under the model (0 off cuDNN or for 1x1 kernels)."""
+def workspace_bytes(phase: str, x_shape: Sequence[int], w_shape: Sequence[int], y_shape: Sequence[int],
+                    groups: int, dtype_bytes: int, ratios: WorkspaceRatios | float) -> int:
+    """Bytes this cuDNN phase of the convolution asks for under the model (0 off cuDNN).
+
+    ``x_shape`` is the convolution's input (the gradient backward data computes), ``y_shape`` its
+    output; a plain number as ``ratios`` is both ratios.
+    """
+    if not isinstance(ratios, WorkspaceRatios):
+        ratios = WorkspaceRatios(float(ratios), float(ratios))
     if not runs_on_cudnn(x_shape, w_shape, groups, dtype_bytes):
         return 0
     if _numel(w_shape[2:]) <= 1:
-        return 0
+        if phase != "backward data":
+            return 0
+        return int(ratios.pointwise_data * _numel(x_shape) * dtype_bytes)
     feature_map = max(_numel(x_shape), _numel(y_shape)) * dtype_bytes
-    return int(ratio * feature_map)
+    return int(ratios.kernel * feature_map)
 
 
 def label(phase: str, x_shape: Sequence[int], w_shape: Sequence[int], y_shape: Sequence[int],

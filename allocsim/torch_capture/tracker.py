@@ -121,7 +121,8 @@ class StorageTracker(TorchDispatchMode):
     def _workspace(self, phase: str, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, groups: int) -> None:
         """A cuDNN workspace of this convolution phase: requested and handed back around the kernel."""
         dtype_bytes = x.element_size()
-        size_bytes = cudnn.workspace_bytes(x.shape, w.shape, y.shape, groups, dtype_bytes, self.workspace_ratio)
+        size_bytes = cudnn.workspace_bytes(phase, x.shape, w.shape, y.shape, groups, dtype_bytes,
+                                           self.workspace_ratio)
         if size_bytes <= 0 or size_bytes > self.workspace_limit_bytes - self.live_bytes:
             return
         addr = self._next_addr
