@@ -1,12 +1,13 @@
 """cuDNN convolution workspaces in ``allocsim capture``: where they are requested and how large, exactly.
 
-The script has one convolution of each kind PyTorch's CUDA backend treats differently: a 3x3
-convolution (cuDNN, a workspace per phase under the model), a float32 depthwise one (PyTorch's own
-kernel, none) and a 1x1 one (cuDNN, a workspace in backward data only). At ratios 0.5 the 3x3
-convolution's workspaces are half its larger feature map: output 2 x 8 x 16 x 16 float32 = 16384
-bytes -> 8192 bytes, forward and backward filter (its input needs no gradient, so there is no
-backward-data phase); the 1x1 convolution's backward data is half the gradient it computes, its
-input 2 x 8 x 16 x 16 float32 -> 8192 bytes too, and it comes first in the backward pass.
+The script has one convolution of each kind PyTorch's CUDA backend treats differently under the
+model: an image stem (3 input channels: cuDNN, no workspace), a 3x3 convolution (cuDNN, a
+workspace per phase), a float32 depthwise one (PyTorch's own kernel, none) and a 1x1 one (cuDNN, a
+workspace in backward data only). At ratios 0.5,0.25 the 3x3 convolution's workspaces are half its
+larger feature map, its output 2 x 16 x 16 x 16 float32 = 32768 bytes -> 16384 bytes, and the 1x1
+convolution's backward data a quarter of the gradient it computes, its input 2 x 16 x 16 x 16
+float32 -> 8192 bytes. In the backward pass the 1x1 convolution comes first, then the 3x3 one's
+backward data and backward filter; the stem's input needs no gradient.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ SCRIPT = '''
 import torch
 device = torch.device("cuda")
 model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
-                            torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.Conv2d(8, 4, 1)).to(device)
+                            torch.nn.Conv2d(8, 16, 3, padding=1),
+                            torch.nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.nn.Conv2d(16, 4, 1)).to(device)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for _ in range(2):
     opt.zero_grad()
@@ -36,9 +38,11 @@ for _ in range(2):
     model(x).sum().backward()
     opt.step()
 '''
-OUT_BYTES = 2 * 8 * 16 * 16 * 4       # the 3x3 convolution's output, its larger feature map
-GRAD_WEIGHT_BYTES = 8 * 3 * 3 * 3 * 4
-POINTWISE_GRAD_BYTES = 2 * 8 * 16 * 16 * 4    # the gradient of the 1x1 convolution's input
+OUT_BYTES = 2 * 16 * 16 * 16 * 4      # the 3x3 convolution's output, its larger feature map
+GRAD_WEIGHT_BYTES = 16 * 8 * 3 * 3 * 4
+GRAD_INPUT_BYTES = 2 * 8 * 16 * 16 * 4
+POINTWISE_GRAD_BYTES = 2 * 16 * 16 * 16 * 4    # the gradient of the 1x1 convolution's input
+X3, W3, Y3 = [2, 8, 16, 16], [16, 8, 3, 3], [2, 16, 16, 16]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +52,7 @@ def captured(tmp_path_factory):
     script.write_text(SCRIPT)
     out = folder / "conv.parquet"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ALLOCSIM_CUDNN_WORKSPACE_RATIO", "0.5")
+        mp.setenv("ALLOCSIM_CUDNN_WORKSPACE_RATIO", "0.5,0.25")
         assert child.main([str(out), "1", "--", str(script)]) == 0
     return read_trace(str(out))
 
@@ -71,18 +75,20 @@ def test_the_3x3_convolution_asks_for_its_workspaces_at_its_kernels(captured):
     events = trace.events
     found = _workspace_events(trace)
     assert [(size, parsed[0]) for _i, _a, size, parsed in found] == [
-        (OUT_BYTES // 2, "forward"), (POINTWISE_GRAD_BYTES // 2, "backward data"), (OUT_BYTES // 2, "backward filter")]
+        (OUT_BYTES // 2, "forward"), (POINTWISE_GRAD_BYTES // 4, "backward data"),
+        (OUT_BYTES // 2, "backward data"), (OUT_BYTES // 2, "backward filter")]
     for i, alloc_id, _size, _parsed in found:
         # handed back right after the kernel, before any other request
         assert events["kind"][i + 1] == EventKind.FREE_REQUESTED and events["alloc_id"][i + 1] == alloc_id
-    for _i, _a, _size, parsed in (found[0], found[2]):
-        assert parsed[1] == [2, 3, 16, 16] and parsed[2] == [8, 3, 3, 3] and parsed[3] == [2, 8, 16, 16]
-    assert found[1][3][1:4] == ([2, 8, 16, 16], [4, 8, 1, 1], [2, 4, 16, 16])
-    fwd, pointwise, bwd = found[0][0], found[1][0], found[2][0]
-    assert events["size_bytes"][fwd - 1] == OUT_BYTES                 # the output exists first
-    assert events["size_bytes"][pointwise - 1] == POINTWISE_GRAD_BYTES   # the gradient, then the workspace
-    assert events["size_bytes"][bwd - 1] == GRAD_WEIGHT_BYTES         # then grad_weight, then its workspace
-    assert trace.meta.version_hints["cudnn_workspace_ratios"] == {"kernel": 0.5, "pointwise_data": 0.5}
+    for _i, _a, _size, parsed in (found[0], found[2], found[3]):
+        assert parsed[1:4] == (X3, W3, Y3)
+    assert found[1][3][1:4] == ([2, 16, 16, 16], [4, 16, 1, 1], [2, 4, 16, 16])
+    fwd, pointwise, data, weight = (f[0] for f in found)
+    assert events["size_bytes"][fwd - 1] == OUT_BYTES                   # the output exists first
+    assert events["size_bytes"][pointwise - 1] == POINTWISE_GRAD_BYTES  # each gradient, then its workspace
+    assert events["size_bytes"][data - 1] == GRAD_INPUT_BYTES
+    assert events["size_bytes"][weight - 1] == GRAD_WEIGHT_BYTES
+    assert trace.meta.version_hints["cudnn_workspace_ratios"] == {"kernel": 0.5, "pointwise_data": 0.25}
 
 
 def test_a_bad_ratio_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
@@ -108,6 +114,9 @@ def test_which_convolutions_run_on_cudnn():
     assert cudnn.workspace_bytes("forward", [8, 32, 10, 10], [64, 32, 1, 1], [8, 64, 10, 10], 1, 4, ratios) == 0
     assert cudnn.workspace_bytes("backward filter", [8, 32, 10, 10], [64, 32, 1, 1], [8, 64, 10, 10], 1, 4,
                                  ratios) == 0
+    # an image stem (at most 4 input channels) asks for none
+    assert cudnn.workspace_bytes("forward", [8, 3, 10, 10], [64, 3, 7, 7], [8, 64, 5, 5], 1, 4, ratios) == 0
+    assert cudnn.workspace_bytes("forward", [8, 5, 10, 10], [64, 5, 3, 3], [8, 64, 5, 5], 1, 4, ratios) == 8 * 64 * 25
     # fp32 depthwise runs PyTorch's kernel: no workspace whatever the ratios
     assert cudnn.workspace_bytes("forward", [8, 32, 10, 10], [32, 1, 3, 3], [8, 32, 10, 10], 32, 4, 5.0) == 0
 
@@ -140,7 +149,7 @@ def test_rescaling_a_capture_sets_every_workspace_to_the_new_ratio(captured):
     rescaled = rescale_workspaces(trace, cudnn.WorkspaceRatios(2.0, 3.0))
     assert rescaled.meta.version_hints["cudnn_workspace_ratios"] == {"kernel": 2.0, "pointwise_data": 3.0}
     assert trace.meta.version_hints["cudnn_workspace_ratios"]["kernel"] == 0.5    # the capture is left as it was
-    new_sizes = [2 * OUT_BYTES, 3 * POINTWISE_GRAD_BYTES, 2 * OUT_BYTES]
+    new_sizes = [2 * OUT_BYTES, 3 * POINTWISE_GRAD_BYTES, 2 * OUT_BYTES, 2 * OUT_BYTES]
     assert [size for _i, _a, size, _p in _workspace_events(rescaled)] == new_sizes
     events = rescaled.events
     for (_i, alloc_id, _size, _p), size in zip(_workspace_events(rescaled), new_sizes):   # the frees too
@@ -149,9 +158,10 @@ def test_rescaling_a_capture_sets_every_workspace_to_the_new_ratio(captured):
     only_pointwise = rescale_workspaces(trace, cudnn.WorkspaceRatios(0.0, 1.0))
     assert [size for _i, _a, size, _p in _workspace_events(only_pointwise)] == [POINTWISE_GRAD_BYTES]
     none = rescale_workspaces(trace, 0.0)
-    # three requests, each with its free requested and completed
-    assert _workspace_events(none) == [] and len(none.events) == len(trace.events) - 9
-    kept = trace.events[trace.events["kind"] == EventKind.ALLOC]["size_bytes"].sum() - OUT_BYTES - POINTWISE_GRAD_BYTES // 2
+    # four requests, each with its free requested and completed
+    assert _workspace_events(none) == [] and len(none.events) == len(trace.events) - 12
+    workspaces = 3 * OUT_BYTES // 2 + POINTWISE_GRAD_BYTES // 4
+    kept = trace.events[trace.events["kind"] == EventKind.ALLOC]["size_bytes"].sum() - workspaces
     assert none.events[none.events["kind"] == EventKind.ALLOC]["size_bytes"].sum() == kept
 
 

@@ -91,10 +91,13 @@ def test_library_bytes_is_what_the_anova_calibration_wrote():
     assert LIBRARY_BYTES_CALIBRATED == calibration["library_bytes"] == max(0, calibration["fitted_bytes"])
     from allocsim.torch_capture import cudnn
 
-    assert cudnn.WORKSPACE_RATIO_CALIBRATED == calibration["cudnn_workspace_ratio"]
-    best = min(calibration["trials"], key=lambda t: (round(t["mean_error"], 3), t["ratio"]))
-    assert best["ratio"] == calibration["cudnn_workspace_ratio"]
-    assert [t["ratio"] for t in calibration["trials"]] == list(xmem.RATIOS)
+    fitted = calibration["cudnn_workspace_ratios"]
+    assert cudnn.WORKSPACE_RATIOS_CALIBRATED == (fitted["kernel"], fitted["pointwise_data"])
+    best = min(calibration["trials"],
+               key=lambda t: (round(t["mean_error"], 3), t["ratios"][0] + t["ratios"][1], t["ratios"]))
+    assert best["ratios"] == [fitted["kernel"], fitted["pointwise_data"]]
+    assert [tuple(t["ratios"]) for t in calibration["trials"]] == [
+        (k, p) for k in xmem.KERNEL_RATIOS for p in xmem.POINTWISE_DATA_RATIOS]
     calibrated = {row["folder"] for row in calibration["rows"]}
     assert calibrated == {r["folder"] for r in xmem.load_rows("calibrate")}
     assert all(folder.startswith("001-Anova/") for folder in calibrated)

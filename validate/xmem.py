@@ -6,13 +6,15 @@ runs ``validate/xmem_train.py`` (xMem's training loop, ``cuda`` hard-coded) on t
 prediction is ``gpu_estimate.total_bytes`` less the CUDA context, which xMem's ground truth leaves out.
 Errors are |predicted - ground| / ground; a false "fits" is a prediction at or below ground - 5%.
 
-Captures are taken with cuDNN workspaces of ratio 1 (each as large as its convolution's larger
-feature map, see ``allocsim.torch_capture.cudnn``) and ``rescale_workspaces`` sets the ratio in force
-before the replay, so one capture serves every ratio. ``--calibrate`` fits, on the ``calibrate`` rows
-only (xMem's 001-Anova set), first the workspace ratio (the one of ``RATIOS`` with the least mean
-absolute error), then ``library_bytes`` (memory a CPU run cannot see: loaded kernels) as the median
-of ground - reserved peak - cuBLAS workspaces, and writes ``validate/xmem_calibration.json``; the ``check`` rows
-(002-Monte Carlo) are only ever compared. Captures are kept in ``--work`` and reused.
+Captures are taken with both cuDNN workspace ratios at 1 (see ``allocsim.torch_capture.cudnn``: a
+larger kernel's workspace as large as its larger feature map, a 1x1 backward-data one as large as
+the gradient it computes) and ``rescale_workspaces`` sets the ratios in force before the replay, so
+one capture serves every pair. ``--calibrate`` fits, on the ``calibrate`` rows only (xMem's 001-Anova
+set), first the two ratios (the pair of ``KERNEL_RATIOS`` x ``POINTWISE_DATA_RATIOS`` with the least
+mean absolute error, each pair replayed in this process), then ``library_bytes`` (memory a CPU run
+cannot see: loaded kernels) as the median of ground - reserved peak - cuBLAS workspaces, and writes
+``validate/xmem_calibration.json``; the ``check`` rows (002-Monte Carlo) are only ever compared.
+Captures are kept in ``--work`` and reused.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ ROWS_PATH = os.path.join(HERE, "xmem_rows.json")
 CALIBRATION_PATH = os.path.join(HERE, "xmem_calibration.json")
 TRAIN_SCRIPT = os.path.join(HERE, "xmem_train.py")
 FALSE_FIT_MARGIN = 0.05
-#: Workspace ratios --calibrate tries (0: no cuDNN workspaces).
-RATIOS = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0)
+#: Ratios --calibrate tries for kernels larger than 1x1 (0: no such workspaces) ...
+KERNEL_RATIOS = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0)
+#: ... and, with each, for 1x1 backward data (the Kineto step shows 0 or 1 times the gradient).
+POINTWISE_DATA_RATIOS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 
 
 def load_rows(which: str) -> list[dict[str, Any]]:
@@ -55,8 +59,8 @@ def capture(row: dict[str, Any], work: str) -> tuple[str, float]:
     t0 = time.perf_counter()
     argv = [sys.executable, "-m", "allocsim", "capture", "-o", path, "--",
             sys.executable, TRAIN_SCRIPT, row["model"], row["optimiser"], str(row["batch"])]
-    # Captured with workspaces of ratio 1 (the feature map's bytes): rescale_workspaces sets any
-    # ratio afterwards, so fitting the ratio needs no second capture.
+    # Captured with both workspace ratios at 1: rescale_workspaces sets any pair afterwards, so
+    # fitting the ratios needs no second capture.
     env = dict(os.environ, ALLOCSIM_CUDNN_WORKSPACE_RATIO="1")
     done = subprocess.run(argv, capture_output=True, text=True, env=env)
     if done.returncode != 0:
@@ -64,13 +68,17 @@ def capture(row: dict[str, Any], work: str) -> tuple[str, float]:
     return path, time.perf_counter() - t0
 
 
-def rescale_workspaces(trace: Any, ratio: float) -> Any:
-    """``trace`` (captured with ratio 1) with every cuDNN workspace resized to ``ratio``; ratio 0 drops them."""
+def rescale_workspaces(trace: Any, ratios: Any) -> Any:
+    """``trace`` (captured at ratios 1,1) with every cuDNN workspace resized to ``ratios``; a size of 0 drops it.
+
+    ``ratios`` is a ``cudnn.WorkspaceRatios`` or one number for both.
+    """
     import numpy as np   # noqa: PLC0415
 
     from allocsim.torch_capture import cudnn   # noqa: PLC0415
     from allocsim.trace.schema import EventKind   # noqa: PLC0415
 
+    ratios = as_ratios(ratios)
     events = trace.events
     kind = events["kind"].to_numpy()
     stack = events["stack_id"].to_numpy()
@@ -80,8 +88,8 @@ def rescale_workspaces(trace: Any, ratio: float) -> Any:
         frames = trace.stack(int(sid))
         parsed = cudnn.parse_label(frames[0][2]) if frames else None
         if parsed is not None:
-            _phase, x, w, y, groups, dtype_bytes = parsed
-            new_size[int(sid)] = cudnn.workspace_bytes(x, w, y, groups, dtype_bytes, ratio)
+            phase, x, w, y, groups, dtype_bytes = parsed
+            new_size[int(sid)] = cudnn.workspace_bytes(phase, x, w, y, groups, dtype_bytes, ratios)
     is_ws = (kind == EventKind.ALLOC) & np.isin(stack, list(new_size))
     alloc_ids = events["alloc_id"].to_numpy()
     resized = {int(alloc_ids[i]): new_size[int(stack[i])] for i in np.flatnonzero(is_ws)}
@@ -94,18 +102,29 @@ def rescale_workspaces(trace: Any, ratio: float) -> Any:
     if dropped:
         events = events[~events["alloc_id"].isin(dropped) | (events["kind"] == EventKind.MARKER)]
     # A capture has no recorded decisions or totals that point at event indices, so rows can go.
-    meta = dataclasses.replace(trace.meta, version_hints={**trace.meta.version_hints, "cudnn_workspace_ratio": ratio},
-                               notes=[*trace.meta.notes, f"cuDNN workspaces rescaled to ratio {ratio:g}"])
+    meta = dataclasses.replace(trace.meta,
+                               version_hints={**trace.meta.version_hints, "cudnn_workspace_ratios": ratios._asdict()},
+                               notes=[*trace.meta.notes, f"cuDNN workspaces rescaled to ratios {ratios}"])
     return dataclasses.replace(trace, events=events.reset_index(drop=True), meta=meta)
 
 
-def rescaled_path(path: str, ratio: float) -> str:
-    """The trace of ``path`` with workspaces at ``ratio``, written beside it once and reused."""
-    out = path.replace(".parquet", f".ws{ratio:g}.parquet")
+def as_ratios(ratios: Any) -> Any:
+    """``ratios`` as a ``cudnn.WorkspaceRatios`` (one number: both ratios)."""
+    from allocsim.torch_capture import cudnn   # noqa: PLC0415
+
+    if isinstance(ratios, cudnn.WorkspaceRatios):
+        return ratios
+    return cudnn.WorkspaceRatios(float(ratios), float(ratios))
+
+
+def rescaled_path(path: str, ratios: Any) -> str:
+    """The trace of ``path`` with workspaces at ``ratios``, written beside it once and reused."""
+    ratios = as_ratios(ratios)
+    out = path.replace(".parquet", f".ws{ratios.kernel:g}_{ratios.pointwise_data:g}.parquet")
     if not os.path.exists(out):
         from allocsim.trace import read_trace, write_trace   # noqa: PLC0415
 
-        write_trace(rescale_workspaces(read_trace(path), ratio), out)
+        write_trace(rescale_workspaces(read_trace(path), ratios), out)
     return out
 
 
@@ -121,17 +140,17 @@ def replay(path: str, gpu: str) -> tuple[dict[str, Any], float]:
 
 
 def evaluate(rows: list[dict[str, Any]], work: str, gpu: str, jobs: int,
-             ratio: float | None = None) -> list[dict[str, Any]]:
-    """Capture and replay every row (``jobs`` captures at a time) at workspace ``ratio`` (default: calibrated)."""
+             ratios: Any = None) -> list[dict[str, Any]]:
+    """Capture and replay every row (``jobs`` captures at a time) at workspace ``ratios`` (default: calibrated)."""
     from allocsim.torch_capture import cudnn   # noqa: PLC0415
 
     os.makedirs(work, exist_ok=True)
-    ratio = cudnn.WORKSPACE_RATIO_CALIBRATED if ratio is None else ratio
+    ratios = cudnn.WORKSPACE_RATIOS_CALIBRATED if ratios is None else as_ratios(ratios)
 
     def one(row):
         path, capture_s = capture(row, work)
         t0 = time.perf_counter()
-        path = rescaled_path(path, ratio)
+        path = rescaled_path(path, ratios)
         capture_s += time.perf_counter() - t0
         estimate, run_s = replay(path, gpu)
         predicted = estimate["total_bytes"] - estimate["context_bytes"]
@@ -142,11 +161,40 @@ def evaluate(rows: list[dict[str, Any]], work: str, gpu: str, jobs: int,
                 "xmem_error": abs(row["xmem_bytes"] - ground) / ground,
                 "allocsim_false_fit": predicted <= ground * (1 - FALSE_FIT_MARGIN),
                 "xmem_false_fit": row["xmem_bytes"] <= ground * (1 - FALSE_FIT_MARGIN),
-                "cudnn_workspace_ratio": ratio,
+                "cudnn_workspace_ratios": list(ratios),
                 "capture_s": round(capture_s, 1), "run_s": round(run_s, 1)}
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return list(pool.map(one, rows))
+
+
+def replay_in_process(trace: Any, gpu: str) -> dict[str, int]:
+    """What ``run --gpu --fast`` reports of ``trace``, replayed here: reserved and allocated peaks."""
+    from allocsim.gpus import allocator_capacity, find_gpu   # noqa: PLC0415
+    from allocsim.runner import check_capacity, resolve_capacity, simulate_trace   # noqa: PLC0415
+
+    capacity = resolve_capacity(trace, allocator_capacity(find_gpu(gpu)))
+    check_capacity(trace, capacity)
+    summary = simulate_trace(trace, "pytorch", {}, capacity=capacity, fast=True).summary
+    return {"reserved_peak_bytes": int(summary["peak_reserved_bytes"] or 0),
+            "allocated_peak_bytes": int(summary["peak_allocated_bytes"] or 0),
+            "completed": bool(summary["completed"])}
+
+
+def _row_grid(path: str, gpu: str) -> dict[tuple[float, float], dict[str, int]]:
+    """Every ratio pair of the grid replayed on one row's capture (in a worker process)."""
+    from allocsim.trace import read_trace   # noqa: PLC0415
+
+    trace = read_trace(path)
+    return {(k, p): replay_in_process(rescale_workspaces(trace, as_ratios_pair(k, p)), gpu)
+            for k in KERNEL_RATIOS for p in POINTWISE_DATA_RATIOS}
+
+
+def as_ratios_pair(kernel: float, pointwise_data: float) -> Any:
+    """``cudnn.WorkspaceRatios(kernel, pointwise_data)``."""
+    from allocsim.torch_capture import cudnn   # noqa: PLC0415
+
+    return cudnn.WorkspaceRatios(float(kernel), float(pointwise_data))
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -171,31 +219,95 @@ def library_fit(results: list[dict[str, Any]]) -> tuple[int, int, list[int]]:
 
 
 def calibrate(rows: list[dict[str, Any]], work: str, gpu: str, jobs: int) -> dict[str, Any]:
-    """Fit the workspace ratio, then ``library_bytes``, on ``rows`` (the calibrate set only)."""
+    """Fit the two workspace ratios, then ``library_bytes``, on ``rows`` (the calibrate set only)."""
+    from concurrent.futures import ProcessPoolExecutor   # noqa: PLC0415
+
+    from allocsim.gpus import find_gpu, workspace_bytes   # noqa: PLC0415
+
+    os.makedirs(work, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        paths = [path for path, _s in pool.map(lambda r: capture(r, work), rows)]
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        grids = list(pool.map(_row_grid, paths, [gpu] * len(paths)))
+    cublas = workspace_bytes(find_gpu(gpu))
     trials = []
-    for ratio in RATIOS:
-        results = evaluate(rows, work, gpu, jobs, ratio)
+    for pair in grids[0]:
+        results = [{**row, **grid[pair], "workspace_bytes": cublas} for row, grid in zip(rows, grids)]
         _fitted, library, _gaps = library_fit(results)
-        errors = [abs(r["reserved_peak_bytes"] + r["workspace_bytes"] + library - r["ground_bytes"])
-                  / r["ground_bytes"] for r in results]
-        trials.append({"ratio": ratio, "library_bytes": library, "median_error": statistics.median(errors),
+        errors = [abs(r["reserved_peak_bytes"] + cublas + library - r["ground_bytes"]) / r["ground_bytes"]
+                  for r in results]
+        trials.append({"ratios": pair, "library_bytes": library, "median_error": statistics.median(errors),
                        "mean_error": statistics.fmean(errors), "errors": errors, "results": results})
     # Least mean error: every calibration row counts (a median of few rows is decided by one of them,
     # and the rows a workspace changes are the ones a median leaves out). Ties (to 0.1 %) go to the
-    # smaller ratio: less memory than the evidence demands is not added.
-    best = min(trials, key=lambda t: (round(t["mean_error"], 3), t["ratio"]))
+    # smaller ratios: less memory than the evidence demands is not added.
+    best = min(trials, key=lambda t: (round(t["mean_error"], 3), t["ratios"][0] + t["ratios"][1], t["ratios"]))
     fitted, library, gaps = library_fit(best["results"])
-    return {"cudnn_workspace_ratio": best["ratio"], "fitted_bytes": fitted, "library_bytes": library,
-            "about": "fitted on xMem 001-Anova rows (RTX 3060) only: the cuDNN workspace ratio of RATIOS with the "
-                     "least mean absolute error (allocsim.torch_capture.cudnn.WORKSPACE_RATIO_CALIBRATED holds it), "
-                     "then "
-                     "the median of ground - allocsim reserved peak - cuBLAS workspaces (fitted_bytes), floored at "
-                     "0 (library_bytes; allocsim.gpus.LIBRARY_BYTES_CALIBRATED holds it)",
-            "trials": [{"ratio": t["ratio"], "library_bytes": t["library_bytes"],
+    return {"cudnn_workspace_ratios": {"kernel": best["ratios"][0], "pointwise_data": best["ratios"][1]},
+            "fitted_bytes": fitted, "library_bytes": library,
+            "about": "fitted on xMem 001-Anova rows (RTX 3060) only: the pair of cuDNN workspace ratios (kernels "
+                     "larger than 1x1, 1x1 backward data) of KERNEL_RATIOS x POINTWISE_DATA_RATIOS with the least "
+                     "mean absolute error (allocsim.torch_capture.cudnn.WORKSPACE_RATIOS_CALIBRATED holds it), "
+                     "then the median of ground - allocsim reserved peak - cuBLAS workspaces (fitted_bytes), "
+                     "floored at 0 (library_bytes; allocsim.gpus.LIBRARY_BYTES_CALIBRATED holds it)",
+            "trials": [{"ratios": list(t["ratios"]), "library_bytes": t["library_bytes"],
                         "median_error": round(t["median_error"], 4), "mean_error": round(t["mean_error"], 4),
-                        "errors": [round(e, 4) for e in t["errors"]]} for t in trials],
-            "rows": [{"folder": r["folder"], "reserved_peak_bytes": r["reserved_peak_bytes"], "gap_bytes": g}
+                        "errors": [round(e, 4) for e in t["errors"]],
+                        "reserved_peak_bytes": [r["reserved_peak_bytes"] for r in t["results"]]} for t in trials],
+            "rows": [{"folder": r["folder"], "reserved_peak_bytes": r["reserved_peak_bytes"],
+                      "allocated_peak_bytes": r["allocated_peak_bytes"], "gap_bytes": g}
                      for r, g in zip(best["results"], gaps)]}
+
+
+def breakdown(rows: list[dict[str, Any]], work: str, gpu: str, jobs: int, ratios: Any = None) -> list[dict[str, Any]]:
+    """Each row's gap, part by part: what the workspaces add to the simulated reserved peak and what stays missing.
+
+    Replayed in this process: the reserved and allocated peaks without cuDNN workspaces and with
+    ``ratios`` (default: calibrated), the cuBLAS workspaces and ``library_bytes`` of the GPU model,
+    and ``gap_bytes`` = ground - prediction (positive: allocsim under-predicts).
+    """
+    from allocsim.gpus import find_gpu, workspace_bytes   # noqa: PLC0415
+    from allocsim.torch_capture import cudnn   # noqa: PLC0415
+    from allocsim.trace import read_trace   # noqa: PLC0415
+
+    ratios = cudnn.WORKSPACE_RATIOS_CALIBRATED if ratios is None else as_ratios(ratios)
+    model = find_gpu(gpu)
+    cublas, library = workspace_bytes(model), model.library_bytes
+    os.makedirs(work, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        paths = [path for path, _s in pool.map(lambda r: capture(r, work), rows)]
+    out = []
+    for row, path in zip(rows, paths):
+        trace = read_trace(path)
+        bare = replay_in_process(rescale_workspaces(trace, 0.0), gpu)
+        with_ws = replay_in_process(rescale_workspaces(trace, ratios), gpu)
+        predicted = with_ws["reserved_peak_bytes"] + cublas + library
+        out.append({"model": row["model"], "optimiser": row["optimiser"], "batch": row["batch"], "set": row["set"],
+                    "ground_bytes": row["ground_bytes"], "xmem_bytes": row["xmem_bytes"],
+                    "allocated_peak_bytes": bare["allocated_peak_bytes"],
+                    "reserved_peak_no_workspace_bytes": bare["reserved_peak_bytes"],
+                    "reserved_peak_bytes": with_ws["reserved_peak_bytes"],
+                    "cudnn_workspace_effect_bytes": with_ws["reserved_peak_bytes"] - bare["reserved_peak_bytes"],
+                    "cublas_workspace_bytes": cublas, "library_bytes": library, "allocsim_bytes": predicted,
+                    "gap_bytes": row["ground_bytes"] - predicted, "cudnn_workspace_ratios": list(ratios)})
+    return out
+
+
+def format_breakdown(rows: list[dict[str, Any]]) -> str:
+    """The breakdown as a table in MiB."""
+    def mib(value):
+        return f"{value / (1 << 20):,.0f}"
+
+    lines = ["| set | model | optimiser | batch | ground | allocated peak | reserved, no cuDNN ws | cuDNN ws effect | "
+             "cuBLAS + libraries | allocsim | gap (ground - allocsim) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['set']} | {r['model']} | {r['optimiser']} | {r['batch']} | {mib(r['ground_bytes'])} | "
+                     f"{mib(r['allocated_peak_bytes'])} | {mib(r['reserved_peak_no_workspace_bytes'])} | "
+                     f"{r['cudnn_workspace_effect_bytes'] / (1 << 20):+,.0f} | "
+                     f"{mib(r['cublas_workspace_bytes'] + r['library_bytes'])} | {mib(r['allocsim_bytes'])} | "
+                     f"{r['gap_bytes'] / (1 << 20):+,.0f} ({r['gap_bytes'] / r['ground_bytes']:+.1%}) |")
+    return "\n".join(lines) + "\n(MiB; cuDNN workspace ratios " + (
+        ",".join(f"{v:g}" for v in rows[0]["cudnn_workspace_ratios"]) if rows else "-") + ")"
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
@@ -212,6 +324,6 @@ def format_table(results: list[dict[str, Any]]) -> str:
     s = summarize(results)
     lines.append(f"\nmedian error: allocsim {s['allocsim_median_error']:.1%}, xMem {s['xmem_median_error']:.1%}; "
                  f"false fits (predicted <= ground - 5%): allocsim {s['allocsim_false_fits']:.0%}, "
-                 f"xMem {s['xmem_false_fits']:.0%} ({s['rows']} rows); cuDNN workspace ratio "
-                 f"{results[0].get('cudnn_workspace_ratio', 0) if results else 0:g}")
+                 f"xMem {s['xmem_false_fits']:.0%} ({s['rows']} rows); cuDNN workspace ratios "
+                 f"{','.join(f'{r:g}' for r in results[0]['cudnn_workspace_ratios']) if results else '-'}")
     return "\n".join(lines)

@@ -15,11 +15,15 @@ def register(subparsers) -> None:
     parser.add_argument("--set", choices=("check", "calibrate", "all"), default="check",
                         help="rows to evaluate (default: check, xMem's 002-Monte Carlo rows)")
     parser.add_argument("--calibrate", action="store_true",
-                        help="fit the cuDNN workspace ratio and library_bytes on the calibrate rows and write "
+                        help="fit the two cuDNN workspace ratios and library_bytes on the calibrate rows and write "
                              "validate/xmem_calibration.json")
-    parser.add_argument("--workspace-ratio", type=float, default=None, metavar="R",
-                        help="evaluate with cuDNN workspaces at ratio R of the feature map (default: the calibrated "
-                             "one; 0: none)")
+    parser.add_argument("--workspace-ratio", default=None, metavar="R[,P]",
+                        help="evaluate with cuDNN workspaces at ratio R of the feature map for kernels larger than "
+                             "1x1 and P of the gradient for 1x1 backward data (R alone: both; default: the "
+                             "calibrated ones; 0: none)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="per row: allocated and reserved peaks without cuDNN workspaces, what the workspaces "
+                             "add, and the gap left to the ground truth (replayed in this process)")
     parser.add_argument("--work", default="xmem-work", metavar="DIR", help="where captures are kept and reused")
     parser.add_argument("--jobs", type=int, default=2, help="captures at a time (default 2)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -28,23 +32,36 @@ def register(subparsers) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Evaluate (or calibrate) and print the table."""
-    if args.workspace_ratio is not None and not 0 <= args.workspace_ratio <= 100:
-        print(f"validate xmem: error: --workspace-ratio must be in [0, 100], got {args.workspace_ratio}")
-        return 2
+    ratios = None
+    if args.workspace_ratio is not None:
+        try:
+            values = [float(v) for v in args.workspace_ratio.split(",")]
+            if len(values) > 2 or not all(0 <= v <= 100 for v in values):
+                raise ValueError
+        except ValueError:
+            print(f"validate xmem: error: --workspace-ratio must be R or R,P with numbers in [0, 100], "
+                  f"got {args.workspace_ratio!r}")
+            return 2
+        ratios = xmem.as_ratios_pair(values[0], values[-1])
     rows = xmem.load_rows("calibrate" if args.calibrate else args.set)
     if args.calibrate:
         fitted = xmem.calibrate(rows, args.work, "RTX 3060", args.jobs)
         with open(xmem.CALIBRATION_PATH, "w", encoding="utf-8") as fh:
             json.dump(fitted, fh, indent=1)
-        print(f"cudnn_workspace_ratio = {fitted['cudnn_workspace_ratio']:g}, library_bytes = "
+        best = fitted["cudnn_workspace_ratios"]
+        print(f"cudnn_workspace_ratios = {best['kernel']:g},{best['pointwise_data']:g}, library_bytes = "
               f"{fitted['library_bytes']} (written to {xmem.CALIBRATION_PATH}; put them in "
               "allocsim.torch_capture.cudnn and allocsim.gpus)")
-        for trial in fitted["trials"]:
-            print(f"  ratio {trial['ratio']:g}: mean error {trial['mean_error']:.1%}, median "
-                  f"{trial['median_error']:.1%}, library_bytes {trial['library_bytes']}, errors "
+        for trial in sorted(fitted["trials"], key=lambda t: t["mean_error"])[:10]:
+            print(f"  ratios {trial['ratios'][0]:g},{trial['ratios'][1]:g}: mean error {trial['mean_error']:.1%}, "
+                  f"median {trial['median_error']:.1%}, library_bytes {trial['library_bytes']}, errors "
                   + ", ".join(f"{e:.1%}" for e in trial["errors"]))
         return 0
-    results = xmem.evaluate(rows, args.work, "RTX 3060", args.jobs, args.workspace_ratio)
+    if args.breakdown:
+        parts = xmem.breakdown(rows, args.work, "RTX 3060", args.jobs, ratios)
+        print(json.dumps(parts, indent=1) if args.json else xmem.format_breakdown(parts))
+        return 0
+    results = xmem.evaluate(rows, args.work, "RTX 3060", args.jobs, ratios)
     if args.json:
         print(json.dumps({"results": results, "summary": xmem.summarize(results)}, indent=1))
     else:

@@ -29,6 +29,12 @@ ratios, one per kind of call whose real workspaces have a different shape
   the 36 such calls take a workspace of exactly those bytes (1.00 times, to the MiB) and the others none.
 * every other 1x1 phase asks for none: the 36 forward 1x1 calls take at most 0.5% of their feature
   map; backward-filter calls of 1x1 kernels take at most 0.41 times it and most none.
+* a convolution over at most ``STEM_MAX_CHANNELS`` input channels (groups 1: the stem that reads
+  the image) asks for none: the Kineto step's stem (3 channels, 7x7) takes 0.6% of its feature map
+  forward and none in backward filter. Under the flat ratio it would take the largest workspace of
+  the step, first of all, and that one early segment, reused by the activations that follow,
+  changes the simulated fragmentation more than any other request (``python -m validate xmem
+  --breakdown``).
 
 Both ratios are fitted on xMem's 001-Anova RTX 3060 runs only (``validate/xmem_calibration.json``,
 ``python -m validate xmem --calibrate``).
@@ -55,6 +61,8 @@ class WorkspaceRatios(NamedTuple):
 
 #: Fitted on xMem's 001-Anova rows (RTX 3060, sm86); validate/xmem_calibration.json has the fit.
 WORKSPACE_RATIOS_CALIBRATED = WorkspaceRatios(4.0, 0.0)
+#: A convolution over this many input channels or fewer (groups 1) is an image stem: no workspace.
+STEM_MAX_CHANNELS = 4
 #: The phases of one convolution in a training step, in the order the CUDA run allocates them.
 PHASES = ("forward", "backward data", "backward filter")
 #: Frame name of a workspace request: the phase and the convolution's shapes, parseable again.
@@ -114,6 +122,8 @@ def workspace_bytes(phase: str, x_shape: Sequence[int], w_shape: Sequence[int], 
     if not isinstance(ratios, WorkspaceRatios):
         ratios = WorkspaceRatios(float(ratios), float(ratios))
     if not runs_on_cudnn(x_shape, w_shape, groups, dtype_bytes):
+        return 0
+    if int(groups) == 1 and int(w_shape[1]) <= STEM_MAX_CHANNELS:
         return 0
     if _numel(w_shape[2:]) <= 1:
         if phase != "backward data":
