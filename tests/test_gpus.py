@@ -110,3 +110,34 @@ def test_summary_counts_false_fits_at_five_percent_under():
     summary = xmem.summarize(rows)
     assert summary["allocsim_median_error"] == 0.02 and summary["xmem_median_error"] == 0.04
     assert summary["allocsim_false_fits"] == pytest.approx(1 / 3) and summary["xmem_false_fits"] == 1.0
+
+
+@pytest.mark.full
+def test_the_calibration_replays_what_run_gpu_reports(tmp_path):
+    """--calibrate replays in process: its peaks must be the ones ``run --gpu --fast`` reports for the same trace."""
+    from allocsim.trace import read_trace
+
+    builder = TraceBuilder("t", "test")
+    sizes = [30 * MiB, 50 * MiB, 30 * MiB, 70 * MiB, 3 * MiB]
+    for i, size in enumerate(sizes):
+        builder.alloc(2 * i, 2 * i, 0, 0, 0x1000 + i * (1 << 34), size)
+    builder.free(20, 20, 0, 0, 0x1000 + 1 * (1 << 34))          # a 50 MiB hole the 70 MiB request cannot use
+    builder.alloc(21, 21, 0, 0, 0x1000 + 9 * (1 << 34), 60 * MiB)
+    path = tmp_path / "frag.parquet"
+    write_trace(builder.finish(), str(path))
+    mine = xmem.replay_in_process(read_trace(str(path)), "RTX 3060")
+    done = _run("run", str(path), "--policy", "pytorch", "--fast", "--json", "--gpu", "RTX 3060", "--sites", "0")
+    summary = json.loads(done.stdout)
+    assert done.returncode == 0
+    assert mine["reserved_peak_bytes"] == summary["gpu_estimate"]["reserved_peak_bytes"] > sum(sizes)
+    assert mine["allocated_peak_bytes"] == summary["peak_allocated_bytes"]
+
+
+def test_breakdown_table_says_each_part_in_mib():
+    row = {"set": "calibrate", "model": "M", "optimiser": "SGD", "batch": 8, "ground_bytes": 1000 * MiB,
+           "allocated_peak_bytes": 700 * MiB, "reserved_peak_no_workspace_bytes": 900 * MiB,
+           "cudnn_workspace_effect_bytes": -50 * MiB, "cublas_workspace_bytes": 20 * MiB, "library_bytes": 0,
+           "allocsim_bytes": 870 * MiB, "gap_bytes": 130 * MiB, "cudnn_workspace_ratios": [4.0, 0.0]}
+    lines = xmem.format_breakdown([row]).splitlines()
+    assert lines[2] == "| calibrate | M | SGD | 8 | 1,000 | 700 | 900 | -50 | 20 | 870 | +130 (+13.0%) |"
+    assert lines[-1] == "(MiB; cuDNN workspace ratios 4,0)"
