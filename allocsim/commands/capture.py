@@ -30,8 +30,9 @@ def register(subparsers) -> None:
                     "the allocations its CUDA run would make. Example: allocsim capture -o run.parquet "
                     "--steps 4 -- python train.py --batch 64",
         epilog="cuDNN's convolution workspaces are requests in the trace, sized by a model calibrated on an RTX "
-               "3060 (allocsim.torch_capture.cudnn); ALLOCSIM_CUDNN_WORKSPACE_RATIO=R sets another ratio of the "
-               "feature map (0: none). "
+               "3060 (allocsim.torch_capture.cudnn); ALLOCSIM_CUDNN_WORKSPACE_RATIO=R or R,P sets other ratios (R: "
+               "of the larger feature map for kernels larger than 1x1, P: of the gradient for 1x1 backward data; R "
+               "alone sets both; 0: none). "
                "Exit status: 0 = trace written, 2 = usage error, 3 = the script raised (the trace up to the "
                "error is written)")
     parser.add_argument("-o", "--output", metavar="TRACE",
