@@ -141,3 +141,16 @@ def test_breakdown_table_says_each_part_in_mib():
     lines = xmem.format_breakdown([row]).splitlines()
     assert lines[2] == "| calibrate | M | SGD | 8 | 1,000 | 700 | 900 | -50 | 20 | 870 | +130 (+13.0%) |"
     assert lines[-1] == "(MiB; cuDNN workspace ratios 4,0)"
+
+
+def test_rerun_peaks_take_the_candidate_nearer_the_ground_and_skip_out_of_memory():
+    row = {"ground_bytes": 2_000_000_000, "reruns": [
+        {"tool": "a", "estimate_bytes": 1_900_000_000, "oom": False, "error": 0.05},    # 1.8 or 2.0 GB
+        {"tool": "b", "estimate_bytes": 3_000_000_000, "oom": False, "error": 0.6},     # 1.8 or 4.2 GB
+        {"tool": "c", "estimate_bytes": 1_000_000_000, "oom": True, "error": None}]}
+    found = xmem.rerun_peaks(row, total_bytes=10_000_000_000)
+    assert [(r["tool"], r["peak_bytes"], r["binding"]) for r in found] == [("a", 2_000_000_000, True),
+                                                                           ("b", 1_800_000_000, False)]
+    assert found[0]["cap_bytes"] == 1_900_000_000 and found[1]["vs_ground"] == pytest.approx(-0.1)
+    calibrate = xmem.load_rows("calibrate")
+    assert all(row.get("reruns") for row in calibrate) and not any("reruns" in r for r in xmem.load_rows("check"))

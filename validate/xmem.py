@@ -310,6 +310,40 @@ def format_breakdown(rows: list[dict[str, Any]]) -> str:
         ",".join(f"{v:g}" for v in rows[0]["cudnn_workspace_ratios"]) if rows else "-") + ")"
 
 
+def rerun_peaks(row: dict[str, Any], total_bytes: int = 12622168064) -> list[dict[str, Any]]:
+    """What xMem's reruns of ``row`` peaked at: one entry per rerun that did not run out of memory.
+
+    A rerun caps the allocator at ``round(estimate / total_bytes, 2)`` of the GPU and records
+    ``error`` = |rerun peak - estimate| / ground, so its peak is estimate +- error x ground; the
+    entry keeps the candidate nearer the ground truth (the smaller disagreement, a lower bound).
+    ``binding`` says whether the cap was below the ground truth (then the rerun had less room
+    than the ground run and may peak lower for that alone).
+    """
+    ground = row["ground_bytes"]
+    out = []
+    for rerun in row.get("reruns", []):
+        if rerun["oom"] or rerun["error"] is None:
+            continue
+        cap = round(rerun["estimate_bytes"] / total_bytes, 2) * total_bytes
+        spread = rerun["error"] * ground
+        peak = min((rerun["estimate_bytes"] - spread, rerun["estimate_bytes"] + spread), key=lambda p: abs(p - ground))
+        out.append({"tool": rerun["tool"], "cap_bytes": int(cap), "binding": cap < ground, "peak_bytes": int(peak),
+                    "vs_ground": (peak - ground) / ground})
+    return out
+
+
+def format_reruns(rows: list[dict[str, Any]]) -> str:
+    """The reruns of the calibrate rows, one line per row: each rerun's peak against the ground truth."""
+    lines = []
+    for row in rows:
+        parts = [f"{r['tool']} cap {r['cap_bytes'] / 1e9:.3f} GB{' (binding)' if r['binding'] else ''}: "
+                 f"{r['peak_bytes'] / 1e9:.3f} GB ({r['vs_ground']:+.1%})" for r in rerun_peaks(row)]
+        if parts:
+            lines.append(f"{row['model']} {row['optimiser']} {row['batch']}: ground {row['ground_bytes'] / 1e9:.3f} GB; "
+                         + "; ".join(parts))
+    return "\n".join(lines)
+
+
 def format_table(results: list[dict[str, Any]]) -> str:
     """The README's table: one line per row, then the medians and false-fits shares."""
     def gib(value):

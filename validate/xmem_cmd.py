@@ -59,7 +59,14 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.breakdown:
         parts = xmem.breakdown(rows, args.work, "RTX 3060", args.jobs, ratios)
-        print(json.dumps(parts, indent=1) if args.json else xmem.format_breakdown(parts))
+        if args.json:
+            print(json.dumps(parts, indent=1))
+        else:
+            print(xmem.format_breakdown(parts))
+            reruns = xmem.format_reruns(rows)
+            if reruns:
+                print("\nxMem's reruns of the same configuration (nearest candidate peak, see xmem.rerun_peaks):\n"
+                      + reruns)
         return 0
     results = xmem.evaluate(rows, args.work, "RTX 3060", args.jobs, ratios)
     if args.json:
