@@ -23,7 +23,8 @@ ratios, one per kind of call whose real workspaces have a different shape
 * ``kernel``: a convolution whose kernel is larger than 1x1 (the shapes where cuDNN chooses
   Winograd, FFT-tiling or split reductions, whose workspaces grow with the feature map) asks for
   ``kernel`` times the bytes of its larger feature map (input or output) in each of its three
-  phases. In the Kineto step every forward call with a larger kernel takes one, median 4.7 times it.
+  phases. In the Kineto step every forward call with a larger kernel takes one, median 4.7 times it,
+  and each such layer takes the same bytes in its three phases (one ratio covers them).
 * ``pointwise_data``: the backward-data phase of a 1x1 convolution asks for ``pointwise_data``
   times the bytes of the gradient it computes (the convolution's input). In the Kineto step 12 of
   the 36 such calls take a workspace of exactly those bytes (1.00 times, to the MiB) and the others none.
