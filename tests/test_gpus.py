@@ -154,3 +154,12 @@ def test_rerun_peaks_take_the_candidate_nearer_the_ground_and_skip_out_of_memory
     assert found[0]["cap_bytes"] == 1_900_000_000 and found[1]["vs_ground"] == pytest.approx(-0.1)
     calibrate = xmem.load_rows("calibrate")
     assert all(row.get("reruns") for row in calibrate) and not any("reruns" in r for r in xmem.load_rows("check"))
+
+
+@pytest.mark.full
+def test_validate_xmem_refuses_bad_ratios_in_one_line():
+    for bad in ("1,2,3", "-1", "lots", "200"):
+        done = subprocess.run([sys.executable, "-m", "validate", "xmem", "--workspace-ratio", bad], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and len(done.stdout.strip().splitlines()) == 1, (bad, done.stdout, done.stderr)
+        assert "--workspace-ratio must be R or R,P" in done.stdout
