@@ -32,10 +32,9 @@ ratios, one per kind of call whose real workspaces have a different shape
   map; backward-filter calls of 1x1 kernels take at most 0.41 times it and most none.
 * a convolution over at most ``STEM_MAX_CHANNELS`` input channels (groups 1: the stem that reads
   the image) asks for none: the Kineto step's stem (3 channels, 7x7) takes 0.6% of its feature map
-  forward and none in backward filter. Under the flat ratio it would take the largest workspace of
-  the step, first of all, and that one early segment, reused by the activations that follow,
-  changes the simulated fragmentation more than any other request (``python -m validate xmem
-  --breakdown``).
+  forward and none in backward filter. Under a flat ratio it would be the first and one of the
+  largest workspaces of the step, and that early segment, reused by the activations that follow,
+  moves the simulated reserved peak by hundreds of MiB (``python -m validate xmem --breakdown``).
 
 Both ratios are fitted on xMem's 001-Anova RTX 3060 runs only (``validate/xmem_calibration.json``,
 ``python -m validate xmem --calibrate``).
