@@ -179,3 +179,42 @@ def test_bad_request_size_is_one_line(tmp_path, capsys):
     assert main(["run", path, "--policy", "pytorch", "--request", "lots"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("allocsim run: error:") and len(err.strip().splitlines()) == 1
+
+
+def _legacy(history) -> dict:
+    """A PyTorch 2.0 snapshot: blocks without address, requested_size or frames, their stack in 'history'."""
+    blocks = [{"size": 4 * MiB, "state": "active_allocated", "history": history},
+              {"size": 16 * MiB, "state": "inactive"}]
+    return {"segments": [{"device": 0, "address": BASE, "total_size": 20 * MiB, "allocated_size": 4 * MiB,
+                          "active_size": 4 * MiB, "stream": 0, "segment_type": "large", "blocks": blocks}],
+            "device_traces": [[]]}
+
+
+def test_legacy_block_history_gives_the_stack_and_requested_size(tmp_path):
+    frames = [{"filename": "/srv/app/model.py", "name": "build", "line": 12}]
+    path = write(tmp_path, _legacy([{"addr": BASE, "real_size": 4 * MiB - 24, "frames": frames}]))
+    state = state_report(read_trace(path))["devices"]["0"]
+    assert state["waste_bytes"]["rounding"] == 24
+    assert [row["site"] for row in state["sites"]["rows"] if row["count"]] == ["/srv/app/model.py:12 in build"]
+
+
+def test_malformed_legacy_history_is_one_line(tmp_path, capsys):
+    path = write(tmp_path, _legacy("not a list"))
+    assert main(["info", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "'history' is not a list" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.shared
+def test_oldest_oom_snapshot_names_the_code_sites_its_blocks_record(shared_dir):
+    # Every live block of this PyTorch 2.0 file holds its allocation stack under 'history'.
+    path = shared_dir / "traces" / "state-only-snapshots" / "Yiyi-philosophy_LLM-inference_oom_snapshot.pickle"
+    raw = load_pickle(path)
+    live = [b for s in raw["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+    recorded_site = {f"{b['history'][0]['frames'][0]['filename']}:{b['history'][0]['frames'][0]['line']} "
+                     f"in {b['history'][0]['frames'][0]['name']}" for b in live}
+    sites = state_report(read_trace(path))["devices"]["0"]["sites"]
+    assert sites["note"] is None
+    named = {row["site"]: row["bytes"] for row in sites["rows"] if row["count"] and row["frames"]}
+    assert set(named) == recorded_site
+    assert sum(named.values()) == sum(b["requested_size"] for b in live)

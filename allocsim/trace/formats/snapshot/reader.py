@@ -643,14 +643,35 @@ class _SnapshotReader:
             state = blk["state"]
             if not isinstance(state, str) or state not in _BLOCK_STATES:
                 self._bad(brec, f"unknown block state {_describe(state)}")
+            frames = blk.get("frames")
+            first = self._legacy_history(brec, blk) if "frames" not in blk and "history" in blk else None
+            if first is not None:
+                # PyTorch 2.0 kept a live block's stack in 'history' (its first entry is the allocation,
+                # as torch.cuda._memory_viz._block_extra_legacy reads it), not in 'frames'.
+                frames = first.get("frames")
             if "requested_size" in blk:
                 requested = self._check_int(brec, blk, "requested_size")
                 self._check_size(brec, requested)
+            elif first is not None and "real_size" in first:
+                requested = self._check_int(brec, first, "real_size")
+                self._check_size(brec, requested)
             else:
                 requested = bsize
-            blocks.append(_Block(baddr, bsize, requested, state, self._stack(brec, blk.get("frames"))))
+            blocks.append(_Block(baddr, bsize, requested, state, self._stack(brec, frames)))
             offset = baddr + bsize
         return _Segment(device, addr, size, stream, pool, expandable, blocks)
+
+    def _legacy_history(self, record: str, blk: dict) -> dict | None:
+        """The first entry of an old (PyTorch 2.0) block's 'history', or None when it has none."""
+        history = blk["history"]
+        if not isinstance(history, list):
+            self._bad(record, f"'history' is not a list (got {_describe(history)})")
+        if not history:
+            return None
+        first = history[0]
+        if not isinstance(first, dict):
+            self._bad(record, f"'history' entry 0 is not a dict (got {_describe(first)})")
+        return first
 
     def _parse_traces(self, raw_traces: list, has_time: bool) -> list[list[_Entry]]:
         traces: list[list[_Entry]] = []
