@@ -13,7 +13,7 @@ from allocsim.metrics.verdict import format_duration_ns, verdict
 from allocsim.trace import write_trace
 from allocsim.trace.reading.builder import TraceBuilder
 from allocsim.trace.inference.recorded import RecordedOOM, RecordedRun, set_recorded_run
-from allocsim.units import GiB, MiB
+from allocsim.units import GiB, MiB, format_bytes
 
 from .conftest import doc_quoting
 
@@ -317,3 +317,17 @@ def test_the_readme_oom_story_is_what_run_prints(shared_dir, capsys):
         assert out.strip().splitlines()[-1] == expected[2:], line
         checked += 1
     assert checked == 4
+
+
+def test_a_mismatch_that_rounds_away_shows_its_bytes(shared_dir, capsys):
+    """OWLv2 on an H100: the replay's peak allocated is 195,072 bytes over the recorded one, both 2.52 GiB."""
+    path = shared_dir / "traces" / "kineto-gpu" / "AMD-AGI_TraceLens_h100_owlv2.json.gz"
+    code, out, _ = run_cli(capsys, "run", path, "--policy", "pytorch", "--device", "0", "--fast", "--json")
+    summary = json.loads(out)
+    line = summary["reproduction"]["line"]
+    hidden = {m["metric"]: m["simulated"] - m["recorded"] for m in summary["reproduction"]["mismatches"]
+              if format_bytes(m["simulated"]) == format_bytes(m["recorded"])}
+    assert code == 0 and hidden, line
+    for metric, gap in hidden.items():
+        # A difference that rounds away says its bytes, so the line never reads "2.52 GiB vs 2.52 GiB" alone.
+        assert f"{gap:+,} bytes" in line, (metric, line)
