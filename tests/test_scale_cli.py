@@ -71,3 +71,13 @@ def test_same_value_twice_and_broken_files_exit_2(specs, tmp_path, capsys):
     assert main(["scale", specs[0], f"{broken}@3", "--to", "8", "-o", str(tmp_path / "o.parquet")]) == 2
     err = capsys.readouterr().err
     assert "broken.json.gz" in err and err.count("\n") == 1
+
+
+@pytest.mark.shared
+def test_state_only_inputs_are_refused_as_such(shared_dir, tmp_path, capsys):
+    # verl's snapshot holds 543 live blocks and no trace: nothing to align, whatever the other input.
+    verl = shared_dir / "traces" / "state-only-snapshots" / "volcengine_verl_mem.pickle"
+    assert main(["scale", f"{verl}@1", f"{verl}@2", "--to", "4", "-o", str(tmp_path / "out.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert "records the final state only, no history to scale" in err and len(err.strip().splitlines()) == 1
+    assert "_record_memory_history" in err and not (tmp_path / "out.parquet").exists()
