@@ -170,7 +170,9 @@ def _notes(s: dict[str, Any]) -> list[str]:
                      + " (--capacity SIZE overrides it)")
     oom = s.get("oom")
     if oom and not (verdict.get("line") or "").startswith("OUT OF MEMORY"):
-        lines.append(f"first OOM at event {oom['event_index']:,}: {_b(oom['requested_bytes'])} requested with "
+        # A negative index is the start state (placing what was live before the trace), as the verdict says.
+        where = "at the start state" if oom["event_index"] < 0 else f"at event {oom['event_index']:,}"
+        lines.append(f"first OOM {where}: {_b(oom['requested_bytes'])} requested with "
                      f"{_b(oom['reserved_bytes'])} reserved, {_b(oom['allocated_bytes'])} allocated"
                      + ("" if s["completed"] else "; the run stopped there"))
     return lines

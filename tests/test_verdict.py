@@ -331,3 +331,15 @@ def test_a_mismatch_that_rounds_away_shows_its_bytes(shared_dir, capsys):
     for metric, gap in hidden.items():
         # A difference that rounds away says its bytes, so the line never reads "2.52 GiB vs 2.52 GiB" alone.
         assert f"{gap:+,} bytes" in line, (metric, line)
+
+
+def test_an_oom_while_placing_the_start_state_is_said_so(shared_dir, capsys):
+    """Wedsonlin's inference snapshot starts with 1,763,704,832 bytes reserved: in 1600 MiB its start
+    allocations are placed anew and one of them fails before the first event of the trace."""
+    path = shared_dir / "traces" / "pytorch-snapshots" / "Wedsonlin__medium_128_inference_memory_snapshot.pickle"
+    code, out, _ = run_cli(capsys, "run", path, "--policy", "pytorch", "--capacity", "1600MiB", "--fast", "--json")
+    got = json.loads(out)
+    assert code == 3 and got["oom"]["event_index"] < 0 and got["start_state"] == "allocated"
+    code, out, _ = run_cli(capsys, "run", path, "--policy", "pytorch", "--capacity", "1600MiB", "--fast")
+    assert "event -1" not in out and "first OOM at the start state" in out
+    assert "request has no recorded frames" in out and "came from unattributed" not in out
