@@ -766,7 +766,7 @@ class _SnapshotReader:
         is_req = rec.op <= 3
         b = self.b
         b.meta.devices = devices
-        self._note_declared(len(declared["addr"]), contradicted, dangling)
+        self._note_declared(declared["device"], contradicted, dangling)
         seg_events = [_segment_entries(d, f) for d, f in enumerate(fast)]
         initial_segments = self._initial_segments(segments, seg_events)
         if built.orphan_frees:
@@ -819,17 +819,20 @@ class _SnapshotReader:
                                  size_bytes=int(declared["size_bytes"][i]),
                                  block_size_bytes=int(declared["block_size_bytes"][i]),
                                  stack_id=int(declared["stack_id"][i]))
-        self._note_declared(len(declared["addr"]), contradicted, dangling)
+        self._note_declared(declared["device"], contradicted, dangling)
 
-    def _note_declared(self, n_declared: int, contradicted: int, dangling: int) -> None:
+    def _note_declared(self, declared_device: np.ndarray, contradicted: int, dangling: int) -> None:
         if contradicted:
             self._inconsistent(f"{contradicted} blocks live in the final segments were freed at the "
                                "end of the trace")
         if dangling:
             self._inconsistent(f"{dangling} allocations live at the end of the trace are not in the "
                                "final segments")
-        if n_declared:
-            self.notes.append(f"{n_declared} blocks live in the final segments were allocated "
+        devices, counts = np.unique(np.asarray(declared_device, dtype=np.int64), return_counts=True)
+        # One note per device where there are several, so each device's section states its own count.
+        prefixes = [f"device {d}: " for d in devices.tolist()] if len(devices) > 1 else [""]
+        for prefix, n_declared in zip(prefixes, counts.tolist()):
+            self.notes.append(f"{prefix}{n_declared} blocks live in the final segments were allocated "
                               "before the trace began; they are in the initial state")
 
     def _fix_orphan_block_sizes(self, initial: dict[str, np.ndarray], segments: SegmentColumns,
