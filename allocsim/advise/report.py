@@ -67,7 +67,14 @@ def _baseline_dict(advice: Advice) -> dict[str, Any] | None:
     row = advice.grid.baseline.row
     return {"fits": fits(row, advice.capacity_bytes), "peak_reserved_bytes": row.get("peak_reserved_bytes"),
             "verdict": verdict_text(row, advice.capacity_bytes), "alloc_latency_ns": _latency(row),
-            "line": advice.preset.paste_line({}), "flags": advice.preset.flags({})}
+            "line": advice.preset.paste_line({}), "flags": advice.preset.flags({}),
+            "replay_under_recorded_bytes": replay_under_recorded(row)}
+
+
+def replay_under_recorded(row: dict[str, Any]) -> int | None:
+    """How far the recorded settings' replay, fitting below the recorded peak, falls short of it (None: not so)."""
+    under = row.get("verdict.recording_exceeds.replay_under_recorded_bytes")
+    return None if under is None or under != under else int(under)   # a journal row holds NaN for none
 
 
 def advice_to_dict(advice: Advice) -> dict[str, Any]:
@@ -209,8 +216,13 @@ def format_advice(advice: Advice) -> str:
             if advice.why["others"]:
                 lines.append("   other causes there: " + "; ".join(advice.why["others"]))
         best = advice.recommendations[0]
+        under = replay_under_recorded(base.row)
+        # Every setting is replayed as the recorded ones are: a replay short of the recording is short for all.
+        caveat = ("" if under is None else f"; but not proven: the recorded settings' replay falls "
+                  f"{format_bytes(under)} short of the recorded peak reserved (see their line above), and every "
+                  "setting here is replayed the same way")
         lines.append(f"FITS in {format_bytes(advice.capacity_bytes)}: " +
-                     ("keep your settings" if best.outcome.recorded else best.line))
+                     ("keep your settings" if best.outcome.recorded else best.line) + caveat)
         return "\n".join(lines)
     lines.append("")
     closest = advice.misses[0] if advice.misses else None
