@@ -192,7 +192,12 @@ def format_summary(s: dict[str, Any], perf: dict[str, Any] | None = None) -> str
                        ("Active memory (incl. pending)", "active"), ("Reserved memory", "reserved")):
         lines.append(_row(label, _b(s[f"final_{key}_bytes"]), _b(s[f"peak_{key}_bytes"]), _ratio(vs.get(key))))
     lines.append(_row("Inactive (cached free)", _b(s["final_inactive_bytes"]), _b(s["peak_inactive_bytes"]), ""))
-    lines.append(_row("Lower bound (peak live)", "", _b(s["peak_live_lower_bound_bytes"]), "1.000"))
+    granted = s.get("peak_live_granted_bytes")
+    demand = granted is not None and granted < s["peak_live_lower_bound_bytes"]   # a recorded OOM's request in it
+    lines.append(_row(f"Lower bound (peak {'demand' if demand else 'live'})", "",
+                      _b(s["peak_live_lower_bound_bytes"]), "1.000"))
+    if demand:
+        lines.append(_row("  held by the real run", "", _b(granted), ""))
     at_peak = s["at_peak_reserved"]
     lines += [_rule(), _row("At peak reserved", "", "", ""),
               _row("  internal fragmentation", "", _b(at_peak["internal_fragmentation_bytes"]), ""),

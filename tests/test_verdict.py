@@ -343,3 +343,27 @@ def test_an_oom_while_placing_the_start_state_is_said_so(shared_dir, capsys):
     code, out, _ = run_cli(capsys, "run", path, "--policy", "pytorch", "--capacity", "1600MiB", "--fast")
     assert "event -1" not in out and "first OOM at the start state" in out
     assert "request has no recorded frames" in out and "came from unattributed" not in out
+
+
+def test_a_recorded_oom_request_is_demand_never_live(shared_dir, capsys):
+    """Constructor-Sun's GPU 1 ran out of memory asking for 5,308,694,528 bytes: that request never got
+    memory, so no figure may call it live. The real run reserved 84,202,749,952 bytes at most."""
+    from allocsim.trace import read_trace
+    from allocsim.trace.inference.recorded import recorded_run
+
+    path = shared_dir / "traces" / "pytorch-snapshots" / "Constructor-Sun__memory_snapshot.pickle"
+    recorded = recorded_run(read_trace(path), 1)
+    failed = recorded.ooms[0].requested_bytes
+    code, out, _ = run_cli(capsys, "info", path, "--device", "1", "--json", "--sites", "0")
+    info = json.loads(out)
+    assert code == 0 and info["peak_live_bytes"] <= recorded.peak_reserved_bytes < info["peak_demand_bytes"]
+    assert info["peak_demand_bytes"] == info["peak_live_bytes"] + failed
+    assert info["categories"]["moments"]["at_peak"]["bytes"] == info["peak_live_bytes"]
+    code, out, _ = run_cli(capsys, "run", path, "--device", "1", "--policy", "pytorch", "--fast", "--json")
+    run = json.loads(out)
+    assert code == 3 and run["peak_live_granted_bytes"] == info["peak_live_bytes"]
+    assert run["peak_live_lower_bound_bytes"] == info["peak_demand_bytes"]
+    assert run["verdict"]["line"].startswith(f"no allocator setting can fit: peak demand "
+                                             f"{format_bytes(info['peak_demand_bytes'])} > ")
+    assert f"the real run held at most {format_bytes(info['peak_live_bytes'])}" in run["verdict"]["line"]
+    assert "peak live" not in run["verdict"]["line"]

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..metrics.sites.report import format_rows
 from ..metrics.sites.rule import SiteFilter
-from ..metrics.verdict import format_duration_ns
+from ..metrics.verdict import format_duration_ns, peak_words
 from ..sweep.failures import format_error_groups
 from ..units import format_bytes
 from .advice import MIN_CAPACITY_RULE, Advice, Recommendation
@@ -85,7 +85,8 @@ def advice_to_dict(advice: Advice) -> dict[str, Any]:
         "capacity_note": advice.capacity_note or None,
         "capacity_range": list(advice.capacity_range) if advice.capacity_range is not None else None,
         "capacity_assumed": advice.assumption,
-        "lower_bound_bytes": advice.lower_bound_bytes, "fits_any": advice.fits_any,
+        "lower_bound_bytes": advice.lower_bound_bytes, "peak_live_granted_bytes": advice.granted_bytes,
+        "fits_any": advice.fits_any,
         "recorded": _baseline_dict(advice),
         "grid": _grid_dict(advice),
         "no_effect": [k.name for k in advice.grid.no_effect] if advice.grid is not None else [],
@@ -126,7 +127,8 @@ def _head(advice: Advice) -> list[str]:
     lines = [f"allocsim advise: {where}, policy {advice.policy}", capacity]
     if advice.assumption:
         lines.append(advice.assumption)
-    return lines + [f"peak live {format_bytes(advice.lower_bound_bytes)}: no setting can reserve less"]
+    words, held = peak_words(advice.lower_bound_bytes, advice.granted_bytes)
+    return lines + [f"{words}: no setting can reserve less{held}"]
 
 
 def _grid_lines(advice: Advice) -> list[str]:
@@ -187,8 +189,9 @@ def format_advice(advice: Advice) -> str:
     if not advice.lower_bound_fits:
         peak = advice.peak
         where = "at the start state" if peak.event_index < 0 else f"after event {peak.event_index:,}"
-        lines += [f"no allocator setting can fit: peak live {format_bytes(advice.lower_bound_bytes)} > "
-                  f"{format_bytes(advice.capacity_bytes)}; the program must hold less at its peak",
+        words, held = peak_words(advice.lower_bound_bytes, advice.granted_bytes)
+        lines += [f"no allocator setting can fit: {words} > {format_bytes(advice.capacity_bytes)}{held}; the "
+                  "program must hold less at its peak",
                   f"what holds the memory at the peak ({where}): {len(peak.alloc_ids):,} live allocations, "
                   f"{format_bytes(peak.live_bytes)}; the largest:"]
         for item in peak.largest():

@@ -137,7 +137,8 @@ def format_allocation_sites(sites: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-_BYTE_KEYS = ("peak_live_bytes", "baseline_live_bytes", "peak_live_with_baseline_bytes", "initial_reserved_bytes")
+_BYTE_KEYS = ("peak_live_bytes", "baseline_live_bytes", "peak_live_with_baseline_bytes", "peak_demand_bytes",
+              "initial_reserved_bytes")
 
 
 def format_summary(summary: dict, indent: str = "") -> str:

@@ -76,12 +76,13 @@ class RunInfo:
     makespan_ns: int = 0
 
 
-def lower_bound_bytes(trace) -> int:
-    """Peak live bytes of ``trace`` including the allocations alive at its start."""
+def lower_bound_bytes(trace, *, granted_only: bool = False) -> int:
+    """Peak live bytes of ``trace`` including the allocations alive at its start (and the requests of
+    recorded OOMs, which the program needed, unless ``granted_only``: then what the real run held)."""
     baseline = int(trace.initial_allocs["size_bytes"].sum())
     if not len(trace.events):
         return baseline
-    _, total = live_bytes_series(trace)
+    _, total = live_bytes_series(trace, granted_only=granted_only)
     return int(max(baseline, int(total.max())))
 
 
@@ -168,6 +169,8 @@ def summarize(run: RunOutput, info: RunInfo, timeseries: pd.DataFrame) -> dict[s
     for name, (value, _) in peaks.items():
         summary[f"peak_{name}_bytes"] = value
     summary["peak_live_lower_bound_bytes"] = lower_bound
+    # Below the lower bound only where a recorded OOM's request, which never got memory, is in it.
+    summary["peak_live_granted_bytes"] = lower_bound_bytes(trace, granted_only=True)
     summary["peak_event_index"] = {name: int(event_index[row]) for name, (_, row) in peaks.items()}
     summary["peak_over_lower_bound"] = {name: _ratio(peaks[name][0], lower_bound)
                                         for name in ("requested", "allocated", "active", "reserved")}

@@ -104,6 +104,15 @@ def recorded_run(trace: Trace, device: int) -> RecordedRun | None:
     return None if data is None else RecordedRun.from_dict(data)
 
 
+def failed_request_events(trace: Trace) -> np.ndarray:
+    """Indices of the ALLOC events that are recorded OOMs: requests the real run made that never got memory."""
+    found = np.array(sorted({int(o["event_index"]) for run in trace.meta.recorded.values()
+                             for o in run.get("ooms") or []}), dtype=np.int64)
+    # A prefix of the trace (a partial replay) keeps the whole recording: only its own events count.
+    found = found[(found >= 0) & (found < len(trace.events))]
+    return found[trace.column("kind")[found] == EventKind.ALLOC]
+
+
 def set_recorded_run(trace: Trace, run: RecordedRun) -> None:
     """Store ``run`` in ``trace.meta.recorded`` (readers call this once per device)."""
     trace.meta.recorded[str(run.device)] = run.to_dict()
