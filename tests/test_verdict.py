@@ -367,3 +367,19 @@ def test_a_recorded_oom_request_is_demand_never_live(shared_dir, capsys):
                                              f"{format_bytes(info['peak_demand_bytes'])} > ")
     assert f"the real run held at most {format_bytes(info['peak_live_bytes'])}" in run["verdict"]["line"]
     assert "peak live" not in run["verdict"]["line"]
+
+
+def test_a_peak_that_is_the_cached_start_layout_is_not_called_a_need(shared_dir, capsys):
+    """charliesabino's 2.7B run at 512 starts with 46,646,951,936 bytes reserved, cached by the sizes the
+    same process ran before, and never calls cudaMalloc: its replay fits in 41 GiB, so without a capacity
+    the line may not say the run needs the 43.44 GiB."""
+    path = shared_dir / "traces" / "scale-series" / "charliesabino_cs336-assignment2_2.7B-512-fwd-memory-snapshot.pickle"
+    code, out, _ = run_cli(capsys, "run", path, "--policy", "pytorch", "--fast", "--sites", "0", "--json")
+    got = json.loads(out)
+    assert code == 0 and got["peak_event_index"]["reserved"] < 0 and got["start_state"] == "recorded"
+    line = got["verdict"]["line"]
+    assert "the run needs" not in line and "the start layout it loaded" in line
+    code, out, _ = run_cli(capsys, "run", path, "--policy", "pytorch", "--fast", "--sites", "0", "--json",
+                           "--capacity", "41GiB")
+    smaller = json.loads(out)
+    assert code == 0 and smaller["verdict"]["fits"] and got["peak_reserved_bytes"] > 41 * GiB
