@@ -218,3 +218,18 @@ def test_oldest_oom_snapshot_names_the_code_sites_its_blocks_record(shared_dir):
     named = {row["site"]: row["bytes"] for row in sites["rows"] if row["count"] and row["frames"]}
     assert set(named) == recorded_site
     assert sum(named.values()) == sum(b["requested_size"] for b in live)
+
+
+@pytest.mark.shared
+def test_a_capacity_below_what_the_snapshot_reserved_is_refused(shared_dir, capsys):
+    # The OOM snapshot reserved 11,844,714,496 bytes: a 10 GiB device cannot be the one it ran on
+    # (it used to print "would leave -1.03 GiB free").
+    path = shared_dir / "traces" / "state-only-snapshots" / "Yiyi-philosophy_LLM-inference_oom_snapshot.pickle"
+    reserved = sum(s["total_size"] for s in load_pickle(path)["segments"])
+    for command in (["run", str(path), "--policy", "pytorch"], ["info", str(path)]):
+        assert main([*command, "--request", "2MiB", "--capacity", "10GiB"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+        assert f"below the 11.03 GiB ({reserved:,} bytes) device 0 had reserved" in captured.err
+    assert main(["run", str(path), "--policy", "pytorch", "--request", "2MiB", "--capacity", f"{reserved}B"]) == 0
+    assert "-" not in capsys.readouterr().out.split("packed", 1)[1].split("\n", 1)[0]
