@@ -156,3 +156,16 @@ def test_each_device_section_has_only_its_own_notes(shared_dir, capsys, folder, 
         if declared:
             count = int(declared[0].split(": ", 1)[-1].split()[0])
             assert count == section["baseline_allocs"], (device, declared)
+
+
+@pytest.mark.shared
+def test_sites_of_a_gpu_trace_with_host_memory_count_the_gpu_only(shared_dir, capsys):
+    """bert-small's Kineto trace holds 109 GPU allocations (one start-of-window block besides) and 9 host
+    ones: the site tables count the memory the byte figures count, the GPU's."""
+    path = shared_dir / "traces" / "kineto-gpu" / "AMD-AGI_TraceLens_h100_bert-small.json.gz"
+    info = run_json(capsys, "info", str(path), "--json")
+    gpu = info["per_device"]["0"]
+    assert info["bytes_counted"].startswith("GPU device(s) [0] only")
+    assert info["sites"]["allocations"] == gpu["allocs"] + gpu["baseline_allocs"] < info["allocs"] + info["baseline_allocs"]
+    assert sum(row["count"] for row in info["sites"]["by_count"]) == info["sites"]["allocations"]
+    assert info["sites"]["counted"].startswith("GPU allocations only")

@@ -155,6 +155,15 @@ _BYTE_KEYS = ("baseline_live_bytes", "peak_live_bytes", "peak_live_with_baseline
               "initial_reserved_bytes")
 
 
+def counted_part(trace: Trace) -> Trace:
+    """The part of ``trace`` whose bytes ``info`` counts: the GPUs where host memory sits beside them."""
+    kind = trace.column("kind")
+    held = set(np.unique(trace.column("device")[kind != EventKind.MARKER]).tolist())
+    held |= set(trace.initial_allocs["device"].unique().tolist())
+    mixed = any(d >= 0 for d in held) and any(d < 0 for d in held)
+    return _gpu_part(trace) if mixed else trace
+
+
 def _gpu_part(trace: Trace) -> Trace:
     """The GPU devices' events and start state of a trace that also holds host memory."""
     import dataclasses
