@@ -200,7 +200,8 @@ def format_summary(s: dict[str, Any], perf: dict[str, Any] | None = None) -> str
         lines.append(_row("  held by the real run", "", _b(granted), ""))
     at_peak = s["at_peak_reserved"]
     lines += [_rule(), _row("At peak reserved", "", "", ""),
-              _row("  internal fragmentation", "", _b(at_peak["internal_fragmentation_bytes"]), ""),
+              _row("  internal fragmentation", "", "unknown" if at_peak["internal_fragmentation_bytes"] is None
+                   else _b(at_peak["internal_fragmentation_bytes"]), ""),
               _row("  external fragmentation", "", _b(at_peak["external_fragmentation_bytes"]), ""),
               _row("  largest free block", _b(s["largest_free_block_final_bytes"]),
                    _b(s["largest_free_block_at_peak_bytes"]), ""),

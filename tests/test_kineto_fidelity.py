@@ -264,3 +264,16 @@ def test_a_fit_below_the_recorded_peak_that_the_replay_undercounts_is_not_proven
     code, out, _ = run_cli(capsys, "run", str(path), "--policy", "pytorch", "--device", "0", "--fast", "--sites", "0",
                            "--capacity", f"{recorded_peak}B", "--json")
     assert json.loads(out)["verdict"]["recording_exceeds"] is None
+
+
+@pytest.mark.shared
+def test_internal_fragmentation_of_a_trace_of_block_sizes_is_unknown(shared_dir, capsys):
+    """Kineto records the allocator's block sizes (Bytes), never the requests: the rounding inside blocks
+    cannot be known, and the replay's own re-rounding of those blocks is not it."""
+    path = shared_dir / "traces" / "kineto-gpu" / "AMD-AGI_TraceLens_h100_qwen1.5-0.5b.json.gz"
+    argv = ["run", str(path), "--policy", "pytorch", "--device", "0", "--fast", "--sites", "0"]
+    code, out, _ = run_cli(capsys, *argv, "--json")
+    assert code == 0 and json.loads(out)["at_peak_reserved"]["internal_fragmentation_bytes"] is None
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 0 and [line.split("|")[3].strip() for line in out.splitlines()
+                          if "internal fragmentation" in line] == ["unknown"]

@@ -182,7 +182,10 @@ def summarize(run: RunOutput, info: RunInfo, timeseries: pd.DataFrame) -> dict[s
         "requested_bytes": int(at_peak["requested_bytes"]),
         "allocated_bytes": int(at_peak["allocated_bytes"]),
         "active_bytes": int(at_peak["active_bytes"]),
-        "internal_fragmentation_bytes": int(at_peak["active_bytes"] - at_peak["requested_bytes"]),
+        # A trace of block sizes (Kineto's Bytes) records no request size: the rounding inside blocks is
+        # unknown, and active - requested would only be the replay rounding the blocks once more.
+        "internal_fragmentation_bytes": (None if trace.meta.version_hints.get("size_bytes") == "block"
+                                         else int(at_peak["active_bytes"] - at_peak["requested_bytes"])),
         "external_fragmentation_bytes": free_at_peak,
         "largest_free_block_bytes": lfb_at_peak,
     }
