@@ -174,8 +174,13 @@ def test_recorded_oom_capacity_is_inferred_and_below_peak_live(capsys):
     assert sum(r["bytes"] for r in rows) == data["lower_bound_bytes"] == data["live_at_peak"]["live_bytes"]
     assert rows[0]["site"].endswith("src/train/models.py:174 in update_nodes") and rows[0]["count"] == 12
     assert rows[-1] == {"site": "unattributed", "bytes": 0, "count": 0, "frames": []}
+    # The failed 4.94 GiB request never got memory: demand, never live (the real run held 78.29 GiB).
+    assert data["peak_live_granted_bytes"] < data["capacity_bytes"] < data["lower_bound_bytes"]
     code, out, _ = run_cli(capsys, "advise", path, "--device", "1")
     assert code == 1 and ".../src/train/models.py:174 in update_nodes" in out
+    assert "peak live" not in out and "live allocations" not in out
+    assert f"the real run held at most {format_bytes(data['peak_live_granted_bytes'])}" in out
+    assert "what the program asks to hold at its peak of demand (after event 375)" in out
     # The site rule is the user's to change: with src/train/ skipped, the site is the frame outside it.
     code, out, _ = run_cli(capsys, "advise", path, "--device", "1", "--site-filter", "src/train/", "--sites", "2",
                            "--json")

@@ -192,8 +192,11 @@ def format_advice(advice: Advice) -> str:
         words, held = peak_words(advice.lower_bound_bytes, advice.granted_bytes)
         lines += [f"no allocator setting can fit: {words} > {format_bytes(advice.capacity_bytes)}{held}; the "
                   "program must hold less at its peak",
-                  f"what holds the memory at the peak ({where}): {len(peak.alloc_ids):,} live allocations, "
-                  f"{format_bytes(peak.live_bytes)}; the largest:"]
+                  (f"what holds the memory at the peak ({where}): {len(peak.alloc_ids):,} live allocations, "
+                   f"{format_bytes(peak.live_bytes)}; the largest:" if not held else
+                   f"what the program asks to hold at its peak of demand ({where}): {len(peak.alloc_ids):,} "
+                   f"allocations, {format_bytes(peak.live_bytes)}, a request the recording shows failing among "
+                   "them; the largest:")]
         for item in peak.largest():
             born = ("alive when the trace began" if item["event_index"] < 0
                     else f"allocated at event {item['event_index']:,}")
