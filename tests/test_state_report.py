@@ -233,3 +233,20 @@ def test_a_capacity_below_what_the_snapshot_reserved_is_refused(shared_dir, caps
         assert f"below the 11.03 GiB ({reserved:,} bytes) device 0 had reserved" in captured.err
     assert main(["run", str(path), "--policy", "pytorch", "--request", "2MiB", "--capacity", f"{reserved}B"]) == 0
     assert "-" not in capsys.readouterr().out.split("packed", 1)[1].split("\n", 1)[0]
+
+
+@pytest.mark.shared
+def test_a_snapshot_without_history_claims_no_start_or_peak(shared_dir, capsys):
+    # Segments prove what was reserved when the snapshot was taken; the run's start and peak are not recorded.
+    for path in sorted((shared_dir / "traces" / "state-only-snapshots").glob("*.pickle")):
+        raw = load_pickle(path)
+        assert main(["info", str(path), "--json", "--sites", "0"]) == 0
+        recorded = json.loads(capsys.readouterr().out)["recorded"]
+        for device, run in recorded.items():
+            reserved = sum(s["total_size"] for s in raw["segments"] if s.get("device", 0) == int(device))
+            assert run["final_reserved_bytes"] == reserved, path.name
+            assert "peak_reserved_bytes" not in run and "start_reserved_bytes" not in run, path.name
+        assert main(["info", str(path), "--sites", "0"]) == 0
+        text = capsys.readouterr().out
+        assert "when the snapshot was taken (no history: the start and the peak of the run are unknown)" in text
+        assert "reserved at start" not in text, path.name

@@ -178,8 +178,12 @@ def _recorded_line(run: dict[str, Any]) -> str:
     def b(key: str) -> str:
         return format_bytes(run[key]) if run.get(key) is not None else "-"
 
-    parts = [f"{run.get('allocator', 'unknown')} allocator; reserved at start {b('start_reserved_bytes')}, "
-             f"peak {b('peak_reserved_bytes')}, end {b('final_reserved_bytes')}"]
+    if run.get("start_reserved_bytes") is None and run.get("peak_reserved_bytes") is None:
+        parts = [f"{run.get('allocator', 'unknown')} allocator; reserved {b('final_reserved_bytes')} when the "
+                 "snapshot was taken (no history: the start and the peak of the run are unknown)"]
+    else:
+        parts = [f"{run.get('allocator', 'unknown')} allocator; reserved at start {b('start_reserved_bytes')}, "
+                 f"peak {b('peak_reserved_bytes')}, end {b('final_reserved_bytes')}"]
     if run.get("peak_allocated_bytes") is not None:
         parts.append(f"peak allocated {b('peak_allocated_bytes')}")
     calls = [f"{run[k]:,} {name}" for k, name in (("segment_allocs", "cudaMalloc"), ("segment_frees", "cudaFree"),

@@ -214,9 +214,14 @@ class _DeviceRecording:
             after.append(level)
         self.reserved_after = after
         self.reserved_before = [a - d for a, d in zip(after, delta)]
+        # No entry at all for this device (a snapshot dumped without history): its segments prove what
+        # was reserved when it was taken, nothing about the start of the run or its peak.
+        history = bool(len(rows)) or bool(np.any((ev["device"].to_numpy() == device)
+                                                 & (kinds != int(EventKind.MARKER))))
         self.run = RecordedRun(
             device=device, allocator="pytorch", settings=trace.meta.allocator_settings,
-            start_reserved_bytes=start, peak_reserved_bytes=max([start] + after),
+            start_reserved_bytes=start if history else None,
+            peak_reserved_bytes=max([start] + after) if history else None,
             final_reserved_bytes=after[-1] if after else start)
         for name, action in (("segment_allocs", "segment_alloc"), ("segment_frees", "segment_free"),
                              ("segment_maps", "segment_map"), ("segment_unmaps", "segment_unmap")):
