@@ -93,8 +93,13 @@ def select_device(trace: Trace, device: int | None = None) -> Trace:
     devices = trace.devices
     if device is None:
         if len(devices) > 1:
+            gpus = [d for d in devices if d >= 0]
+            # Kineto and Paddle traces hold host memory (-1, -2) beside the GPU: name the likely choice.
+            host = [str(d) for d in devices if d < 0]
+            hint = (f" (--device {gpus[0]} for the GPU; {', '.join(host)} {'is' if len(host) == 1 else 'are'} "
+                    "host memory)" if len(gpus) == 1 else "")
             raise AllocsimError(f"{trace.meta.source or 'trace'} has devices {devices}; "
-                                "choose one with --device N")
+                                f"choose one with --device N{hint}")
         return trace
     if device not in devices:
         raise AllocsimError(f"{trace.meta.source or 'trace'}: no device {device} (devices: {devices})")

@@ -170,7 +170,9 @@ def _notes(s: dict[str, Any]) -> list[str]:
                      + " (--capacity SIZE overrides it)")
     oom = s.get("oom")
     if oom and not (verdict.get("line") or "").startswith("OUT OF MEMORY"):
-        lines.append(f"first OOM at event {oom['event_index']:,}: {_b(oom['requested_bytes'])} requested with "
+        # A negative index is the start state (placing what was live before the trace), as the verdict says.
+        where = "at the start state" if oom["event_index"] < 0 else f"at event {oom['event_index']:,}"
+        lines.append(f"first OOM {where}: {_b(oom['requested_bytes'])} requested with "
                      f"{_b(oom['reserved_bytes'])} reserved, {_b(oom['allocated_bytes'])} allocated"
                      + ("" if s["completed"] else "; the run stopped there"))
     return lines
@@ -190,10 +192,16 @@ def format_summary(s: dict[str, Any], perf: dict[str, Any] | None = None) -> str
                        ("Active memory (incl. pending)", "active"), ("Reserved memory", "reserved")):
         lines.append(_row(label, _b(s[f"final_{key}_bytes"]), _b(s[f"peak_{key}_bytes"]), _ratio(vs.get(key))))
     lines.append(_row("Inactive (cached free)", _b(s["final_inactive_bytes"]), _b(s["peak_inactive_bytes"]), ""))
-    lines.append(_row("Lower bound (peak live)", "", _b(s["peak_live_lower_bound_bytes"]), "1.000"))
+    granted = s.get("peak_live_granted_bytes")
+    demand = granted is not None and granted < s["peak_live_lower_bound_bytes"]   # a recorded OOM's request in it
+    lines.append(_row(f"Lower bound (peak {'demand' if demand else 'live'})", "",
+                      _b(s["peak_live_lower_bound_bytes"]), "1.000"))
+    if demand:
+        lines.append(_row("  held by the real run", "", _b(granted), ""))
     at_peak = s["at_peak_reserved"]
     lines += [_rule(), _row("At peak reserved", "", "", ""),
-              _row("  internal fragmentation", "", _b(at_peak["internal_fragmentation_bytes"]), ""),
+              _row("  internal fragmentation", "", "unknown" if at_peak["internal_fragmentation_bytes"] is None
+                   else _b(at_peak["internal_fragmentation_bytes"]), ""),
               _row("  external fragmentation", "", _b(at_peak["external_fragmentation_bytes"]), ""),
               _row("  largest free block", _b(s["largest_free_block_final_bytes"]),
                    _b(s["largest_free_block_at_peak_bytes"]), ""),

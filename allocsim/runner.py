@@ -26,7 +26,7 @@ import numpy as np
 from .cost import CostModel
 from .device import SimulatedDevice
 from .engine import run_fast, run_simpy, select_device
-from .metrics.recorded_fit import recording_fit
+from .metrics.recorded_fit import recording_fit, unproven_fit
 from .metrics.reproduction import capacity_matches, recorded_figures, reproduction
 from .metrics.verdict import GIVEN, INFERRED, summary_verdict
 from .result import RunResult
@@ -201,6 +201,7 @@ def add_recording(result: RunResult, trace: Trace, policy: str, params: Mapping[
     recorded = recording(trace)
     if recorded is None:
         summary["recorded"] = summary["reproduction"] = summary["verdict"]["recording_fit"] = None
+        summary["verdict"]["recording_exceeds"] = None
         return
     figures = recorded_figures(recorded)
     what_if = []
@@ -224,3 +225,8 @@ def add_recording(result: RunResult, trace: Trace, policy: str, params: Mapping[
     if fit is not None:
         # An OOM the recording disproves must say so in the verdict itself, not only beside it.
         summary["verdict"]["line"] += "; but " + fit["line"]
+    unproven = unproven_fit(summary, recorded, what_if, mismatch)
+    summary["verdict"]["recording_exceeds"] = unproven
+    if unproven is not None:
+        # A fit below the recorded peak that rests on what the replay misses is said to be unproven.
+        summary["verdict"]["line"] += "; but " + unproven["line"]

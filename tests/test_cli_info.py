@@ -138,3 +138,34 @@ def test_info_keeps_host_and_pinned_memory_apart():
     whole = summarize(trace)
     assert whole["peak_live_bytes"] is None and whole["bytes_counted"].startswith("per device only: devices [-2, -1]")
     assert [summarize(trace.for_device(d))["peak_live_bytes"] for d in (-1, -2)] == [4096, 1000]
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("folder,name", [
+    ("state-only-snapshots", "albi2_thesis-text-to-SQL_dump_snapshot.pickle"),
+    ("kineto-gpu", "AMD-AGI_TraceLens_h100_bert-small.json.gz"),
+])
+def test_each_device_section_has_only_its_own_notes(shared_dir, capsys, folder, name):
+    """albi2's final segments hold 3 live blocks on GPU 0 and 1 on GPU 1; bert-small's notes about GPU 0's
+    start-of-window state are no note of its host memory (-1)."""
+    info = run_json(capsys, "info", str(shared_dir / "traces" / folder / name), "--json", "--sites", "0")
+    for device, section in info["per_device"].items():
+        about = [int(n.split(":", 1)[0].split()[1]) for n in section["notes"] if n.startswith("device ")]
+        assert set(about) <= {int(device)}, (device, section["notes"])
+        declared = [n for n in section["notes"] if "blocks live in the final segments were allocated" in n]
+        if declared:
+            count = int(declared[0].split(": ", 1)[-1].split()[0])
+            assert count == section["baseline_allocs"], (device, declared)
+
+
+@pytest.mark.shared
+def test_sites_of_a_gpu_trace_with_host_memory_count_the_gpu_only(shared_dir, capsys):
+    """bert-small's Kineto trace holds 109 GPU allocations (one start-of-window block besides) and 9 host
+    ones: the site tables count the memory the byte figures count, the GPU's."""
+    path = shared_dir / "traces" / "kineto-gpu" / "AMD-AGI_TraceLens_h100_bert-small.json.gz"
+    info = run_json(capsys, "info", str(path), "--json")
+    gpu = info["per_device"]["0"]
+    assert info["bytes_counted"].startswith("GPU device(s) [0] only")
+    assert info["sites"]["allocations"] == gpu["allocs"] + gpu["baseline_allocs"] < info["allocs"] + info["baseline_allocs"]
+    assert sum(row["count"] for row in info["sites"]["by_count"]) == info["sites"]["allocations"]
+    assert info["sites"]["counted"].startswith("GPU allocations only")

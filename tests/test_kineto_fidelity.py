@@ -22,7 +22,7 @@ from allocsim.trace import read_trace
 from allocsim.trace.formats.kineto.layout import DeviceWindow, start_layout
 from allocsim.trace.inference.recorded import recorded_run
 from allocsim.trace.inference.stats import summarize
-from allocsim.units import MiB
+from allocsim.units import GiB, MiB
 
 from .conftest import doc_quoting
 
@@ -244,3 +244,36 @@ def test_layout_refuses_addresses_at_the_ends_of_the_address_space():
     assert isinstance(got, str) and "address space" in got
     got = start_layout(_window(8 * MiB, 0, [(-(1 << 40), 4 * MiB, 8 * MiB)]), baseline_alloc_id=0)
     assert isinstance(got, str) and "address space" in got
+
+
+@pytest.mark.shared
+def test_a_fit_below_the_recorded_peak_that_the_replay_undercounts_is_not_proven(shared_dir, capsys):
+    """The vLLM graph capture reserved 193,640,529,920 bytes; its one-pool replay reserves less and never
+    calls cudaMalloc, so in 180 GiB it "fits" only because of what it misses: the verdict says so."""
+    path = shared_dir / "traces" / "kineto-gpu" / "AMD-AGI_TraceLens_vllm_piecewise_graph_capture.json.gz"
+    argv = ["run", str(path), "--policy", "pytorch", "--device", "0", "--capacity", "180GiB", "--fast", "--sites", "0"]
+    code, out, _ = run_cli(capsys, *argv, "--json")
+    got = json.loads(out)
+    recorded_peak = got["recorded"]["peak_reserved_bytes"]
+    assert recorded_peak > 180 * GiB and got["device_failed_mallocs"] == 0 and got["verdict"]["fits"] is True
+    unproven = got["verdict"]["recording_exceeds"]
+    assert unproven["recorded_peak_reserved_bytes"] == recorded_peak
+    assert unproven["replay_under_recorded_bytes"] == recorded_peak - got["peak_reserved_bytes"] > 0
+    assert "not proven" in got["verdict"]["line"] and unproven["why"] == got["recorded"]["unmodelled"]
+    # At the recorded peak there is nothing left unproven: the replay's own mismatch line says the rest.
+    code, out, _ = run_cli(capsys, "run", str(path), "--policy", "pytorch", "--device", "0", "--fast", "--sites", "0",
+                           "--capacity", f"{recorded_peak}B", "--json")
+    assert json.loads(out)["verdict"]["recording_exceeds"] is None
+
+
+@pytest.mark.shared
+def test_internal_fragmentation_of_a_trace_of_block_sizes_is_unknown(shared_dir, capsys):
+    """Kineto records the allocator's block sizes (Bytes), never the requests: the rounding inside blocks
+    cannot be known, and the replay's own re-rounding of those blocks is not it."""
+    path = shared_dir / "traces" / "kineto-gpu" / "AMD-AGI_TraceLens_h100_qwen1.5-0.5b.json.gz"
+    argv = ["run", str(path), "--policy", "pytorch", "--device", "0", "--fast", "--sites", "0"]
+    code, out, _ = run_cli(capsys, *argv, "--json")
+    assert code == 0 and json.loads(out)["at_peak_reserved"]["internal_fragmentation_bytes"] is None
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 0 and [line.split("|")[3].strip() for line in out.splitlines()
+                          if "internal fragmentation" in line] == ["unknown"]

@@ -82,3 +82,13 @@ def test_sweep_rows_name_the_device_they_replayed(cli, tmp_path):
         rows[name] = row
     assert pd.isna(rows["one"]["device"]) and rows["one"]["replayed_device"] == 0      # no --device given
     assert rows["three"]["device"] == rows["three"]["replayed_device"] == 2
+
+
+@pytest.mark.shared
+def test_a_gpu_trace_with_host_memory_names_the_gpu_to_choose(cli):
+    path = shared("kineto-gpu/AMD-AGI_TraceLens_normalization_layer_test.json.gz")
+    code, out, err = cli("run", path, "--policy", "pytorch", "--fast")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "has devices [-1, 0]; choose one with --device N (--device 0 for the GPU; -1 is host memory)" in err
+    code, out, err = cli("run", path, "--policy", "pytorch", "--fast", "--device", "0", "--json")
+    assert code == 0 and json.loads(out)["device"] == 0

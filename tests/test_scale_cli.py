@@ -71,3 +71,23 @@ def test_same_value_twice_and_broken_files_exit_2(specs, tmp_path, capsys):
     assert main(["scale", specs[0], f"{broken}@3", "--to", "8", "-o", str(tmp_path / "o.parquet")]) == 2
     err = capsys.readouterr().err
     assert "broken.json.gz" in err and err.count("\n") == 1
+
+
+@pytest.mark.shared
+def test_state_only_inputs_are_refused_as_such(shared_dir, tmp_path, capsys):
+    # verl's snapshot holds 543 live blocks and no trace: nothing to align, whatever the other input.
+    verl = shared_dir / "traces" / "state-only-snapshots" / "volcengine_verl_mem.pickle"
+    assert main(["scale", f"{verl}@1", f"{verl}@2", "--to", "4", "-o", str(tmp_path / "out.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert "records the final state only, no history to scale" in err and len(err.strip().splitlines()) == 1
+    assert "_record_memory_history" in err and not (tmp_path / "out.parquet").exists()
+
+
+@pytest.mark.shared
+def test_inputs_without_step_markers_are_said_to_be_one_window(shared_dir, tmp_path, capsys):
+    # Snapshots carry no step markers: each input is one whole window (it used to read "1 steps (none)").
+    series = shared_dir / "traces" / "scale-series"
+    specs = [f"{series / f'yyin-dev_cs336-a2_xl_b4_fwd_ctx_{v}.pickle'}@{v}" for v in (128, 256)]
+    assert main(["scale", *specs, "--to", "512", "--name", "seq", "-o", str(tmp_path / "p.parquet")]) == 0
+    inputs = capsys.readouterr().out.split("inputs:", 1)[1].split("\n\n", 1)[0].strip().splitlines()
+    assert len(inputs) == 2 and all("2696 allocations, one whole window: no step markers," in line for line in inputs)

@@ -179,3 +179,74 @@ def test_bad_request_size_is_one_line(tmp_path, capsys):
     assert main(["run", path, "--policy", "pytorch", "--request", "lots"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("allocsim run: error:") and len(err.strip().splitlines()) == 1
+
+
+def _legacy(history) -> dict:
+    """A PyTorch 2.0 snapshot: blocks without address, requested_size or frames, their stack in 'history'."""
+    blocks = [{"size": 4 * MiB, "state": "active_allocated", "history": history},
+              {"size": 16 * MiB, "state": "inactive"}]
+    return {"segments": [{"device": 0, "address": BASE, "total_size": 20 * MiB, "allocated_size": 4 * MiB,
+                          "active_size": 4 * MiB, "stream": 0, "segment_type": "large", "blocks": blocks}],
+            "device_traces": [[]]}
+
+
+def test_legacy_block_history_gives_the_stack_and_requested_size(tmp_path):
+    frames = [{"filename": "/srv/app/model.py", "name": "build", "line": 12}]
+    path = write(tmp_path, _legacy([{"addr": BASE, "real_size": 4 * MiB - 24, "frames": frames}]))
+    state = state_report(read_trace(path))["devices"]["0"]
+    assert state["waste_bytes"]["rounding"] == 24
+    assert [row["site"] for row in state["sites"]["rows"] if row["count"]] == ["/srv/app/model.py:12 in build"]
+
+
+def test_malformed_legacy_history_is_one_line(tmp_path, capsys):
+    path = write(tmp_path, _legacy("not a list"))
+    assert main(["info", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "'history' is not a list" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.shared
+def test_oldest_oom_snapshot_names_the_code_sites_its_blocks_record(shared_dir):
+    # Every live block of this PyTorch 2.0 file holds its allocation stack under 'history'.
+    path = shared_dir / "traces" / "state-only-snapshots" / "Yiyi-philosophy_LLM-inference_oom_snapshot.pickle"
+    raw = load_pickle(path)
+    live = [b for s in raw["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+    recorded_site = {f"{b['history'][0]['frames'][0]['filename']}:{b['history'][0]['frames'][0]['line']} "
+                     f"in {b['history'][0]['frames'][0]['name']}" for b in live}
+    sites = state_report(read_trace(path))["devices"]["0"]["sites"]
+    assert sites["note"] is None
+    named = {row["site"]: row["bytes"] for row in sites["rows"] if row["count"] and row["frames"]}
+    assert set(named) == recorded_site
+    assert sum(named.values()) == sum(b["requested_size"] for b in live)
+
+
+@pytest.mark.shared
+def test_a_capacity_below_what_the_snapshot_reserved_is_refused(shared_dir, capsys):
+    # The OOM snapshot reserved 11,844,714,496 bytes: a 10 GiB device cannot be the one it ran on
+    # (it used to print "would leave -1.03 GiB free").
+    path = shared_dir / "traces" / "state-only-snapshots" / "Yiyi-philosophy_LLM-inference_oom_snapshot.pickle"
+    reserved = sum(s["total_size"] for s in load_pickle(path)["segments"])
+    for command in (["run", str(path), "--policy", "pytorch"], ["info", str(path)]):
+        assert main([*command, "--request", "2MiB", "--capacity", "10GiB"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+        assert f"below the 11.03 GiB ({reserved:,} bytes) device 0 had reserved" in captured.err
+    assert main(["run", str(path), "--policy", "pytorch", "--request", "2MiB", "--capacity", f"{reserved}B"]) == 0
+    assert "-" not in capsys.readouterr().out.split("packed", 1)[1].split("\n", 1)[0]
+
+
+@pytest.mark.shared
+def test_a_snapshot_without_history_claims_no_start_or_peak(shared_dir, capsys):
+    # Segments prove what was reserved when the snapshot was taken; the run's start and peak are not recorded.
+    for path in sorted((shared_dir / "traces" / "state-only-snapshots").glob("*.pickle")):
+        raw = load_pickle(path)
+        assert main(["info", str(path), "--json", "--sites", "0"]) == 0
+        recorded = json.loads(capsys.readouterr().out)["recorded"]
+        for device, run in recorded.items():
+            reserved = sum(s["total_size"] for s in raw["segments"] if s.get("device", 0) == int(device))
+            assert run["final_reserved_bytes"] == reserved, path.name
+            assert "peak_reserved_bytes" not in run and "start_reserved_bytes" not in run, path.name
+        assert main(["info", str(path), "--sites", "0"]) == 0
+        text = capsys.readouterr().out
+        assert "when the snapshot was taken (no history: the start and the peak of the run are unknown)" in text
+        assert "reserved at start" not in text, path.name

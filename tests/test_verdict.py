@@ -13,7 +13,7 @@ from allocsim.metrics.verdict import format_duration_ns, verdict
 from allocsim.trace import write_trace
 from allocsim.trace.reading.builder import TraceBuilder
 from allocsim.trace.inference.recorded import RecordedOOM, RecordedRun, set_recorded_run
-from allocsim.units import GiB, MiB
+from allocsim.units import GiB, MiB, format_bytes
 
 from .conftest import doc_quoting
 
@@ -317,3 +317,69 @@ def test_the_readme_oom_story_is_what_run_prints(shared_dir, capsys):
         assert out.strip().splitlines()[-1] == expected[2:], line
         checked += 1
     assert checked == 4
+
+
+def test_a_mismatch_that_rounds_away_shows_its_bytes(shared_dir, capsys):
+    """OWLv2 on an H100: the replay's peak allocated is 195,072 bytes over the recorded one, both 2.52 GiB."""
+    path = shared_dir / "traces" / "kineto-gpu" / "AMD-AGI_TraceLens_h100_owlv2.json.gz"
+    code, out, _ = run_cli(capsys, "run", path, "--policy", "pytorch", "--device", "0", "--fast", "--json")
+    summary = json.loads(out)
+    line = summary["reproduction"]["line"]
+    hidden = {m["metric"]: m["simulated"] - m["recorded"] for m in summary["reproduction"]["mismatches"]
+              if format_bytes(m["simulated"]) == format_bytes(m["recorded"])}
+    assert code == 0 and hidden, line
+    for metric, gap in hidden.items():
+        # A difference that rounds away says its bytes, so the line never reads "2.52 GiB vs 2.52 GiB" alone.
+        assert f"{gap:+,} bytes" in line, (metric, line)
+
+
+def test_an_oom_while_placing_the_start_state_is_said_so(shared_dir, capsys):
+    """Wedsonlin's inference snapshot starts with 1,763,704,832 bytes reserved: in 1600 MiB its start
+    allocations are placed anew and one of them fails before the first event of the trace."""
+    path = shared_dir / "traces" / "pytorch-snapshots" / "Wedsonlin__medium_128_inference_memory_snapshot.pickle"
+    code, out, _ = run_cli(capsys, "run", path, "--policy", "pytorch", "--capacity", "1600MiB", "--fast", "--json")
+    got = json.loads(out)
+    assert code == 3 and got["oom"]["event_index"] < 0 and got["start_state"] == "allocated"
+    code, out, _ = run_cli(capsys, "run", path, "--policy", "pytorch", "--capacity", "1600MiB", "--fast")
+    assert "event -1" not in out and "first OOM at the start state" in out
+    assert "request has no recorded frames" in out and "came from unattributed" not in out
+
+
+def test_a_recorded_oom_request_is_demand_never_live(shared_dir, capsys):
+    """Constructor-Sun's GPU 1 ran out of memory asking for 5,308,694,528 bytes: that request never got
+    memory, so no figure may call it live. The real run reserved 84,202,749,952 bytes at most."""
+    from allocsim.trace import read_trace
+    from allocsim.trace.inference.recorded import recorded_run
+
+    path = shared_dir / "traces" / "pytorch-snapshots" / "Constructor-Sun__memory_snapshot.pickle"
+    recorded = recorded_run(read_trace(path), 1)
+    failed = recorded.ooms[0].requested_bytes
+    code, out, _ = run_cli(capsys, "info", path, "--device", "1", "--json", "--sites", "0")
+    info = json.loads(out)
+    assert code == 0 and info["peak_live_bytes"] <= recorded.peak_reserved_bytes < info["peak_demand_bytes"]
+    assert info["peak_demand_bytes"] == info["peak_live_bytes"] + failed
+    assert info["categories"]["moments"]["at_peak"]["bytes"] == info["peak_live_bytes"]
+    code, out, _ = run_cli(capsys, "run", path, "--device", "1", "--policy", "pytorch", "--fast", "--json")
+    run = json.loads(out)
+    assert code == 3 and run["peak_live_granted_bytes"] == info["peak_live_bytes"]
+    assert run["peak_live_lower_bound_bytes"] == info["peak_demand_bytes"]
+    assert run["verdict"]["line"].startswith(f"no allocator setting can fit: peak demand "
+                                             f"{format_bytes(info['peak_demand_bytes'])} > ")
+    assert f"the real run held at most {format_bytes(info['peak_live_bytes'])}" in run["verdict"]["line"]
+    assert "peak live" not in run["verdict"]["line"]
+
+
+def test_a_peak_that_is_the_cached_start_layout_is_not_called_a_need(shared_dir, capsys):
+    """charliesabino's 2.7B run at 512 starts with 46,646,951,936 bytes reserved, cached by the sizes the
+    same process ran before, and never calls cudaMalloc: its replay fits in 41 GiB, so without a capacity
+    the line may not say the run needs the 43.44 GiB."""
+    path = shared_dir / "traces" / "scale-series" / "charliesabino_cs336-assignment2_2.7B-512-fwd-memory-snapshot.pickle"
+    code, out, _ = run_cli(capsys, "run", path, "--policy", "pytorch", "--fast", "--sites", "0", "--json")
+    got = json.loads(out)
+    assert code == 0 and got["peak_event_index"]["reserved"] < 0 and got["start_state"] == "recorded"
+    line = got["verdict"]["line"]
+    assert "the run needs" not in line and "the start layout it loaded" in line
+    code, out, _ = run_cli(capsys, "run", path, "--policy", "pytorch", "--fast", "--sites", "0", "--json",
+                           "--capacity", "41GiB")
+    smaller = json.loads(out)
+    assert code == 0 and smaller["verdict"]["fits"] and got["peak_reserved_bytes"] > 41 * GiB

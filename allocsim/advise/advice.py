@@ -72,6 +72,9 @@ class Advice:
     fast: bool
     grid: GridResult | None = None
     preset: Preset | None = None
+    #: Peak live bytes without the requests of recorded OOMs (what the real run held; below the lower bound
+    #: only where such a request is in it).
+    granted_bytes: int | None = None
     recommendations: list[Recommendation] = field(default_factory=list)
     why: dict[str, Any] | None = None
     misses: list[Miss] = field(default_factory=list)
@@ -173,7 +176,8 @@ def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | No
     advice = Advice(trace=trace_path, source=trace.meta.source, device=device, policy=policy,
                     capacity_bytes=capacity.bytes, capacity_source=capacity.source, capacity_note=capacity.note,
                     capacity_range=capacity.range,
-                    lower_bound_bytes=lower_bound_bytes(trace), step_bytes=step, fast=fast, preset=preset)
+                    lower_bound_bytes=lower_bound_bytes(trace), step_bytes=step, fast=fast, preset=preset,
+                    granted_bytes=lower_bound_bytes(trace, granted_only=True))
     if not advice.lower_bound_fits:
         advice.peak = live_at_peak(trace)
         advice.site_filter = site_filter or SiteFilter()

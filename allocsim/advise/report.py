@@ -15,7 +15,7 @@ from typing import Any
 
 from ..metrics.sites.report import format_rows
 from ..metrics.sites.rule import SiteFilter
-from ..metrics.verdict import format_duration_ns
+from ..metrics.verdict import format_duration_ns, peak_words
 from ..sweep.failures import format_error_groups
 from ..units import format_bytes
 from .advice import MIN_CAPACITY_RULE, Advice, Recommendation
@@ -67,7 +67,14 @@ def _baseline_dict(advice: Advice) -> dict[str, Any] | None:
     row = advice.grid.baseline.row
     return {"fits": fits(row, advice.capacity_bytes), "peak_reserved_bytes": row.get("peak_reserved_bytes"),
             "verdict": verdict_text(row, advice.capacity_bytes), "alloc_latency_ns": _latency(row),
-            "line": advice.preset.paste_line({}), "flags": advice.preset.flags({})}
+            "line": advice.preset.paste_line({}), "flags": advice.preset.flags({}),
+            "replay_under_recorded_bytes": replay_under_recorded(row)}
+
+
+def replay_under_recorded(row: dict[str, Any]) -> int | None:
+    """How far the recorded settings' replay, fitting below the recorded peak, falls short of it (None: not so)."""
+    under = row.get("verdict.recording_exceeds.replay_under_recorded_bytes")
+    return None if under is None or under != under else int(under)   # a journal row holds NaN for none
 
 
 def advice_to_dict(advice: Advice) -> dict[str, Any]:
@@ -78,7 +85,8 @@ def advice_to_dict(advice: Advice) -> dict[str, Any]:
         "capacity_note": advice.capacity_note or None,
         "capacity_range": list(advice.capacity_range) if advice.capacity_range is not None else None,
         "capacity_assumed": advice.assumption,
-        "lower_bound_bytes": advice.lower_bound_bytes, "fits_any": advice.fits_any,
+        "lower_bound_bytes": advice.lower_bound_bytes, "peak_live_granted_bytes": advice.granted_bytes,
+        "fits_any": advice.fits_any,
         "recorded": _baseline_dict(advice),
         "grid": _grid_dict(advice),
         "no_effect": [k.name for k in advice.grid.no_effect] if advice.grid is not None else [],
@@ -119,7 +127,8 @@ def _head(advice: Advice) -> list[str]:
     lines = [f"allocsim advise: {where}, policy {advice.policy}", capacity]
     if advice.assumption:
         lines.append(advice.assumption)
-    return lines + [f"peak live {format_bytes(advice.lower_bound_bytes)}: no setting can reserve less"]
+    words, held = peak_words(advice.lower_bound_bytes, advice.granted_bytes)
+    return lines + [f"{words}: no setting can reserve less{held}"]
 
 
 def _grid_lines(advice: Advice) -> list[str]:
@@ -180,10 +189,14 @@ def format_advice(advice: Advice) -> str:
     if not advice.lower_bound_fits:
         peak = advice.peak
         where = "at the start state" if peak.event_index < 0 else f"after event {peak.event_index:,}"
-        lines += [f"no allocator setting can fit: peak live {format_bytes(advice.lower_bound_bytes)} > "
-                  f"{format_bytes(advice.capacity_bytes)}; the program must hold less at its peak",
-                  f"what holds the memory at the peak ({where}): {len(peak.alloc_ids):,} live allocations, "
-                  f"{format_bytes(peak.live_bytes)}; the largest:"]
+        words, held = peak_words(advice.lower_bound_bytes, advice.granted_bytes)
+        lines += [f"no allocator setting can fit: {words} > {format_bytes(advice.capacity_bytes)}{held}; the "
+                  "program must hold less at its peak",
+                  (f"what holds the memory at the peak ({where}): {len(peak.alloc_ids):,} live allocations, "
+                   f"{format_bytes(peak.live_bytes)}; the largest:" if not held else
+                   f"what the program asks to hold at its peak of demand ({where}): {len(peak.alloc_ids):,} "
+                   f"allocations, {format_bytes(peak.live_bytes)}, a request the recording shows failing among "
+                   "them; the largest:")]
         for item in peak.largest():
             born = ("alive when the trace began" if item["event_index"] < 0
                     else f"allocated at event {item['event_index']:,}")
@@ -209,8 +222,13 @@ def format_advice(advice: Advice) -> str:
             if advice.why["others"]:
                 lines.append("   other causes there: " + "; ".join(advice.why["others"]))
         best = advice.recommendations[0]
+        under = replay_under_recorded(base.row)
+        # Every setting is replayed as the recorded ones are: a replay short of the recording is short for all.
+        caveat = ("" if under is None else f"; but not proven: the recorded settings' replay falls "
+                  f"{format_bytes(under)} short of the recorded peak reserved (see their line above), and every "
+                  "setting here is replayed the same way")
         lines.append(f"FITS in {format_bytes(advice.capacity_bytes)}: " +
-                     ("keep your settings" if best.outcome.recorded else best.line))
+                     ("keep your settings" if best.outcome.recorded else best.line) + caveat)
         return "\n".join(lines)
     lines.append("")
     closest = advice.misses[0] if advice.misses else None

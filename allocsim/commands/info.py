@@ -79,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
     from ..metrics.categories import trace_categories
     from ..metrics.sites.rows import allocation_sites
     from ..metrics.state import format_state_report, is_state_only, state_report
-    from ..trace.inference.stats import summarize
+    from ..trace.inference.stats import counted_part, summarize
 
     options = state_options(args)
     trace = load_trace(args)
@@ -94,7 +94,11 @@ def main(args: argparse.Namespace) -> int:
         if len(selected.devices) <= 1 and len(selected.events):
             summary["categories"] = trace_categories(selected, options["site_filter"])
         if args.sites > 0:
-            summary["sites"] = allocation_sites(selected, top=args.sites, site_filter=options["site_filter"])
+            # The same memory as the byte figures: host allocations are not added to a GPU's sites.
+            counted = counted_part(selected)
+            summary["sites"] = allocation_sites(counted, top=args.sites, site_filter=options["site_filter"])
+            if counted is not selected:
+                summary["sites"]["counted"] = "GPU allocations only: host memory is another memory"
     if args.json:
         print_json(summary)
     else:
@@ -126,8 +130,9 @@ def format_allocation_sites(sites: dict[str, Any]) -> str:
     from ..metrics.sites.report import format_rows
 
     skipped = ", ".join(sites["skipped_paths"]) or "nothing"
+    counted = f", {sites['counted']}" if sites.get("counted") else ""
     lines = [f"Allocation sites: {sites['allocations']:,} allocations by the innermost frame of the program "
-             f"(skipped: {skipped}; change with --site-filter)"]
+             f"(skipped: {skipped}; change with --site-filter){counted}"]
     if sites.get("note"):
         lines.append(f"  note: {sites['note']}")
     lines.append("  by bytes allocated")
@@ -137,7 +142,8 @@ def format_allocation_sites(sites: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-_BYTE_KEYS = ("peak_live_bytes", "baseline_live_bytes", "peak_live_with_baseline_bytes", "initial_reserved_bytes")
+_BYTE_KEYS = ("peak_live_bytes", "baseline_live_bytes", "peak_live_with_baseline_bytes", "peak_demand_bytes",
+              "initial_reserved_bytes")
 
 
 def format_summary(summary: dict, indent: str = "") -> str:
@@ -172,8 +178,12 @@ def _recorded_line(run: dict[str, Any]) -> str:
     def b(key: str) -> str:
         return format_bytes(run[key]) if run.get(key) is not None else "-"
 
-    parts = [f"{run.get('allocator', 'unknown')} allocator; reserved at start {b('start_reserved_bytes')}, "
-             f"peak {b('peak_reserved_bytes')}, end {b('final_reserved_bytes')}"]
+    if run.get("start_reserved_bytes") is None and run.get("peak_reserved_bytes") is None:
+        parts = [f"{run.get('allocator', 'unknown')} allocator; reserved {b('final_reserved_bytes')} when the "
+                 "snapshot was taken (no history: the start and the peak of the run are unknown)"]
+    else:
+        parts = [f"{run.get('allocator', 'unknown')} allocator; reserved at start {b('start_reserved_bytes')}, "
+                 f"peak {b('peak_reserved_bytes')}, end {b('final_reserved_bytes')}"]
     if run.get("peak_allocated_bytes") is not None:
         parts.append(f"peak allocated {b('peak_allocated_bytes')}")
     calls = [f"{run[k]:,} {name}" for k, name in (("segment_allocs", "cudaMalloc"), ("segment_frees", "cudaFree"),

@@ -343,7 +343,7 @@ def trace_categories(trace: Trace, site_filter: SiteFilter | None = None) -> dic
     from .sites.rows import live_at_peak
 
     categories = categorize(trace, site_filter)
-    peak = live_at_peak(trace)
+    peak = live_at_peak(trace, granted_only=True)     # the peak info reports: what the real run held
     return {"at_peak": split_check(categories.split(peak.alloc_ids, peak.size_bytes), peak.live_bytes, "the peak"),
             "moments": {"at_peak": {"event_index": peak.event_index, "bytes": peak.live_bytes}},
             "rules": categories.rules}

@@ -82,7 +82,7 @@ def reproduction(summary: dict[str, Any], recorded: dict[str, Any], what_if: lis
         line = f"reproduces the recording: {', '.join(compared)} equal the real run's"
         return {"reproduces": True, "what_if": [], "mismatches": [], "line": line}
     shown = "; ".join(f"{LABELS[m['metric']]} {_value(m['metric'], m['simulated'])} "
-                      f"vs {_value(m['metric'], m['recorded'])} recorded" for m in mismatches)
+                      f"vs {_value(m['metric'], m['recorded'])} recorded{_gap(m)}" for m in mismatches)
     line = ("does NOT reproduce the recording although allocator, settings, start state and capacity are the "
             f"recorded ones: {shown}")
     out = {"reproduces": False, "what_if": [], "mismatches": mismatches, "line": line}
@@ -97,3 +97,12 @@ def _value(key: str, value: Any) -> str:
     if value is None:
         return "-"
     return format_bytes(int(value)) if key.endswith("_bytes") else f"{int(value):,}"
+
+
+def _gap(mismatch: dict[str, Any]) -> str:
+    """`` (+190.50 KiB, +195,072 bytes)`` where two differing byte figures round to the same text, else ""."""
+    sim, real = mismatch["simulated"], mismatch["recorded"]
+    if not mismatch["metric"].endswith("_bytes") or sim is None or format_bytes(int(sim)) != format_bytes(int(real)):
+        return ""
+    delta = int(sim) - int(real)
+    return f" ({'+' if delta > 0 else '-'}{format_bytes(abs(delta))}, {delta:+,} bytes)"

@@ -142,6 +142,11 @@ def device_state(trace: Trace, *, request_bytes: int | None = None, capacity_byt
     report["largest_free_block"] = (None if largest is None else
                                     {"bytes": largest[0], "pool": largest[1], "stream": largest[2]})
     capacity, capacity_source = _capacity(trace, int(device), capacity_bytes)
+    if capacity_source == "given" and capacity < totals["reserved_bytes"]:
+        # The recording itself proves the device held this much: a smaller one cannot be this run's.
+        raise ValueError(f"--capacity {format_bytes(capacity)} ({capacity:,} bytes) is below the "
+                         f"{format_bytes(totals['reserved_bytes'])} ({totals['reserved_bytes']:,} bytes) device "
+                         f"{device} had reserved when the snapshot was taken: the device held at least that much")
     report["capacity_bytes"], report["capacity_source"] = capacity, capacity_source
     request = _request(trace, int(device), request_bytes)
     report["request"] = None if request is None else judge_request(trace, report, free_blocks, request, capacity)

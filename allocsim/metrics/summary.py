@@ -76,12 +76,13 @@ class RunInfo:
     makespan_ns: int = 0
 
 
-def lower_bound_bytes(trace) -> int:
-    """Peak live bytes of ``trace`` including the allocations alive at its start."""
+def lower_bound_bytes(trace, *, granted_only: bool = False) -> int:
+    """Peak live bytes of ``trace`` including the allocations alive at its start (and the requests of
+    recorded OOMs, which the program needed, unless ``granted_only``: then what the real run held)."""
     baseline = int(trace.initial_allocs["size_bytes"].sum())
     if not len(trace.events):
         return baseline
-    _, total = live_bytes_series(trace)
+    _, total = live_bytes_series(trace, granted_only=granted_only)
     return int(max(baseline, int(total.max())))
 
 
@@ -168,6 +169,8 @@ def summarize(run: RunOutput, info: RunInfo, timeseries: pd.DataFrame) -> dict[s
     for name, (value, _) in peaks.items():
         summary[f"peak_{name}_bytes"] = value
     summary["peak_live_lower_bound_bytes"] = lower_bound
+    # Below the lower bound only where a recorded OOM's request, which never got memory, is in it.
+    summary["peak_live_granted_bytes"] = lower_bound_bytes(trace, granted_only=True)
     summary["peak_event_index"] = {name: int(event_index[row]) for name, (_, row) in peaks.items()}
     summary["peak_over_lower_bound"] = {name: _ratio(peaks[name][0], lower_bound)
                                         for name in ("requested", "allocated", "active", "reserved")}
@@ -179,7 +182,10 @@ def summarize(run: RunOutput, info: RunInfo, timeseries: pd.DataFrame) -> dict[s
         "requested_bytes": int(at_peak["requested_bytes"]),
         "allocated_bytes": int(at_peak["allocated_bytes"]),
         "active_bytes": int(at_peak["active_bytes"]),
-        "internal_fragmentation_bytes": int(at_peak["active_bytes"] - at_peak["requested_bytes"]),
+        # A trace of block sizes (Kineto's Bytes) records no request size: the rounding inside blocks is
+        # unknown, and active - requested would only be the replay rounding the blocks once more.
+        "internal_fragmentation_bytes": (None if trace.meta.version_hints.get("size_bytes") == "block"
+                                         else int(at_peak["active_bytes"] - at_peak["requested_bytes"])),
         "external_fragmentation_bytes": free_at_peak,
         "largest_free_block_bytes": lfb_at_peak,
     }

@@ -59,16 +59,24 @@ def proven_range_text(capacity_range: Any) -> str:
 
 def verdict(*, capacity_bytes: int | None, peak_reserved_bytes: int, lower_bound_bytes: int,
             oom: dict[str, Any] | None, capacity_source: str | None = None,
-            capacity_note: str = "", capacity_range: Any = None) -> dict[str, Any]:
+            capacity_note: str = "", capacity_range: Any = None,
+            granted_bytes: int | None = None, peak_is_start_state: bool = False) -> dict[str, Any]:
     """The answer of one run: ``fits``, ``headroom_bytes``, ``first_oom``, ``lower_bound_fits`` and ``line``.
 
     An inferred capacity that is only a lower bound (``capacity_range`` wider than one size) is said
     as such: "FITS in at least ...", and an out-of-memory there names the range the recording proves.
     """
     if capacity_bytes is None:
-        line = (f"no capacity to check against: the run needs {format_bytes(peak_reserved_bytes)} reserved at "
-                f"its peak; no allocator can do with less than {format_bytes(lower_bound_bytes)} "
-                "(peak live); give --capacity SIZE for a verdict")
+        # A peak that is the loaded start layout is memory cached before the trace began, not a need:
+        # on a smaller device the allocator gives cached blocks back first.
+        needs = (f"the replay reserves {format_bytes(peak_reserved_bytes)} at its peak, the start layout it "
+                 "loaded (cached before the trace began: a smaller device may do with less)"
+                 if peak_is_start_state else
+                 f"the run needs {format_bytes(peak_reserved_bytes)} reserved at its peak")
+        words, held = peak_words(lower_bound_bytes, granted_bytes)
+        label = words.rsplit(" ", 2)[0]     # "peak live" / "peak demand", without the figure
+        line = (f"no capacity to check against: {needs}; no allocator can do with less than "
+                f"{format_bytes(lower_bound_bytes)} ({label}){held}; give --capacity SIZE for a verdict")
         return {"fits": None, "capacity_bytes": None, "capacity_source": None, "capacity_note": None,
                 "headroom_bytes": None, "first_oom": None, "lower_bound_bytes": int(lower_bound_bytes),
                 "lower_bound_fits": None, "line": line}
@@ -80,7 +88,8 @@ def verdict(*, capacity_bytes: int | None, peak_reserved_bytes: int, lower_bound
     proven = f"the recording proves {proven_range_text(capacity_range)}"
     caveat = f" (inferred lower bound; {proven}: give --capacity SIZE)" if at_least else ""
     if not lower_bound_fits:
-        line = (f"no allocator setting can fit: peak live {format_bytes(lower_bound_bytes)} > {capacity}{caveat}")
+        words, held = peak_words(lower_bound_bytes, granted_bytes)
+        line = f"no allocator setting can fit: {words} > {capacity}{held}{caveat}"
     elif fits:
         headroom = format_bytes(capacity_bytes - peak_reserved_bytes)
         line = (f"FITS in at least {capacity} (inferred; {proven}): peak reserved "
@@ -101,6 +110,16 @@ def verdict(*, capacity_bytes: int | None, peak_reserved_bytes: int, lower_bound
             "lower_bound_fits": lower_bound_fits, "line": line}
 
 
+def peak_words(lower_bound_bytes: int, granted_bytes: int | None) -> tuple[str, str]:
+    """(``peak live 19.37 GiB``, ""); ``peak demand ...`` and what the real run held where a recorded
+    OOM's request, which never got memory, is in the lower bound."""
+    if granted_bytes is None or granted_bytes >= lower_bound_bytes:
+        return f"peak live {format_bytes(lower_bound_bytes)}", ""
+    return (f"peak demand {format_bytes(lower_bound_bytes)}",
+            f" (live bytes and a request the recording shows failing; the real run held at most "
+            f"{format_bytes(granted_bytes)})")
+
+
 def summary_verdict(summary: dict[str, Any], timeseries: Any, t0_ns: int, *,
                     capacity_source: str | None = None, capacity_note: str = "",
                     capacity_range: Any = None) -> dict[str, Any]:
@@ -115,4 +134,7 @@ def summary_verdict(summary: dict[str, Any], timeseries: Any, t0_ns: int, *,
                    lower_bound_bytes=summary["peak_live_lower_bound_bytes"],
                    oom=first_oom(oom, t0_ns=t0_ns, live_bytes=live,
                                  time_synthesized=bool(summary.get("trace", {}).get("time_synthesized"))),
-                   capacity_source=capacity_source, capacity_note=capacity_note, capacity_range=capacity_range)
+                   capacity_source=capacity_source, capacity_note=capacity_note, capacity_range=capacity_range,
+                   granted_bytes=summary.get("peak_live_granted_bytes"),
+                   peak_is_start_state=(summary.get("peak_event_index") or {}).get("reserved", 0) < 0
+                   and summary.get("start_state") in ("recorded", "inferred"))

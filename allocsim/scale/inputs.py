@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AllocsimError
+from ..metrics.state import HOW_TO_RECORD, is_state_only
 from ..trace import read_trace
 from ..trace.schema import EventKind, Trace
 from .keys import KeySource
@@ -116,6 +117,11 @@ def _step_of_event(steps: Steps, n_events: int) -> np.ndarray:
 
 def prepare_input(trace: Trace, value: Fraction, *, path: str = "") -> ScaleInput:
     """Split ``trace`` into steps and list its allocations (see ``ScaleInput``)."""
+    if is_state_only(trace):
+        # A final state alone has no allocation to align: without this, every pair of such inputs
+        # reads as two programs ("0.0% of the allocations ... found").
+        raise AllocsimError(f"{path or trace.meta.source} records the final state only, no history to scale: "
+                            f"{HOW_TO_RECORD}")
     origin, sites = allocation_sites(trace)
     # Sites pair allocations without step boundaries; a trough guess could cut a window mid-step.
     troughs = sites is None

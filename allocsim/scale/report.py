@@ -121,8 +121,10 @@ class ScaleReport:
         lines = [f"allocsim scale: {self.scale_name} = {self.target}", "", "inputs:"]
         for item in self.inputs:
             mark = "  (reference)" if item.reference else ""
-            lines.append(f"  {item.path} @ {item.value}: {item.allocations} allocations, {item.steps} steps "
-                         f"({item.step_source}), peak live {format_bytes(item.peak_live_bytes)}{mark}")
+            cut = ("one whole window: no step markers" if item.step_source == "none" else
+                   f"{item.steps} step{'' if item.steps == 1 else 's'} ({item.step_source})")
+            lines.append(f"  {item.path} @ {item.value}: {item.allocations} allocations, {cut}, "
+                         f"peak live {format_bytes(item.peak_live_bytes)}{mark}")
         n = self.allocations or 1
         b = self.bytes_reference or 1
         lines += [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 from typing import Any
 
 import numpy as np
@@ -266,7 +267,8 @@ class Trace:
         recorded = {}
         if str(device) in self.meta.recorded:
             recorded[str(device)] = reindex_recorded(self.meta.recorded[str(device)], kept_positions)
-        meta = dataclasses.replace(self.meta, devices=[device], recorded=recorded)
+        notes = [note for note in self.meta.notes if _note_device(note) in (None, device)]
+        meta = dataclasses.replace(self.meta, devices=[device], recorded=recorded, notes=notes)
         return Trace(
             events=events,
             meta=meta,
@@ -323,6 +325,15 @@ class Trace:
     def column(self, name: str) -> np.ndarray:
         """Return one event column as a numpy array (no copy)."""
         return self.events[name].to_numpy()
+
+
+_DEVICE_NOTE = re.compile(r"device (-?\d+): ")
+
+
+def _note_device(note: str) -> int | None:
+    """The device a reader's note is about (``"device 1: ..."``), or None for a note about the whole trace."""
+    m = _DEVICE_NOTE.match(note)
+    return int(m.group(1)) if m else None
 
 
 def check_schema(trace: Trace) -> None:

@@ -18,14 +18,14 @@ enum {
     K_ACTION, K_SIZE, K_STREAM, K_ADDR, K_TIME_US, K_FRAMES, K_DEVICE_FREE, K_USER_METADATA,
     K_COMPILE_CONTEXT, K_ADDRESS, K_TOTAL_SIZE, K_BLOCKS, K_DEVICE, K_SEGMENT_TYPE, K_IS_EXPANDABLE,
     K_SEGMENT_POOL_ID, K_STATE, K_REQUESTED_SIZE, K_FILENAME, K_LINE, K_NAME, K_SEGMENTS,
-    K_DEVICE_TRACES, K_ALLOCATOR_SETTINGS, K_EXTERNAL_ANNOTATIONS, K_COUNT
+    K_DEVICE_TRACES, K_ALLOCATOR_SETTINGS, K_EXTERNAL_ANNOTATIONS, K_HISTORY, K_COUNT
 };
 
 static const char *KEY_NAMES[K_COUNT] = {
     "action", "size", "stream", "addr", "time_us", "frames", "device_free", "user_metadata",
     "compile_context", "address", "total_size", "blocks", "device", "segment_type", "is_expandable",
     "segment_pool_id", "state", "requested_size", "filename", "line", "name", "segments",
-    "device_traces", "allocator_settings", "external_annotations",
+    "device_traces", "allocator_settings", "external_annotations", "history",
 };
 
 #define BIT(k) ((uint32_t)1 << (k))
@@ -33,7 +33,8 @@ static const char *KEY_NAMES[K_COUNT] = {
                     | BIT(K_DEVICE_FREE) | BIT(K_USER_METADATA) | BIT(K_COMPILE_CONTEXT))
 #define SEGMENT_KEYS (BIT(K_ADDRESS) | BIT(K_TOTAL_SIZE) | BIT(K_BLOCKS) | BIT(K_DEVICE) | BIT(K_STREAM) \
                       | BIT(K_SEGMENT_TYPE) | BIT(K_IS_EXPANDABLE) | BIT(K_SEGMENT_POOL_ID))
-#define BLOCK_KEYS (BIT(K_SIZE) | BIT(K_STATE) | BIT(K_ADDRESS) | BIT(K_REQUESTED_SIZE) | BIT(K_FRAMES))
+#define BLOCK_KEYS (BIT(K_SIZE) | BIT(K_STATE) | BIT(K_ADDRESS) | BIT(K_REQUESTED_SIZE) | BIT(K_FRAMES) \
+                    | BIT(K_HISTORY))
 #define FRAME_KEYS (BIT(K_FILENAME) | BIT(K_LINE) | BIT(K_NAME))
 #define TOP_KEYS (BIT(K_SEGMENTS) | BIT(K_DEVICE_TRACES) | BIT(K_ALLOCATOR_SETTINGS) | BIT(K_EXTERNAL_ANNOTATIONS))
 
@@ -483,6 +484,8 @@ static int read_segment(Ctx *cx, Frames *fr, SegCols *sc, const Val *seg, int64_
         if (scan_dict(cx, blk, BLOCK_KEYS, &g) < 0) return -1;
         int64_t bsize, baddr, requested;
         if (!has(&g, K_SIZE) || !has(&g, K_STATE)) return -1;
+        /* A PyTorch 2.0 block keeps its stack in 'history', not 'frames': the reader takes it. */
+        if (has(&g, K_HISTORY) && !has(&g, K_FRAMES)) return -1;
         if (!int_in(&g.v[K_SIZE], 0, MAX_SIZE_BYTES, &bsize)) return -1;
         if (has(&g, K_ADDRESS)) {
             if (!int_in(&g.v[K_ADDRESS], 0, INT64_MAX_, &baddr)) return -1;

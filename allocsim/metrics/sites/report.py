@@ -154,7 +154,9 @@ def format_sites(sites: dict[str, Any]) -> list[str]:
     if oom is not None:
         failed = oom["failed_request"]
         lines.append(f"  live at the first out-of-memory ({_where(oom['event_index'])}): {format_bytes(oom['bytes'])}; "
-                     f"the failed {format_bytes(failed['bytes'])} request came from {short_site(failed['site'])}")
+                     f"the failed {format_bytes(failed['bytes'])} request "
+                     + ("has no recorded frames" if failed["site"] == UNATTRIBUTED
+                        else f"came from {short_site(failed['site'])}"))
         lines += format_rows(sites["at_oom"])
     waste = m.get("waste")
     if waste is not None:

@@ -154,12 +154,14 @@ class LiveAtPeak:
                  "event_index": int(self.alloc_events[i]), "stream": int(self.streams[i])} for i in order]
 
 
-def live_at_peak(trace: Trace) -> LiveAtPeak:
+def live_at_peak(trace: Trace, *, granted_only: bool = False) -> LiveAtPeak:
     """The allocations alive at the first moment live bytes peak (start state included), exactly.
 
     Same rule as the lower bound (``trace.inference.stats.live_bytes_series``): an allocation holds its
-    requested bytes from its ALLOC event until its free completes.
+    requested bytes from its ALLOC event until its free completes. ``granted_only`` leaves out the
+    requests of recorded OOMs (they never got memory): the peak of what the real run held.
     """
+    from ...trace.inference.recorded import failed_request_events
     from ...trace.inference.stats import live_bytes_series
 
     init_ids = trace.initial_allocs["alloc_id"].to_numpy()
@@ -168,13 +170,15 @@ def live_at_peak(trace: Trace) -> LiveAtPeak:
     kind = trace.column("kind")
     peak_index = -1
     if len(kind):
-        _, total = live_bytes_series(trace)
+        _, total = live_bytes_series(trace, granted_only=granted_only)
         if int(total.max()) > baseline:
             peak_index = int(total.argmax())
     ids = trace.column("alloc_id")[: peak_index + 1]
     kinds = kind[: peak_index + 1]
     done = ids[kinds == EventKind.FREE_COMPLETED]
     allocated = np.flatnonzero(kinds == EventKind.ALLOC)
+    if granted_only:
+        allocated = np.setdiff1d(allocated, failed_request_events(trace), assume_unique=True)
     all_ids = np.concatenate([init_ids, ids[allocated]]).astype(np.int64)
     all_sizes = np.concatenate([init_sizes, trace.column("size_bytes")[allocated]]).astype(np.int64)
     events = np.concatenate([np.full(len(init_ids), -1), allocated]).astype(np.int64)

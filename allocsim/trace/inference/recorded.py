@@ -104,6 +104,15 @@ def recorded_run(trace: Trace, device: int) -> RecordedRun | None:
     return None if data is None else RecordedRun.from_dict(data)
 
 
+def failed_request_events(trace: Trace) -> np.ndarray:
+    """Indices of the ALLOC events that are recorded OOMs: requests the real run made that never got memory."""
+    found = np.array(sorted({int(o["event_index"]) for run in trace.meta.recorded.values()
+                             for o in run.get("ooms") or []}), dtype=np.int64)
+    # A prefix of the trace (a partial replay) keeps the whole recording: only its own events count.
+    found = found[(found >= 0) & (found < len(trace.events))]
+    return found[trace.column("kind")[found] == EventKind.ALLOC]
+
+
 def set_recorded_run(trace: Trace, run: RecordedRun) -> None:
     """Store ``run`` in ``trace.meta.recorded`` (readers call this once per device)."""
     trace.meta.recorded[str(run.device)] = run.to_dict()
@@ -205,9 +214,14 @@ class _DeviceRecording:
             after.append(level)
         self.reserved_after = after
         self.reserved_before = [a - d for a, d in zip(after, delta)]
+        # No entry at all for this device (a snapshot dumped without history): its segments prove what
+        # was reserved when it was taken, nothing about the start of the run or its peak.
+        history = bool(len(rows)) or bool(np.any((ev["device"].to_numpy() == device)
+                                                 & (kinds != int(EventKind.MARKER))))
         self.run = RecordedRun(
             device=device, allocator="pytorch", settings=trace.meta.allocator_settings,
-            start_reserved_bytes=start, peak_reserved_bytes=max([start] + after),
+            start_reserved_bytes=start if history else None,
+            peak_reserved_bytes=max([start] + after) if history else None,
             final_reserved_bytes=after[-1] if after else start)
         for name, action in (("segment_allocs", "segment_alloc"), ("segment_frees", "segment_free"),
                              ("segment_maps", "segment_map"), ("segment_unmaps", "segment_unmap")):

@@ -7,35 +7,43 @@ from typing import Any
 import numpy as np
 
 from ..schema import EventKind, Trace
+from .recorded import failed_request_events
 
 
-def live_bytes_series(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+def live_bytes_series(trace: Trace, *, granted_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Return (window_live_bytes, total_live_bytes) after each event, memory held until free completes.
 
     ``window_live_bytes`` counts only allocations made inside the trace; ``total_live_bytes`` adds the
-    allocations alive when the trace began (the baseline), minus those freed so far. On the compiled
-    route one pass in C (``live_bytes``) fills both without temporaries; sums that could pass int64
-    take the reference below (Python integers).
+    allocations alive when the trace began (the baseline), minus those freed so far. A recorded OOM's
+    request is an ALLOC event that is never freed: it counts (what the program asked for) unless
+    ``granted_only``, which counts only what the real run held. On the compiled route one pass in C
+    (``live_bytes``) fills both without temporaries; sums that could pass int64 take the reference
+    below (Python integers).
     """
     from ..reading import compiled
 
+    size = trace.column("size_bytes")
+    failed = failed_request_events(trace) if granted_only else ()
+    if len(failed):
+        size = size.copy()
+        size[failed] = 0
     if compiled.active() and len(trace.events):
         baseline_total = _exact_sum(trace.initial_allocs["size_bytes"].to_numpy())
         if baseline_total < _INT64_LIMIT:
             c = np.ascontiguousarray
             got = compiled.ext.live_bytes(
-                c(trace.column("kind"), np.uint8), c(trace.column("size_bytes"), np.int64),
+                c(trace.column("kind"), np.uint8), c(size, np.int64),
                 c(trace.column("alloc_id"), np.int64), c(trace.initial_allocs["alloc_id"].to_numpy(), np.int64),
                 baseline_total)
             if got is not None:
                 return np.frombuffer(got[0], np.int64), np.frombuffer(got[1], np.int64)
-    return live_bytes_series_reference(trace)
+    return live_bytes_series_reference(trace, size)
 
 
-def live_bytes_series_reference(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    """``live_bytes_series`` in numpy: the reference the compiled pass is held to."""
+def live_bytes_series_reference(trace: Trace, size_bytes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``live_bytes_series`` in numpy: the reference the compiled pass is held to (``size_bytes``: per event)."""
     kind = trace.column("kind")
-    size = trace.column("size_bytes")
+    size = trace.column("size_bytes") if size_bytes is None else size_bytes
     ids = trace.column("alloc_id")
     baseline_ids = trace.initial_allocs["alloc_id"].to_numpy()
     is_alloc = kind == EventKind.ALLOC
@@ -85,7 +93,9 @@ def summarize(trace: Trace) -> dict[str, Any]:
     others = sorted(int(d) for d in held if d < 0)
     # Host and GPU bytes are different memories: on a mixed trace the byte figures count the GPUs only.
     bytes_of = _gpu_part(trace) if gpus and others else trace
-    window, total = live_bytes_series(bytes_of)
+    # Peaks of what the real run held; a recorded OOM's request, which never got memory, only in the demand.
+    window, total = live_bytes_series(bytes_of, granted_only=True)
+    demand = int(live_bytes_series(bytes_of)[1].max()) if len(failed_request_events(bytes_of)) else None
     baseline_bytes = _exact_sum(bytes_of.initial_allocs["size_bytes"].to_numpy())
     mem_kinds = np.isin(kind, [EventKind.ALLOC, EventKind.FREE_REQUESTED, EventKind.FREE_COMPLETED])
     streams = sorted(int(s) for s in np.unique(trace.column("stream")[mem_kinds]))
@@ -110,6 +120,7 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "baseline_live_bytes": baseline_bytes,
         "peak_live_bytes": int(max(0, int(window.max()))) if len(window) else 0,
         "peak_live_with_baseline_bytes": int(max(baseline_bytes, int(total.max()))) if len(total) else baseline_bytes,
+        **({} if demand is None else {"peak_demand_bytes": max(demand, baseline_bytes)}),
         "initial_segments": int(len(trace.initial_segments)),
         "initial_reserved_bytes": _exact_sum(bytes_of.initial_segments["size_bytes"].to_numpy()),
         "recorded_decisions": {str(k): int(v) for k, v in sorted(decisions.items())},
@@ -122,7 +133,8 @@ def summarize(trace: Trace) -> dict[str, Any]:
     if len(gpus) > 1 or (not gpus and len(others) > 1):
         # Each GPU (or host memory and pinned memory) is its own memory: a sum would fit none of them.
         for key in _BYTE_KEYS:
-            out[key] = None
+            if key in out:
+                out[key] = None
         what = f"GPUs {gpus}" if gpus else f"devices {others}"
         said = (f"per device only: {what} are separate memories and their bytes are not added together"
                 + (f", nor host memory (device(s) {others})" if gpus and others else "")
@@ -139,7 +151,17 @@ def summarize(trace: Trace) -> dict[str, Any]:
 
 
 #: The figures that count bytes of one memory (None on a trace of several GPUs: see ``bytes_counted``).
-_BYTE_KEYS = ("baseline_live_bytes", "peak_live_bytes", "peak_live_with_baseline_bytes", "initial_reserved_bytes")
+_BYTE_KEYS = ("baseline_live_bytes", "peak_live_bytes", "peak_live_with_baseline_bytes", "peak_demand_bytes",
+              "initial_reserved_bytes")
+
+
+def counted_part(trace: Trace) -> Trace:
+    """The part of ``trace`` whose bytes ``info`` counts: the GPUs where host memory sits beside them."""
+    kind = trace.column("kind")
+    held = set(np.unique(trace.column("device")[kind != EventKind.MARKER]).tolist())
+    held |= set(trace.initial_allocs["device"].unique().tolist())
+    mixed = any(d >= 0 for d in held) and any(d < 0 for d in held)
+    return _gpu_part(trace) if mixed else trace
 
 
 def _gpu_part(trace: Trace) -> Trace:

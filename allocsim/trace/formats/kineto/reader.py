@@ -661,6 +661,7 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: _RecColum
     hints["total_allocated_check"] = {str(d): s for d, s in sorted(check.items())}
     meta.notes.append("Kineto records no stream: all events are on stream 0")
     meta.notes.append("sizes are the allocator's block sizes (Bytes), not the requested sizes")
+    hints["size_bytes"] = "block"      # no request size is recorded: rounding inside blocks is unknown
     if HIP in device_types:
         meta.notes.append("GPU memory recorded by a ROCm build (Device Type 6, HIP): HIP device N is "
                           "GPU device N, as CUDA's")

@@ -643,14 +643,35 @@ class _SnapshotReader:
             state = blk["state"]
             if not isinstance(state, str) or state not in _BLOCK_STATES:
                 self._bad(brec, f"unknown block state {_describe(state)}")
+            frames = blk.get("frames")
+            first = self._legacy_history(brec, blk) if "frames" not in blk and "history" in blk else None
+            if first is not None:
+                # PyTorch 2.0 kept a live block's stack in 'history' (its first entry is the allocation,
+                # as torch.cuda._memory_viz._block_extra_legacy reads it), not in 'frames'.
+                frames = first.get("frames")
             if "requested_size" in blk:
                 requested = self._check_int(brec, blk, "requested_size")
                 self._check_size(brec, requested)
+            elif first is not None and "real_size" in first:
+                requested = self._check_int(brec, first, "real_size")
+                self._check_size(brec, requested)
             else:
                 requested = bsize
-            blocks.append(_Block(baddr, bsize, requested, state, self._stack(brec, blk.get("frames"))))
+            blocks.append(_Block(baddr, bsize, requested, state, self._stack(brec, frames)))
             offset = baddr + bsize
         return _Segment(device, addr, size, stream, pool, expandable, blocks)
+
+    def _legacy_history(self, record: str, blk: dict) -> dict | None:
+        """The first entry of an old (PyTorch 2.0) block's 'history', or None when it has none."""
+        history = blk["history"]
+        if not isinstance(history, list):
+            self._bad(record, f"'history' is not a list (got {_describe(history)})")
+        if not history:
+            return None
+        first = history[0]
+        if not isinstance(first, dict):
+            self._bad(record, f"'history' entry 0 is not a dict (got {_describe(first)})")
+        return first
 
     def _parse_traces(self, raw_traces: list, has_time: bool) -> list[list[_Entry]]:
         traces: list[list[_Entry]] = []
@@ -745,7 +766,7 @@ class _SnapshotReader:
         is_req = rec.op <= 3
         b = self.b
         b.meta.devices = devices
-        self._note_declared(len(declared["addr"]), contradicted, dangling)
+        self._note_declared(declared["device"], contradicted, dangling)
         seg_events = [_segment_entries(d, f) for d, f in enumerate(fast)]
         initial_segments = self._initial_segments(segments, seg_events)
         if built.orphan_frees:
@@ -798,17 +819,20 @@ class _SnapshotReader:
                                  size_bytes=int(declared["size_bytes"][i]),
                                  block_size_bytes=int(declared["block_size_bytes"][i]),
                                  stack_id=int(declared["stack_id"][i]))
-        self._note_declared(len(declared["addr"]), contradicted, dangling)
+        self._note_declared(declared["device"], contradicted, dangling)
 
-    def _note_declared(self, n_declared: int, contradicted: int, dangling: int) -> None:
+    def _note_declared(self, declared_device: np.ndarray, contradicted: int, dangling: int) -> None:
         if contradicted:
             self._inconsistent(f"{contradicted} blocks live in the final segments were freed at the "
                                "end of the trace")
         if dangling:
             self._inconsistent(f"{dangling} allocations live at the end of the trace are not in the "
                                "final segments")
-        if n_declared:
-            self.notes.append(f"{n_declared} blocks live in the final segments were allocated "
+        devices, counts = np.unique(np.asarray(declared_device, dtype=np.int64), return_counts=True)
+        # One note per device where there are several, so each device's section states its own count.
+        prefixes = [f"device {d}: " for d in devices.tolist()] if len(devices) > 1 else [""]
+        for prefix, n_declared in zip(prefixes, counts.tolist()):
+            self.notes.append(f"{prefix}{n_declared} blocks live in the final segments were allocated "
                               "before the trace began; they are in the initial state")
 
     def _fix_orphan_block_sizes(self, initial: dict[str, np.ndarray], segments: SegmentColumns,
