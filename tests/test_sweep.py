@@ -381,3 +381,34 @@ def test_multi_stream_rows_give_the_trace_order_memory_answer(tmp_path, capsys):
     for key in ("peak_requested_bytes", "peak_reserved_bytes", "device_mallocs", "oom_count"):
         assert row[key] == fast[key], key
     assert row["timed_memory.streams"] == 4 and "alloc_latency_ns.p99" in row.index
+
+
+def test_rows_journaled_by_other_code_are_recomputed(tmp_path, tiny, monkeypatch):
+    import allocsim.sweep.tasks as tasks
+    configs = build_configs(["pytorch"], ["max_split_size=none,64MiB"])
+    out = tmp_path / "r.parquet"
+    assert run_sweep([str(tiny)], configs, output=out, fast=True).computed == 2
+    assert run_sweep([str(tiny)], configs, output=out, fast=True).skipped == 2
+    monkeypatch.setattr(tasks, "code_identity", lambda: "0.1.0+edited")   # the same version, other code
+    report = run_sweep([str(tiny)], configs, output=out, fast=True)
+    assert (report.skipped, report.computed) == (0, 2)
+
+
+def test_code_identity_follows_the_code_not_the_caches(tmp_path):
+    from allocsim.code_identity import code_identity, package_digest
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    first = package_digest(pkg)
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0" * 16)
+    (pkg / "notes.txt").write_text("not code")
+    assert package_digest(pkg) == first
+    (pkg / "a.py").write_text("x = 2\n")
+    assert package_digest(pkg) != first
+    (pkg / "a.py").write_text("x = 1\n")
+    assert package_digest(pkg) == first
+    (pkg / "sub" / "b.py").rename(pkg / "b.py")   # moved between rooms
+    assert package_digest(pkg) != first
+    assert code_identity().startswith(__import__("allocsim").__version__ + "+")

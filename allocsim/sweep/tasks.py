@@ -1,12 +1,13 @@
 """What one sweep row needs, small enough to ship to any worker: ``Task`` (a path, never the trace itself).
 
-A row is keyed by ``(allocsim version, trace_sha256, policy, params_json, capacity_bytes, device, fast)``
+A row is keyed by ``(allocsim code identity, trace_sha256, policy, params_json, capacity_bytes, device, fast)``
 and, when the sweep has one, the cost model (``cost_model_json``), and ``"inferred"`` when the
 capacity is the one the recording implies (the verdict then says so): ``Task.row_key`` is the
 SHA-256 of that tuple as canonical JSON. The same key always gives the same
 deterministic summary, which is what lets a sweep skip finished rows on resume and compare
-executors row for row. The version is in the key because a new simulator may give new results:
-rows journaled by another version are recomputed, never reused.
+executors row for row. The code identity (the version and a hash of the package's code,
+``allocsim.code_identity``) is in the key because changed code may give new results: rows
+journaled by other code are recomputed, never reused.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..version import __version__
+from ..code_identity import code_identity
 from .grid import Config
 
 #: Read files in blocks of this size when hashing them.
@@ -37,7 +38,7 @@ def row_key(trace_sha256: str, policy: str, params_json: str, capacity_bytes: in
             device: int | None, fast: bool, cost_model_json: str | None = None,
             capacity_inferred: bool = False, lenient: bool = False) -> str:
     """Hex SHA-256 identifying a row; equal keys mean equal deterministic results."""
-    parts: list = [__version__, trace_sha256, policy, params_json, capacity_bytes, device, bool(fast)]
+    parts: list = [code_identity(), trace_sha256, policy, params_json, capacity_bytes, device, bool(fast)]
     if cost_model_json is not None:   # absent for the default cost model: older journals keep their keys
         parts.append(cost_model_json)
     if capacity_inferred:             # the same for given capacities: older journals keep their keys
