@@ -39,14 +39,15 @@ The pytorch preset is read from outside (its free lists, ``_expandable`` page st
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Any, Callable, Iterable
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..policies.base import Policy
 from ..policies.direct import DirectPolicy
 from ..policies.freelist import ADDR_BITS, ADDR_MASK, FreeList
 from ..policies.pool import PoolPolicy
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: The parts of reserved memory, bottom of a stacked chart first.
 CATEGORIES = ("live_requested", "rounding", "pending_free", "gc_queue", "stranded",
@@ -249,6 +250,8 @@ def segment_table(policy: Policy) -> pd.DataFrame:
             rows.append((k, addr, alloc, stream, bottom.name, 0, req, "requested"))
             if alloc > req:
                 rows.append((k, addr, alloc, stream, bottom.name, req, alloc - req, waste))
+    import pandas as pd
+
     return pd.DataFrame(rows, columns=["segment", "segment_addr", "segment_bytes", "stream", "pool",
                                        "offset_bytes", "size_bytes", "state"]).astype(
         {"segment": "int64", "segment_addr": "int64", "segment_bytes": "int64", "stream": "int64",
@@ -345,6 +348,8 @@ class AttributionObserver:
 
     def table(self) -> pd.DataFrame:
         """The samples in run order; ``at_peak`` marks the reserved peak's row."""
+        import pandas as pd
+
         columns = ["row", "event_index", "reserved_bytes", *CATEGORIES]
         df = pd.DataFrame(self._rows, columns=columns).astype("int64")
         df["at_peak"] = df["row"] == (self.peak_row if self.peak_row is not None else -1)

@@ -46,7 +46,6 @@ import re
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from ...errors import TraceFormatError, quote
 from ..reading.builder import MAX_SIZE_BYTES, TraceBuilder
@@ -56,7 +55,7 @@ from .kineto.reader import (
 )
 from ..reading.limits import DEFAULT_LIMITS, Limits, check_count, read_bytes
 from ..schema import (
-    FRAME_DTYPES, INITIAL_ALLOC_DTYPES, RECORDED_SERIES_DTYPES, STACK_DTYPES, Trace, check_schema, frame_from_columns,
+    FRAME_DTYPES, INITIAL_ALLOC_DTYPES, RECORDED_SERIES_DTYPES, STACK_DTYPES, Trace, check_schema, table_from_columns,
 )
 
 MEMORY_EVENT = "[memory]"
@@ -294,9 +293,9 @@ def _finish(path: str, builder: TraceBuilder, recs: list[_Rec], ops: list, place
     meta.devices = sorted(set(devices) | ({marker_device} if (cols.kind == _STEP).any() else set()))
     trace = built if built is not None else builder.finish()
     _start_of_window(trace, check)
-    trace.recorded_series = frame_from_columns(series, RECORDED_SERIES_DTYPES)
-    trace.frames = frame_from_columns(tables["frames"], FRAME_DTYPES)
-    trace.stacks = frame_from_columns(tables["stacks"], STACK_DTYPES)
+    trace.recorded_series = table_from_columns(series, RECORDED_SERIES_DTYPES)
+    trace.frames = table_from_columns(tables["frames"], FRAME_DTYPES)
+    trace.stacks = table_from_columns(tables["stacks"], STACK_DTYPES)
     _store_recorded_runs(trace)
     check_schema(trace)
     return trace
@@ -341,13 +340,13 @@ def _start_of_window(trace: Trace, check: dict[int, dict[str, int]]) -> None:
     are part of it, the rest is never freed in the window. With it the replay's live bytes follow
     ``current_allocated`` exactly, on every place (Paddle counts host memory with the same stats).
     """
-    ia = trace.initial_allocs
+    ia = trace.table("initial_allocs")
     added = []
-    next_id = max([int(t["alloc_id"].max()) + 1 for t in (trace.events, ia) if len(t)], default=0)
+    next_id = max([int(t["alloc_id"].max()) + 1 for t in (trace.table("events"), ia) if len(t)], default=0)
     for device, stats in sorted(check.items()):
         if stats["baseline_bytes"] <= 0:
             continue
-        sizes = ia["size_bytes"].to_numpy()[ia["device"].to_numpy() == device]
+        sizes = ia["size_bytes"][ia["device"] == device]
         orphan_bytes = sum(sizes.tolist())
         rest = stats["baseline_bytes"] - orphan_bytes
         if rest <= 0 or rest > MAX_SIZE_BYTES:
@@ -361,20 +360,20 @@ def _start_of_window(trace: Trace, check: dict[int, dict[str, int]]) -> None:
     if added:
         rows = {name: np.array([r[k] for r in added], dtype=dtype)
                 for k, (name, dtype) in enumerate(INITIAL_ALLOC_DTYPES.items())}
-        extra = frame_from_columns(rows, INITIAL_ALLOC_DTYPES)
-        trace.initial_allocs = pd.concat([ia, extra], ignore_index=True) if len(ia) else extra
+        extra = table_from_columns(rows, INITIAL_ALLOC_DTYPES)
+        trace.initial_allocs = ia.concat(extra) if len(ia) else extra
 
 
 def _store_recorded_runs(trace: Trace) -> None:
     """Paddle's own figures per place, as ``RecordedRun`` facts (host places: allocated only)."""
     from ..inference.recorded import RecordedRun, set_recorded_run
 
-    series = trace.recorded_series
-    for device in sorted(int(d) for d in np.unique(series["device"].to_numpy())):
-        rows = series.loc[series["device"] == device]
-        allocated = rows["allocated_bytes"].to_numpy()
+    series = trace.table("recorded_series")
+    for device in sorted(int(d) for d in np.unique(series["device"])):
+        mine = series["device"] == device
+        allocated = series["allocated_bytes"][mine]
         allocated = allocated[allocated >= 0]
-        reserved = rows["reserved_bytes"].to_numpy()
+        reserved = series["reserved_bytes"][mine]
         reserved = reserved[reserved >= 0] if device >= 0 else reserved[:0]
         set_recorded_run(trace, RecordedRun(
             device=device, allocator="paddle" if device >= 0 else "paddle-host",

@@ -60,7 +60,6 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from ....errors import TraceFormatError, quote
 from ...reading import compiled
@@ -79,9 +78,10 @@ from ...schema import (
     STACK_DTYPES,
     Trace,
     check_schema,
-    frame_from_columns,
+    table_from_columns,
     text_column,
 )
+from ...table import Table
 
 MEMORY_EVENT = "[memory]"
 OOM_EVENT = "[OutOfMemory]"
@@ -690,9 +690,9 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: _RecColum
     meta.devices = sorted(set(mem_devices) | ({marker_device} if state.step_seen else set()))
     trace = built_trace if built_trace is not None else builder.finish()
     layouts = _start_of_window_allocations(trace, check, cols)
-    trace.recorded_series = frame_from_columns(series, RECORDED_SERIES_DTYPES)
-    trace.frames = frame_from_columns(frame_tables["frames"], FRAME_DTYPES)
-    trace.stacks = frame_from_columns(frame_tables["stacks"], STACK_DTYPES)
+    trace.recorded_series = table_from_columns(series, RECORDED_SERIES_DTYPES)
+    trace.frames = table_from_columns(frame_tables["frames"], FRAME_DTYPES)
+    trace.stacks = table_from_columns(frame_tables["stacks"], STACK_DTYPES)
     _store_recorded_runs(trace, layouts)
     check_schema(trace)
     return trace
@@ -874,9 +874,9 @@ def _feed(builder: TraceBuilder, cols: _RecColumns, where: str, marker_device: i
             builder.meta.notes.append(
                 f"{built.orphan_frees} frees of blocks allocated before the trace began; "
                 "they are in the initial state with the size the free reported")
-        trace = Trace(events=frame_from_columns(built.events, EVENT_DTYPES), meta=builder.meta, labels=labels,
-                      initial_allocs=frame_from_columns(built.initial, INITIAL_ALLOC_DTYPES),
-                      decisions=frame_from_columns(decisions, DECISION_DTYPES))
+        trace = Trace(events=table_from_columns(built.events, EVENT_DTYPES), meta=builder.meta, labels=labels,
+                      initial_allocs=table_from_columns(built.initial, INITIAL_ALLOC_DTYPES),
+                      decisions=table_from_columns(decisions, DECISION_DTYPES))
         return np.where(op == OP_NONE, -1, built.row_event), trace
     index = np.full(n, -1, dtype=np.int64)
     sids = records.stack_id.tolist()
@@ -913,16 +913,16 @@ def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]],
     from .layout import DeviceWindow, start_layout
 
     layouts = {}                  # device -> Layout, for the recorded run
-    ia = trace.initial_allocs
+    ia = trace.table("initial_allocs")
     added, segments, blocks, laid_out = [], [], [], []
-    next_id = max([int(t["alloc_id"].max()) + 1 for t in (trace.events, ia) if len(t)], default=0)
-    ia_device = ia["device"].to_numpy()
+    next_id = max([int(t["alloc_id"].max()) + 1 for t in (trace.table("events"), ia) if len(t)], default=0)
+    ia_device = ia["device"]
     for device, stats in sorted(check.items()):
         if device < 0:
             continue          # the CPU allocator is not the caching allocator
         mine = ia_device == device
-        orphans = list(zip(ia["alloc_id"].to_numpy()[mine].tolist(), ia["addr"].to_numpy()[mine].tolist(),
-                           ia["size_bytes"].to_numpy()[mine].tolist()))
+        orphans = list(zip(ia["alloc_id"][mine].tolist(), ia["addr"][mine].tolist(),
+                           ia["size_bytes"][mine].tolist()))
         orphan_bytes = sum(s for _, _, s in orphans)
         rest = stats["baseline_bytes"] - orphan_bytes
         rows = np.flatnonzero((cols.kind == _MEM) & (cols.device == device))
@@ -957,20 +957,21 @@ def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]],
         next_id += 1
     if segments:
         # Kineto's Bytes are block sizes: the orphans' blocks are known exactly where they are laid out.
-        ia["block_size_bytes"] = np.where(np.isin(ia["device"].to_numpy(), laid_out), ia["size_bytes"].to_numpy(),
-                                          ia["block_size_bytes"].to_numpy())
+        ia = ia.with_column("block_size_bytes", np.where(np.isin(ia["device"], laid_out), ia["size_bytes"],
+                                                         ia["block_size_bytes"]))
+        trace.initial_allocs = ia
         trace.initial_segments = _table(segments, SEGMENT_DTYPES)
         trace.initial_blocks = _table(blocks, BLOCK_DTYPES)
     if added:
         extra = _table(added, INITIAL_ALLOC_DTYPES)
-        trace.initial_allocs = pd.concat([ia, extra], ignore_index=True) if len(ia) else extra
+        trace.initial_allocs = ia.concat(extra) if len(ia) else extra
     return layouts
 
 
-def _table(rows: list[tuple], dtypes: dict) -> pd.DataFrame:
-    """A frame of ``rows`` (tuples in the order of ``dtypes``) with exactly those dtypes."""
+def _table(rows: list[tuple], dtypes: dict) -> Table:
+    """A table of ``rows`` (tuples in the order of ``dtypes``) with exactly those dtypes."""
     columns = {name: np.array([r[k] for r in rows], dtype=dtype) for k, (name, dtype) in enumerate(dtypes.items())}
-    return frame_from_columns(columns, dtypes)
+    return table_from_columns(columns, dtypes)
 
 
 def _recorded_series(cols: _RecColumns, index: np.ndarray) -> dict[str, np.ndarray]:
@@ -1007,14 +1008,14 @@ def _store_recorded_runs(trace: Trace, layouts: dict) -> None:
     """
     from ...inference.recorded import RecordedRun, set_recorded_run
 
-    series = trace.recorded_series
-    for device in sorted(int(d) for d in np.unique(series["device"].to_numpy())):
+    series = trace.table("recorded_series")
+    for device in sorted(int(d) for d in np.unique(series["device"])):
         if device < 0:
             continue   # the CPU allocator is not the caching allocator
-        rows = series.loc[series["device"] == device]
-        reserved = rows["reserved_bytes"].to_numpy()
+        mine = series["device"] == device
+        reserved = series["reserved_bytes"][mine]
         reserved = reserved[reserved >= 0]
-        allocated = rows["allocated_bytes"].to_numpy()
+        allocated = series["allocated_bytes"][mine]
         allocated = allocated[allocated >= 0]
         run = RecordedRun(
             device=device, allocator="pytorch",
