@@ -3,7 +3,7 @@
 ``attribute(policy)`` splits ``policy.reserved_bytes`` right now into the parts of ``CATEGORIES``;
 they always add up to reserved, to the byte. ``AttributionObserver`` does it during a run (every
 ``every`` events and at each new reserved peak, so the last forced sample *is* the peak) and also
-keeps the segment map at the peak; ``attribute_run`` runs a trace with one attached.
+keeps the segment map at the peak; ``allocsim.runner.attribute_run`` runs a trace with one attached.
 
 The parts, for a stack ``adaptors... -> placing policy -> SimulatedDevice``:
 
@@ -364,22 +364,6 @@ def with_time(table: pd.DataFrame, timeseries: pd.DataFrame) -> pd.DataFrame:
         if col in timeseries.columns:
             out[col] = timeseries[col].to_numpy()[rows]
     return out
-
-
-def attribute_run(trace, policy, *, every: int | None = 1000, resolution: float | None = 0.01,
-                  fast: bool = False, segments_at_peak: bool = True, snapshot_events: Iterable[int] = (),
-                  **kwargs: Any):
-    """Simulate ``trace`` with an ``AttributionObserver``; return ``(result, observer, table)``.
-
-    ``table`` is ``observer.table()`` with the run's time columns; ``kwargs`` go to ``simulate``.
-    """
-    from ..engine import simulate
-
-    observer = AttributionObserver(every, resolution=resolution, segments_at_peak=segments_at_peak,
-                                   snapshot_events=snapshot_events)
-    result = simulate(trace, policy, fast=fast, observer=observer, **kwargs)
-    observer.finish()
-    return result, observer, with_time(observer.table(), result.timeseries)
 
 
 def peak_summary(observer: AttributionObserver) -> dict[str, Any]:
