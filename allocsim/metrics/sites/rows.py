@@ -220,11 +220,13 @@ def live_at_row(trace: Trace, timeseries: Any, ooms: Any, row: int, *, continue_
     alloc = executed & (kind == EventKind.ALLOC)
     freed = ids[executed & (kind == EventKind.FREE_COMPLETED)]
     init = trace.table("initial_allocs")
+    init_ids, init_sizes, init_stacks = init["alloc_id"], init["size_bytes"], init["stack_id"]
     if not continue_on_oom and len(ooms) and int(ooms["event_index"].iat[0]) < 0:
-        init = init[init["alloc_id"] <= int(ooms["alloc_id"].iat[0])]
-    all_ids = np.concatenate([init["alloc_id"], ids[alloc]]).astype(np.int64)
-    sizes = np.concatenate([init["size_bytes"], trace.column("size_bytes")[alloc]]).astype(np.int64)
-    stacks = np.concatenate([init["stack_id"], trace.column("stack_id")[alloc]]).astype(np.int64)
+        placed = init_ids <= int(ooms["alloc_id"].iat[0])
+        init_ids, init_sizes, init_stacks = init_ids[placed], init_sizes[placed], init_stacks[placed]
+    all_ids = np.concatenate([init_ids, ids[alloc]]).astype(np.int64)
+    sizes = np.concatenate([init_sizes, trace.column("size_bytes")[alloc]]).astype(np.int64)
+    stacks = np.concatenate([init_stacks, trace.column("stack_id")[alloc]]).astype(np.int64)
     alive = ~np.isin(all_ids, freed) & ~np.isin(all_ids, failed)
     live = LiveSet(row, int(ev[row]), all_ids[alive], sizes[alive], stacks[alive])
     expected = int(timeseries["requested_bytes"].to_numpy()[row])
