@@ -12,8 +12,8 @@ time (user + system) of the process, which a busy machine inflates less than the
 
 Bytecode: the package runs from a fresh copy of ``allocsim/`` (compiled extensions included) in a
 temporary folder, so the state of the cache is known. ``--bytecode off`` (the default) sets
-``PYTHONDONTWRITEBYTECODE=1``, as the team's machines do: allocsim's modules are compiled from
-source at every start. ``--bytecode on`` is a user's machine: Python writes allocsim's ``.pyc``
+``PYTHONDONTWRITEBYTECODE=1``, as the machine of docs/performance.md does: allocsim's modules are
+compiled from source at every start. ``--bytecode on`` is a user's machine: Python writes allocsim's ``.pyc``
 files on a first, untimed run and reads them afterwards. The standard library and the installed
 packages use their installed ``.pyc`` files either way.
 """
