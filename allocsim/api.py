@@ -133,7 +133,7 @@ def attribute_run(trace: Trace | str | os.PathLike, policy: str = "pytorch", par
     parameters, capacity and device as in ``run``; ``fast=False`` times the replay (the default cost
     model), which on a trace of several streams may order memory differently from ``run``'s figures.
     """
-    from .metrics.attribution import attribute_run as _attribute
+    from .runner import attribute_run as _attribute
 
     trace, name, merged, resolved = _prepare(trace, policy, params, alloc_conf, capacity, device)
     return _attribute(trace, name, every=every, resolution=resolution, fast=fast, segments_at_peak=segments_at_peak,

@@ -19,7 +19,7 @@ What the commands (``run``, ``sweep``, ...) share beyond the engine:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -230,3 +230,39 @@ def add_recording(result: RunResult, trace: Trace, policy: str, params: Mapping[
     if unproven is not None:
         # A fit below the recorded peak that rests on what the replay misses is said to be unproven.
         summary["verdict"]["line"] += "; but " + unproven["line"]
+
+
+# ----------------------------------------------------------------------------- replays with an observer
+def attribute_run(trace: Trace, policy: str, *, every: int | None = 1000, resolution: float | None = 0.01,
+                  fast: bool = False, segments_at_peak: bool = True, snapshot_events: Iterable[int] = (),
+                  **kwargs: Any):
+    """Simulate ``trace`` with an ``AttributionObserver``; return ``(result, observer, table)``.
+
+    ``table`` is ``observer.table()`` with the run's time columns; ``kwargs`` go to ``engine.simulate``.
+    """
+    from .engine import simulate
+    from .metrics.attribution import AttributionObserver, with_time
+
+    observer = AttributionObserver(every, resolution=resolution, segments_at_peak=segments_at_peak,
+                                   snapshot_events=snapshot_events)
+    result = simulate(trace, policy, fast=fast, observer=observer, **kwargs)
+    observer.finish()
+    return result, observer, with_time(observer.table(), result.timeseries)
+
+
+def waste_by_site(trace: Trace, build_policy: Callable[[], Any], event_index: int, *,
+                  continue_on_oom: bool = False) -> Any:
+    """Replay ``trace`` up to ``event_index`` (-1: the start state) with a fresh policy and charge its waste there.
+
+    Returns the ``metrics.sites.waste.WasteCharges`` of that moment.
+    """
+    from .metrics.sites.rows import SiteAccountingError
+    from .metrics.sites.waste import WasteTracker
+
+    prefix = trace if event_index + 1 >= len(trace) else dataclasses.replace(
+        trace, events=trace.events.iloc[:event_index + 1].reset_index(drop=True))
+    tracker = WasteTracker(trace, event_index)
+    run_fast(prefix, build_policy(), continue_on_oom=continue_on_oom, observer=tracker)
+    if tracker.result is None:
+        raise SiteAccountingError(f"the replay never reached event {event_index}")
+    return tracker.result

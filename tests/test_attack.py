@@ -355,10 +355,10 @@ def test_site_waste_reads_each_pool_view_once(tmp_path, monkeypatch):
     """Charging waste to code sites on a start state of 1,000 segments copies each compiled free list's
     views once per pool, not once per free block (40k segments took over 10 minutes), and charges the
     same bytes to the same sites as the reference route."""
-    from allocsim.metrics.sites.waste import waste_by_site, waste_total_check
+    from allocsim.metrics.sites.waste import waste_total_check
     from allocsim.policies import kernel
     from allocsim.policies.registry import build_policy
-    from allocsim.runner import device_for, resolve_capacity, simulate_trace
+    from allocsim.runner import device_for, resolve_capacity, simulate_trace, waste_by_site
     from allocsim.trace import read_trace
     from tests.attack_files import many_initial_segments_snapshot
 

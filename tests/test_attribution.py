@@ -17,11 +17,11 @@ from allocsim.metrics.attribution import (
     CATEGORIES,
     AttributionObserver,
     attribute,
-    attribute_run,
     reference_stream,
     segment_table,
 )
 from allocsim.policies import build_policy, policy_specs
+from allocsim.runner import attribute_run
 from allocsim.trace import read_trace
 from allocsim.trace.reading.builder import TraceBuilder
 from allocsim.units import KiB, MiB

@@ -21,7 +21,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from allocsim.cli import main as cli_main  # noqa: E402
 from allocsim.engine import simulate  # noqa: E402
-from allocsim.metrics.attribution import attribute_run  # noqa: E402
+from allocsim.runner import attribute_run  # noqa: E402
 from allocsim.plots import (  # noqa: E402
     comparison_table,
     downsample,

@@ -339,9 +339,9 @@ def test_allocation_sites_of_a_trace_without_frames(tmp_path):
                                             ("bestfit", {}), ("cupy", {}), ("paddle", {}), ("direct", {})])
 def test_every_waste_byte_is_placed_by_the_walk(policy, params, shared_dir):
     """No cause is left to a residual: the walk places each byte the attribution counts (known policies)."""
-    from allocsim.metrics.sites.waste import waste_by_site, waste_total_check
+    from allocsim.metrics.sites.waste import waste_total_check
     from allocsim.policies.registry import build_policy
-    from allocsim.runner import device_for, resolve_capacity, simulate_trace
+    from allocsim.runner import device_for, resolve_capacity, simulate_trace, waste_by_site
 
     for name in ("kkaitlyn111__memory_ctx128_fullstep.pickle", "Maphsge4__snapshot.pickle"):
         trace = read_trace(SNAPSHOTS / name)

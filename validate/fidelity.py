@@ -55,7 +55,7 @@ import numpy as np
 from allocsim.device import SimulatedDevice
 from allocsim.errors import AllocsimError, OutOfMemory
 from allocsim.policies.freelist import ADDR_BITS, ADDR_MASK
-from allocsim.policies.growth import K_SMALL_SIZE
+from allocsim.settings.pytorch_sizes import K_SMALL_SIZE
 from allocsim.policies.pytorch import PyTorchPolicy
 from allocsim.settings.recorded import allocator_settings_to_kwargs
 from allocsim.trace import read_trace

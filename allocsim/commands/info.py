@@ -91,7 +91,7 @@ def main(args: argparse.Namespace) -> int:
     if state is not None:
         summary["state"] = state
     else:
-        if len(selected.devices) <= 1 and len(selected.events):
+        if len(selected.devices) <= 1 and len(selected):
             summary["categories"] = trace_categories(selected, options["site_filter"])
         if args.sites > 0:
             # The same memory as the byte figures: host allocations are not added to a GPU's sites.

@@ -159,7 +159,7 @@ def _simulate(trace: Any, spec: Any, params: dict[str, Any], capacity: Any, args
     """One spec's run with attribution: memory in the trace's order, timing (unless --fast) beside it."""
     from ..cost import CostModel
     from ..engine import run_simpy
-    from ..metrics.attribution import attribute_run
+    from ..runner import attribute_run
     from ..runner import add_recording, merge_timed, stream_count
 
     streams = stream_count(trace)

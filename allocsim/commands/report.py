@@ -6,6 +6,12 @@ simulated timelines that zoom without losing a peak, the segment/block map at th
 memory and at the end of each run (hover a block for its size, category, lifetime and stack), the
 code-site tables and, with ``--advise``, the settings that fit with their paste-ready lines.
 Exit status: 0 the page was written, 2 a usage or input error (one line on stderr).
+
+``build_report`` replays each ``--policy`` exactly as ``allocsim run TRACE --policy P --fast``
+replays it (the ``run`` command's own code, so the verdict line is the one ``run`` prints), with its
+code sites and categories; ``allocsim.report`` draws the page from what the runs return, with the
+segment maps of a second replay (``report.maps``). ``--advise`` adds ``allocsim advise``'s
+recommendations.
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ import argparse
 import os
 import sys
 import time
+from typing import Any, Callable
 
 from ..errors import AllocsimError
+from ..units import parse_bytes
 from .common import add_trace_args
 
 
@@ -57,8 +65,6 @@ def _read_options(args: argparse.Namespace) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     """Build the page and write it; 0 when written, 2 on bad input."""
-    from ..report import build_report
-
     started = time.perf_counter()
     try:
         if args.sites < 1:
@@ -78,3 +84,73 @@ def main(args: argparse.Namespace) -> int:
         print(f"{run['label']}: {run['verdict']}")
     print(f"wrote {args.out} ({size / 2**20:.2f} MiB) in {time.perf_counter() - started:.1f} s")
     return 0
+
+
+def _run_args(trace_path: str, policy: str, capacity: str | None, device: int | None, sites: int,
+              read_options: list[str]) -> argparse.Namespace:
+    """The arguments ``allocsim run`` would parse for this policy (``--fast``)."""
+    from ..cli import build_parser
+
+    argv = ["run", trace_path, "--policy", policy, "--fast", "--sites", str(sites), *read_options]
+    if capacity is not None:
+        argv += ["--capacity", capacity]
+    if device is not None:
+        argv += ["--device", str(device)]
+    return build_parser().parse_args(argv)
+
+
+def build_report(trace_path: str, policies: list[str], *, capacity: str | None = None, device: int | None = None,
+                 sites: int = 10, advise: bool = False, read_options: list[str] | None = None,
+                 log: Callable[[str], None] = lambda message: None) -> tuple[str, dict[str, Any]]:
+    """(the page's HTML, its data) for ``trace_path`` replayed under each of ``policies``."""
+    import numpy as np
+
+    from ..engine import select_device
+    from ..metrics.categories import categorize
+    from ..metrics.sites.rule import SiteFilter, SiteIndex
+    from ..report.data import PolicyRun, report_data
+    from ..report.maps import segment_maps
+    from ..report.page import render
+    from ..runner import resolve_capacity
+    from .common import load_trace
+    from .run import execute, format_run, resolve_policy
+
+    read_options = list(read_options or [])
+    first = _run_args(trace_path, policies[0], capacity, device, sites, read_options)
+    trace = select_device(load_trace(first), device)
+    from ..metrics.state import is_state_only
+
+    if is_state_only(trace):
+        raise ValueError(f"{trace.meta.source or trace_path} records the final state only, no history to replay: "
+                         f"`allocsim run {trace_path} --policy pytorch` reports that state")
+    runs = []
+    for text in policies:
+        args = _run_args(trace_path, text, capacity, device, sites, read_options)
+        log(f"replaying {text}")
+        result = execute(args, trace)
+        name, params = resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf)
+        verdict = format_run(result).rpartition("\n")[2]
+        cap = resolve_capacity(trace, None if capacity is None else parse_bytes(capacity))
+        runs.append(PolicyRun(label=text, result=result, verdict_line=verdict,
+                              maps=segment_maps(trace, name, params, cap.bytes, result.summary)))
+    categories = categorize(trace)
+    index = SiteIndex(trace, SiteFilter())
+    program = index._program
+    advice = advice_text = None
+    if advise:
+        log("searching the allocator's settings (advise)")
+        advice, advice_text = _advise(trace_path, policies[0], capacity, device)
+    data = report_data(trace, runs, categories, np.asarray(program, dtype=bool), advice, advice_text)
+    return render(data), data
+
+
+def _advise(trace_path: str, policy: str, capacity: str | None, device: int | None) -> tuple[dict, str]:
+    """``allocsim advise --fast``'s JSON object and text for the first policy's allocator."""
+    from ..advise.advice import advise
+    from ..advise.report import advice_to_dict, format_advice
+    from ..settings.alloc_conf import parse_policy_spec
+    name = parse_policy_spec(policy).name
+    advice = advise(trace_path, policy=name if name in ("pytorch", "paddle", "cupy") else "pytorch",
+                    capacity_bytes=parse_bytes(capacity) if capacity else None, device=device, fast=True,
+                    progress=False, log=lambda message: None)
+    return advice_to_dict(advice), format_advice(advice)

@@ -295,13 +295,16 @@ def add_sites(result: Any, trace: Any, policy: str, params: dict[str, Any], capa
     """Add the run's code sites to its summary (``sites``) and name the failed request in its verdict."""
     from ..metrics.sites.report import name_failed_request, run_sites
     from ..policies.registry import build_policy
-    from ..runner import device_for
+    from ..runner import device_for, waste_by_site
 
     def build():
         return build_policy(policy, device=device_for(capacity_bytes, cost_model), params=dict(params or {}),
                             allocator_settings=trace.meta.allocator_settings)
 
-    sites = run_sites(trace, result, build, site_filter=site_filter, top=top, continue_on_oom=continue_on_oom,
+    def waste_at(event_index: int) -> Any:
+        return waste_by_site(trace, build, event_index, continue_on_oom=continue_on_oom)
+
+    sites = run_sites(trace, result, waste_at, site_filter=site_filter, top=top, continue_on_oom=continue_on_oom,
                       categories=categories)
     result.summary["sites"] = sites
     name_failed_request(result.summary, sites)

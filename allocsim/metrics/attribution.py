@@ -3,7 +3,7 @@
 ``attribute(policy)`` splits ``policy.reserved_bytes`` right now into the parts of ``CATEGORIES``;
 they always add up to reserved, to the byte. ``AttributionObserver`` does it during a run (every
 ``every`` events and at each new reserved peak, so the last forced sample *is* the peak) and also
-keeps the segment map at the peak; ``attribute_run`` runs a trace with one attached.
+keeps the segment map at the peak; ``allocsim.runner.attribute_run`` runs a trace with one attached.
 
 The parts, for a stack ``adaptors... -> placing policy -> SimulatedDevice``:
 
@@ -39,14 +39,15 @@ The pytorch preset is read from outside (its free lists, ``_expandable`` page st
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Any, Callable, Iterable
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..policies.base import Policy
 from ..policies.direct import DirectPolicy
 from ..policies.freelist import ADDR_BITS, ADDR_MASK, FreeList
 from ..policies.pool import PoolPolicy
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: The parts of reserved memory, bottom of a stacked chart first.
 CATEGORIES = ("live_requested", "rounding", "pending_free", "gc_queue", "stranded",
@@ -249,6 +250,8 @@ def segment_table(policy: Policy) -> pd.DataFrame:
             rows.append((k, addr, alloc, stream, bottom.name, 0, req, "requested"))
             if alloc > req:
                 rows.append((k, addr, alloc, stream, bottom.name, req, alloc - req, waste))
+    import pandas as pd
+
     return pd.DataFrame(rows, columns=["segment", "segment_addr", "segment_bytes", "stream", "pool",
                                        "offset_bytes", "size_bytes", "state"]).astype(
         {"segment": "int64", "segment_addr": "int64", "segment_bytes": "int64", "stream": "int64",
@@ -345,6 +348,8 @@ class AttributionObserver:
 
     def table(self) -> pd.DataFrame:
         """The samples in run order; ``at_peak`` marks the reserved peak's row."""
+        import pandas as pd
+
         columns = ["row", "event_index", "reserved_bytes", *CATEGORIES]
         df = pd.DataFrame(self._rows, columns=columns).astype("int64")
         df["at_peak"] = df["row"] == (self.peak_row if self.peak_row is not None else -1)
@@ -359,22 +364,6 @@ def with_time(table: pd.DataFrame, timeseries: pd.DataFrame) -> pd.DataFrame:
         if col in timeseries.columns:
             out[col] = timeseries[col].to_numpy()[rows]
     return out
-
-
-def attribute_run(trace, policy, *, every: int | None = 1000, resolution: float | None = 0.01,
-                  fast: bool = False, segments_at_peak: bool = True, snapshot_events: Iterable[int] = (),
-                  **kwargs: Any):
-    """Simulate ``trace`` with an ``AttributionObserver``; return ``(result, observer, table)``.
-
-    ``table`` is ``observer.table()`` with the run's time columns; ``kwargs`` go to ``simulate``.
-    """
-    from ..engine import simulate
-
-    observer = AttributionObserver(every, resolution=resolution, segments_at_peak=segments_at_peak,
-                                   snapshot_events=snapshot_events)
-    result = simulate(trace, policy, fast=fast, observer=observer, **kwargs)
-    observer.finish()
-    return result, observer, with_time(observer.table(), result.timeseries)
 
 
 def peak_summary(observer: AttributionObserver) -> dict[str, Any]:

@@ -96,13 +96,13 @@ def split_check(split: dict[str, int], total_bytes: int, where: str) -> dict[str
 # ----------------------------------------------------------------------------- per stack
 def _stack_flags(trace: Trace) -> dict[str, np.ndarray]:
     """Per stack id: which of the rules' frame tests it meets (one pass over the distinct stacks)."""
-    st, fr = trace.stacks, trace.frames
+    st, fr = trace.table("stacks"), trace.table("frames")
     n_stacks = int(st["stack_id"].max()) + 1 if len(st) else 0
     flags = {k: np.zeros(n_stacks, dtype=bool) for k in ("workspace", "optimizer", "accumulate", "engine", "build")}
     if not n_stacks:
         return flags
-    names = fr["name"].astype(str).to_numpy()
-    files = fr["filename"].astype(str).to_numpy()
+    names = [str(v) for v in fr["name"].tolist()]
+    files = [str(v) for v in fr["filename"].tolist()]
     per_frame = {
         "workspace": np.array([bool(_WORKSPACE.search(n)) for n in names], dtype=bool),
         "optimizer": np.array([bool(_OPTIMIZER.search(n)) or (n == "step" and "optim" in f.lower())
@@ -113,11 +113,11 @@ def _stack_flags(trace: Trace) -> dict[str, np.ndarray]:
                            or f.replace("\\", "/").endswith("torch/nn/parameter.py") for n, f in zip(names, files)],
                           dtype=bool),
     }
-    frame_ids = fr["frame_id"].to_numpy()
+    frame_ids = fr["frame_id"]
     pos = np.zeros(int(frame_ids.max()) + 1 if len(frame_ids) else 0, dtype=np.int64)
     pos[frame_ids] = np.arange(len(frame_ids))
-    rows = pos[st["frame_id"].to_numpy()]
-    sid = st["stack_id"].to_numpy().astype(np.int64)
+    rows = pos[st["frame_id"]]
+    sid = st["stack_id"].astype(np.int64)
     for key, hit in per_frame.items():
         flags[key][sid[hit[rows]]] = True
     return flags
@@ -126,17 +126,17 @@ def _stack_flags(trace: Trace) -> dict[str, np.ndarray]:
 # ----------------------------------------------------------------------------- per allocation
 def categorize(trace: Trace, site_filter: SiteFilter | None = None) -> Categories:
     """Name every allocation of ``trace`` (one device) by the rules of this module, first match wins."""
-    ev = trace.events
-    kind = ev["kind"].to_numpy()
-    ids = ev["alloc_id"].to_numpy().astype(np.int64)
+    ev = trace.table("events")
+    kind = ev["kind"]
+    ids = ev["alloc_id"].astype(np.int64)
     n_events = len(kind)
     alloc_pos = np.flatnonzero(kind == EventKind.ALLOC)
-    init = trace.initial_allocs
-    init_ids = init["alloc_id"].to_numpy().astype(np.int64)
+    init = trace.table("initial_allocs")
+    init_ids = init["alloc_id"].astype(np.int64)
     all_ids = np.concatenate([init_ids, ids[alloc_pos]])
     born = np.concatenate([np.full(len(init_ids), -1, dtype=np.int64), alloc_pos.astype(np.int64)])
-    stacks = np.concatenate([init["stack_id"].to_numpy(), ev["stack_id"].to_numpy()[alloc_pos]]).astype(np.int64)
-    sizes = np.concatenate([init["size_bytes"].to_numpy(), ev["size_bytes"].to_numpy()[alloc_pos]]).astype(np.int64)
+    stacks = np.concatenate([init["stack_id"], ev["stack_id"][alloc_pos]]).astype(np.int64)
+    sizes = np.concatenate([init["size_bytes"], ev["size_bytes"][alloc_pos]]).astype(np.int64)
     n = len(all_ids)
     order = np.argsort(all_ids, kind="stable")
     sorted_ids = all_ids[order]
@@ -369,7 +369,7 @@ def category_timeline(trace: Trace, categories: Categories, columns: int = 2000)
     kind = trace.column("kind")
     ids = trace.column("alloc_id").astype(np.int64)
     sizes = trace.column("size_bytes").astype(np.int64)
-    init = trace.initial_allocs
+    init = trace.table("initial_allocs")
     alloc = kind == EventKind.ALLOC
     done = kind == EventKind.FREE_COMPLETED
     code = np.full(len(kind), -1, dtype=np.int64)
@@ -378,7 +378,7 @@ def category_timeline(trace: Trace, categories: Categories, columns: int = 2000)
     freed = np.flatnonzero(done)[known]
     code[freed] = categories.of(ids[freed])
     delta = np.where(alloc, sizes, 0) - np.where(done & (code >= 0), sizes, 0)
-    baseline = group_sums(categories.of(init["alloc_id"].to_numpy()), init["size_bytes"].to_numpy(), len(CATEGORIES))
+    baseline = group_sums(categories.of(init["alloc_id"]), init["size_bytes"], len(CATEGORIES))
     total = np.cumsum(np.where(code >= 0, delta, 0)) + sum(baseline)
     if not len(total):
         return {"x": [], "event_index": [], "bytes": {c: [] for c in CATEGORIES}}

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..policies.growth import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE
+from ..settings.pytorch_sizes import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE
 from ..policies.pytorch_rules import SIZE_MAX, get_allocation_size, oversize_rejects, round_size
 from ..settings.recorded import allocator_settings_to_kwargs
 from ..trace.inference.recorded import recorded_run
@@ -54,7 +54,7 @@ def has_history(trace: Trace) -> bool:
 
 def is_state_only(trace: Trace) -> bool:
     """A snapshot with a recorded state and no history: what ``state_report`` is for."""
-    return len(trace.initial_segments) > 0 and not has_history(trace)
+    return len(trace.table("initial_segments")) > 0 and not has_history(trace)
 
 
 # ----------------------------------------------------------------------------- blocks

@@ -4,7 +4,7 @@ None of them reads or writes files; ``allocsim plot`` saves each figure beside t
 Pass ``ax=`` to draw into your own layout; without it each makes a new figure. Long time series
 are downsampled for drawing (``downsample``: min and max per bucket, so peaks stay exact).
 
-    from allocsim.metrics.attribution import attribute_run
+    from allocsim.runner import attribute_run
     from allocsim.plots import plot_timeline, plot_attribution, plot_segment_map
     result, observer, table = attribute_run(trace, "pytorch")
     plot_timeline(result); plot_attribution(table, result.summary); plot_segment_map(observer.peak_segments)

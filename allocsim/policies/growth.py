@@ -9,16 +9,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..units import MiB, align_up
+# PyTorch CUDACachingAllocator constants (c10/cuda/CUDACachingAllocator.cpp, research notes §1.1);
+# the policies import them from here.
+from ..settings.pytorch_sizes import K_LARGE_BUFFER, K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL_BUFFER, K_SMALL_SIZE
+from ..units import align_up
 
 GrowthRule = Callable[[int], int]
-
-#: PyTorch CUDACachingAllocator constants (c10/cuda/CUDACachingAllocator.cpp, research notes §1.1).
-K_SMALL_SIZE = 1 * MiB        # largest "small" request
-K_SMALL_BUFFER = 2 * MiB      # small requests are packed into 2 MiB segments
-K_LARGE_BUFFER = 20 * MiB     # 1-10 MiB requests get a 20 MiB segment
-K_MIN_LARGE_ALLOC = 10 * MiB  # requests from here on get their own segment
-K_ROUND_LARGE = 2 * MiB       # ... rounded up to 2 MiB
 
 
 def exact(size_bytes: int) -> int:

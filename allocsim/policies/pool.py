@@ -22,7 +22,8 @@ from ..units import MiB
 from . import kernel
 from .base import Policy
 from .freelist import ADDR_BITS, ADDR_MASK, FreeList, segment_finder
-from .growth import K_SMALL_SIZE, make_growth
+from ..settings.pytorch_sizes import K_SMALL_SIZE
+from .growth import make_growth
 
 #: What a pool releases before retrying a failed device allocation, in order.
 OOM_RELEASE_MODES = ("all", "stream-then-all", "none")

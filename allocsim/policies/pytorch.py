@@ -29,7 +29,8 @@ from ..device import DeviceOutOfMemory
 from ..errors import OutOfMemory
 from .expandable import ExpandableSegments
 from .freelist import ADDR_BITS, ADDR_MASK, FreeList
-from .growth import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE, pytorch_allocation_size
+from ..settings.pytorch_sizes import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE
+from .growth import pytorch_allocation_size
 from .pool import PoolPolicy
 from ..settings.divisions import parse_roundup_power2_divisions
 from ..settings.recorded import allocator_settings_to_kwargs

@@ -9,10 +9,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..settings.divisions import K_ROUNDUP_POWER2_INTERVALS
+from ..settings.pytorch_sizes import K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, K_SMALL_SIZE
 from ..units import SIZE_MAX, MiB
-from .growth import K_LARGE_BUFFER, K_SMALL_SIZE, pytorch_allocation_size
-
-K_MIN_BLOCK_SIZE = 512
+from .growth import pytorch_allocation_size
 
 get_allocation_size = pytorch_allocation_size
 

@@ -1,5 +1,5 @@
-"""``allocsim report``: one self-contained, offline HTML page of a trace's replays (see ``build``)."""
+"""The ``allocsim report`` page: ``data.report_data`` gathers a trace's runs, ``page.render`` writes the HTML.
 
-from .build import build_report
-
-__all__ = ["build_report"]
+``maps.segment_maps`` takes the segment maps of a run; ``allocsim.commands.report.build_report``
+runs the policies (as ``allocsim run`` does) and hands the runs here.
+"""

@@ -23,10 +23,11 @@ from typing import Any, Callable, Mapping
 from ..errors import QUOTE_CHARS, quote
 from ..units import MiB
 from .divisions import K_ROUNDUP_POWER2_INTERVALS
+from .pytorch_sizes import K_LARGE_BUFFER
 from .values import finite_number
 
 #: PyTorch's kLargeBuffer in MB: the smallest max_split_size_mb / max_non_split_rounding_mb it accepts.
-MIN_SPLIT_MB = 20
+MIN_SPLIT_MB = K_LARGE_BUFFER // MiB
 ENV_VAR = "PYTORCH_CUDA_ALLOC_CONF"
 
 

@@ -13,8 +13,7 @@ from typing import Any, Callable, Mapping
 from ..errors import TraceFormatError, quote
 from ..units import SIZE_MAX
 from .divisions import parse_roundup_power2_divisions
-
-K_LARGE_BUFFER = 20 * 1024 * 1024
+from .pytorch_sizes import K_LARGE_BUFFER
 
 
 def setting_problem(key: str, value: Any) -> str | None:

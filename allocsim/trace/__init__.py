@@ -82,7 +82,7 @@ def read_trace(path: str | os.PathLike, *, format: str | None = None, lenient: b
         raise TraceFormatError(path, None, f"malformed {fmt} data: {type(exc).__name__}: {quote(str(exc))}") from None
     from .reading.validate import check_live_bytes, check_time_range
 
-    check_time_range(path, trace.events["t_ns"].to_numpy())
+    check_time_range(path, trace.column("t_ns"))
     check_live_bytes(path, trace)
     return trace
 

@@ -4,6 +4,8 @@ A trace is columnar. ``Trace.events`` is a pandas DataFrame with exactly the col
 ``EVENT_DTYPES`` (40 bytes per event); side tables hold the state at the start of the window, the
 real allocator's recorded decisions (kept apart from the program's requests), the allocator's own
 recorded totals, and the stack frames of the program (one interned table, one stack id per event).
+Readers hand each table over as numpy columns (``allocsim.trace.table.Table``); the DataFrame is
+built on first use, and ``Trace.table(name)`` reads the columns without it (no pandas import).
 """
 
 from __future__ import annotations
@@ -11,10 +13,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
+
+from .table import OPTIONAL_COLUMNS, Table
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class EventKind(enum.IntEnum):
@@ -113,9 +119,6 @@ RECORDED_SERIES_DTYPES: dict[str, np.dtype] = {
     "reserved_bytes": np.dtype("int64"),    # -1 when not recorded
 }
 
-#: Columns a caller may leave out of ``frame_from_columns``: filled with this value.
-OPTIONAL_COLUMNS = {"stack_id": -1}
-
 DECISION_ACTIONS = (
     "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
     "segment_map", "segment_unmap", "oom", "snapshot",
@@ -124,11 +127,14 @@ DECISION_ACTIONS = (
 
 def empty_frame(dtypes: dict[str, np.dtype]) -> pd.DataFrame:
     """Return an empty DataFrame with the columns and dtypes of one schema table."""
-    return pd.DataFrame({name: np.empty(0, dtype=dtype) for name, dtype in dtypes.items()}, copy=False)
+    return Table.empty(dtypes).frame()
 
 
-#: The dtype pandas gives a column of Python strings (``str`` in pandas >= 3, else object).
-_TEXT_DTYPE = pd.Series(["x"]).dtype
+def _text_dtype() -> Any:
+    """The dtype pandas gives a column of Python strings (``str`` in pandas >= 3, else object)."""
+    import pandas as pd
+
+    return pd.Series(["x"]).dtype
 
 
 def text_column(names: Any, codes: np.ndarray) -> Any:
@@ -137,33 +143,26 @@ def text_column(names: Any, codes: np.ndarray) -> Any:
     Pass the result in ``frame_from_columns``' columns for an object-dtype column.
     """
     codes = np.asarray(codes, dtype=np.intp)
-    if _TEXT_DTYPE == np.dtype(object) or not len(codes):
+    if not len(codes) or _text_dtype() == np.dtype(object):
         return np.asarray(list(names), dtype=object)[codes]
-    return pd.array(list(names), dtype=_TEXT_DTYPE).take(codes)
+    import pandas as pd
+
+    return pd.array(list(names), dtype=_text_dtype()).take(codes)
+
+
+def table_from_columns(columns: dict[str, Any], dtypes: dict[str, np.dtype]) -> Table:
+    """Build a schema table from column sequences, casting each to the schema dtype (no pandas).
+
+    Optional columns (``stack_id``) that ``columns`` lacks are filled with their default. A text
+    column may be given as ``text_column``'s result. Give the result to ``Trace``: its DataFrame is
+    built when first asked for.
+    """
+    return Table.of(columns, dtypes)
 
 
 def frame_from_columns(columns: dict[str, Any], dtypes: dict[str, np.dtype]) -> pd.DataFrame:
-    """Build a schema table from column sequences, casting each to the schema dtype.
-
-    Optional columns (``stack_id``) that ``columns`` lacks are filled with their default. A text
-    column may be given as ``text_column``'s result.
-    """
-    missing = set(dtypes) - set(columns) - set(OPTIONAL_COLUMNS)
-    if missing:
-        raise ValueError(f"missing columns: {sorted(missing)}")
-    n_rows = len(next(iter(columns.values()))) if columns else 0
-    out = {}
-    for name, dtype in dtypes.items():
-        if name in columns:
-            values = columns[name]
-            if dtype == _OBJECT and isinstance(values, pd.api.extensions.ExtensionArray):
-                out[name] = values
-            else:
-                out[name] = np.asarray(values, dtype=dtype)
-        else:
-            out[name] = np.full(n_rows, OPTIONAL_COLUMNS[name], dtype=dtype)
-    # copy=False: one block per column, no consolidation copy (the arrays are fresh, ours to keep).
-    return pd.DataFrame(out, copy=False)
+    """``table_from_columns`` as a pandas DataFrame."""
+    return Table.of(columns, dtypes).frame()
 
 
 _OBJECT = np.dtype("object")
@@ -218,33 +217,32 @@ class Trace:
     events: pd.DataFrame
     meta: TraceMeta
     labels: list[str] = dataclasses.field(default_factory=list)
-    initial_allocs: pd.DataFrame = dataclasses.field(default_factory=lambda: empty_frame(INITIAL_ALLOC_DTYPES))
-    initial_segments: pd.DataFrame = dataclasses.field(default_factory=lambda: empty_frame(SEGMENT_DTYPES))
-    initial_blocks: pd.DataFrame = dataclasses.field(default_factory=lambda: empty_frame(BLOCK_DTYPES))
-    decisions: pd.DataFrame = dataclasses.field(default_factory=lambda: empty_frame(DECISION_DTYPES))
+    initial_allocs: pd.DataFrame = None       # type: ignore[assignment]  # None: no rows
+    initial_segments: pd.DataFrame = None     # type: ignore[assignment]
+    initial_blocks: pd.DataFrame = None       # type: ignore[assignment]
+    decisions: pd.DataFrame = None            # type: ignore[assignment]
     #: Interned stack frames (``frame_id``, ``filename``, ``line``, ``name``).
-    frames: pd.DataFrame = dataclasses.field(default_factory=lambda: empty_frame(FRAME_DTYPES))
+    frames: pd.DataFrame = None               # type: ignore[assignment]
     #: Interned stacks (``stack_id``, ``depth``, ``frame_id``), depth 0 innermost.
-    stacks: pd.DataFrame = dataclasses.field(default_factory=lambda: empty_frame(STACK_DTYPES))
+    stacks: pd.DataFrame = None               # type: ignore[assignment]
     #: The allocator's recorded totals after events (Kineto), empty when the source has none.
-    recorded_series: pd.DataFrame = dataclasses.field(
-        default_factory=lambda: empty_frame(RECORDED_SERIES_DTYPES))
+    recorded_series: pd.DataFrame = None      # type: ignore[assignment]
 
-    def __post_init__(self) -> None:
-        # Traces built by code that predates stack ids get them as -1 ("no frames").
-        self.events = with_optional_columns(self.events, EVENT_DTYPES)
-        self.initial_allocs = with_optional_columns(self.initial_allocs, INITIAL_ALLOC_DTYPES)
-        self.initial_blocks = with_optional_columns(self.initial_blocks, BLOCK_DTYPES)
-        self.decisions = with_optional_columns(self.decisions, DECISION_DTYPES)
+    def table(self, name: str) -> Table:
+        """One table's numpy columns (``trace.table("events")["size_bytes"]``), without building its DataFrame."""
+        held = self.__dict__[_HELD + name]
+        if isinstance(held, Table):
+            return held
+        return Table.from_frame(held, TABLE_DTYPES[name])
 
     def __len__(self) -> int:
-        return len(self.events)
+        return len(self.table("events"))
 
     @property
     def devices(self) -> list[int]:
         """Devices that appear anywhere in the trace, sorted."""
-        found = set(int(d) for d in np.unique(self.events["device"].to_numpy()))
-        found |= set(int(d) for d in self.initial_allocs["device"].unique())
+        found = set(int(d) for d in np.unique(self.column("device")))
+        found |= set(int(d) for d in np.unique(self.table("initial_allocs")["device"]))
         found |= set(int(d) for d in self.meta.devices)
         return sorted(found)
 
@@ -324,7 +322,52 @@ class Trace:
 
     def column(self, name: str) -> np.ndarray:
         """Return one event column as a numpy array (no copy)."""
-        return self.events[name].to_numpy()
+        held = self.__dict__[_HELD + "events"]
+        return held[name] if isinstance(held, Table) else held[name].to_numpy()
+
+
+#: Each table of a ``Trace`` and its schema.
+TABLE_DTYPES: dict[str, dict[str, np.dtype]] = {
+    "events": EVENT_DTYPES,
+    "initial_allocs": INITIAL_ALLOC_DTYPES,
+    "initial_segments": SEGMENT_DTYPES,
+    "initial_blocks": BLOCK_DTYPES,
+    "decisions": DECISION_DTYPES,
+    "frames": FRAME_DTYPES,
+    "stacks": STACK_DTYPES,
+    "recorded_series": RECORDED_SERIES_DTYPES,
+}
+#: The tables whose optional columns (``stack_id``) a ``Trace`` fills in when they are missing.
+_WITH_OPTIONAL = ("events", "initial_allocs", "initial_blocks", "decisions")
+#: Where a ``Trace`` keeps a table: a ``Table`` until its DataFrame is asked for, then the DataFrame.
+_HELD = "_table_"
+
+
+def _table_attribute(name: str) -> property:
+    """``trace.<name>``: the table's DataFrame, built from its columns on first use (pandas is imported then)."""
+    dtypes = TABLE_DTYPES[name]
+    key = _HELD + name
+    fill_optional = name in _WITH_OPTIONAL
+
+    def get(trace: "Trace") -> pd.DataFrame:
+        held = trace.__dict__[key]
+        if isinstance(held, Table):
+            held = trace.__dict__[key] = held.frame()
+        return held
+
+    def put(trace: "Trace", value: Any) -> None:
+        # Traces built by code that predates stack ids get them as -1 ("no frames").
+        if value is None:
+            value = Table.empty(dtypes)
+        elif fill_optional:
+            value = value.with_optional_columns() if isinstance(value, Table) else with_optional_columns(value, dtypes)
+        trace.__dict__[key] = value
+
+    return property(get, put, doc=f"The trace's ``{name}`` table as a pandas DataFrame (see ``Trace.table``).")
+
+
+for _name in TABLE_DTYPES:
+    setattr(Trace, _name, _table_attribute(_name))
 
 
 _DEVICE_NOTE = re.compile(r"device (-?\d+): ")
@@ -338,22 +381,19 @@ def _note_device(note: str) -> int | None:
 
 def check_schema(trace: Trace) -> None:
     """Raise ``ValueError`` if any table lacks a column or has the wrong dtype; readers call this last."""
-    for name, frame, dtypes in (
-        ("events", trace.events, EVENT_DTYPES),
-        ("initial_allocs", trace.initial_allocs, INITIAL_ALLOC_DTYPES),
-        ("initial_segments", trace.initial_segments, SEGMENT_DTYPES),
-        ("initial_blocks", trace.initial_blocks, BLOCK_DTYPES),
-        ("decisions", trace.decisions, DECISION_DTYPES),
-        ("frames", trace.frames, FRAME_DTYPES),
-        ("stacks", trace.stacks, STACK_DTYPES),
-        ("recorded_series", trace.recorded_series, RECORDED_SERIES_DTYPES),
-    ):
-        if list(frame.columns) != list(dtypes):
-            raise ValueError(f"{name}: columns {list(frame.columns)} != {list(dtypes)}")
-        for (col, dtype), got in zip(dtypes.items(), frame.dtypes.tolist()):
+    for name, dtypes in TABLE_DTYPES.items():
+        held = trace.__dict__[_HELD + name]
+        if isinstance(held, Table):
+            held.check(name)
+            continue
+        if list(held.columns) != list(dtypes):
+            raise ValueError(f"{name}: columns {list(held.columns)} != {list(dtypes)}")
+        for (col, dtype), got in zip(dtypes.items(), held.dtypes.tolist()):
             if got == dtype:
                 continue
-            if dtype == _OBJECT and pd.api.types.is_string_dtype(got):
+            from pandas.api.types import is_string_dtype
+
+            if dtype == _OBJECT and is_string_dtype(got):
                 continue  # pandas >= 3 stores text as its own string dtype
             raise ValueError(f"{name}.{col}: dtype {got} != {dtype}")
 

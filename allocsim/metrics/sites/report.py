@@ -1,4 +1,4 @@
-"""The code sites of one run, for ``allocsim run``: ``run_sites(trace, result, ...)`` and ``format_sites``.
+"""The code sites of one run, for ``allocsim run``: ``run_sites(trace, result, waste_at, ...)`` and ``format_sites``.
 
 Three tables of rows (``sites.rows_by_site``), each adding up exactly to what it splits:
 
@@ -17,13 +17,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...policies.base import Policy
 from ...trace.schema import Trace
 from ...units import format_bytes
 from ..attribution import LABELS
 from ..categories import LABELS as CATEGORY_LABELS
 from .rule import SiteFilter, SiteIndex
-from .waste import WASTE_CAUSES, stacks_and_causes, waste_by_site, waste_total_check
+from .waste import WASTE_CAUSES, WasteCharges, stacks_and_causes, waste_total_check
 from .rows import (DEFAULT_TOP, OTHER, UNATTRIBUTED, SiteAccountingError, failed_request, live_at_row,
                     note_for, oom_row, peak_row, rows_by_site)
 
@@ -49,10 +48,12 @@ def waste_rows(index: SiteIndex, stacks: np.ndarray, causes: list[str], sizes: n
     return rows
 
 
-def run_sites(trace: Trace, result: Any, build_policy: Callable[[], Policy], *, site_filter: SiteFilter | None = None,
-              top: int = DEFAULT_TOP, continue_on_oom: bool = False, categories: Any = None) -> dict[str, Any]:
-    """The ``sites`` object of a run of ``trace`` (``result``) whose policy ``build_policy`` makes afresh.
+def run_sites(trace: Trace, result: Any, waste_at: Callable[[int], WasteCharges], *,
+              site_filter: SiteFilter | None = None, top: int = DEFAULT_TOP, continue_on_oom: bool = False,
+              categories: Any = None) -> dict[str, Any]:
+    """The ``sites`` object of a run of ``trace`` (``result``); ``waste_at(event_index)`` charges the waste there.
 
+    ``waste_at`` replays the run's policy afresh up to that event (``allocsim.runner.waste_by_site``).
     With ``categories`` (``categories.categorize``'s result) the live rows carry their ``category``.
     """
     from ..categories import label_site_rows
@@ -82,7 +83,7 @@ def run_sites(trace: Trace, result: Any, build_policy: Callable[[], Policy], *, 
         out["moments"]["at_oom"] = {"event_index": int(oom["event_index"]), "bytes": live.live_bytes,
                                     "failed_request": failed_request(trace, index, oom)}
     target = int(summary["at_peak_reserved"]["event_index"])
-    charges = waste_by_site(trace, build_policy, target, continue_on_oom=continue_on_oom)
+    charges = waste_at(target)
     if charges.reserved_bytes != summary["peak_reserved_bytes"]:
         raise SiteAccountingError(f"the replay to event {target} reserves {charges.reserved_bytes} bytes, the run's "
                                   f"peak is {summary['peak_reserved_bytes']}")

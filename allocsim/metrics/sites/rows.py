@@ -116,8 +116,8 @@ def allocation_stacks(trace: Trace, alloc_ids: np.ndarray) -> np.ndarray:
     """The stack id each allocation was made with (initial allocations: their block's; -1: none or unknown)."""
     kind = trace.column("kind")
     alloc = kind == EventKind.ALLOC
-    ids = np.concatenate([trace.initial_allocs["alloc_id"].to_numpy(), trace.column("alloc_id")[alloc]])
-    stacks = np.concatenate([trace.initial_allocs["stack_id"].to_numpy(), trace.column("stack_id")[alloc]])
+    ids = np.concatenate([trace.table("initial_allocs")["alloc_id"], trace.column("alloc_id")[alloc]])
+    stacks = np.concatenate([trace.table("initial_allocs")["stack_id"], trace.column("stack_id")[alloc]])
     order = np.argsort(ids, kind="stable")
     ids, stacks = ids[order], stacks[order].astype(np.int64)
     want = np.asarray(alloc_ids, dtype=np.int64)
@@ -164,8 +164,8 @@ def live_at_peak(trace: Trace, *, granted_only: bool = False) -> LiveAtPeak:
     from ...trace.inference.recorded import failed_request_events
     from ...trace.inference.stats import live_bytes_series
 
-    init_ids = trace.initial_allocs["alloc_id"].to_numpy()
-    init_sizes = trace.initial_allocs["size_bytes"].to_numpy()
+    init_ids = trace.table("initial_allocs")["alloc_id"]
+    init_sizes = trace.table("initial_allocs")["size_bytes"]
     baseline = int(init_sizes.sum())
     kind = trace.column("kind")
     peak_index = -1
@@ -182,7 +182,7 @@ def live_at_peak(trace: Trace, *, granted_only: bool = False) -> LiveAtPeak:
     all_ids = np.concatenate([init_ids, ids[allocated]]).astype(np.int64)
     all_sizes = np.concatenate([init_sizes, trace.column("size_bytes")[allocated]]).astype(np.int64)
     events = np.concatenate([np.full(len(init_ids), -1), allocated]).astype(np.int64)
-    streams = np.concatenate([trace.initial_allocs["stream"].to_numpy(),
+    streams = np.concatenate([trace.table("initial_allocs")["stream"],
                               trace.column("stream")[allocated]]).astype(np.int64)
     alive = ~np.isin(all_ids, done)
     return LiveAtPeak(peak_index, int(all_sizes[alive].sum()), all_ids[alive], all_sizes[alive], events[alive],
@@ -215,7 +215,7 @@ def live_at_row(trace: Trace, timeseries: Any, ooms: Any, row: int, *, continue_
     The result's bytes equal ``timeseries.requested_bytes[row]``, checked.
     """
     ev = timeseries["event_index"].to_numpy()
-    executed = np.zeros(len(trace.events), dtype=bool)
+    executed = np.zeros(len(trace), dtype=bool)
     done_rows = ev[1:row + 1]
     executed[done_rows[done_rows >= 0]] = True
     kind = trace.column("kind")
@@ -223,12 +223,14 @@ def live_at_row(trace: Trace, timeseries: Any, ooms: Any, row: int, *, continue_
     failed = np.asarray(ooms["alloc_id"].to_numpy() if len(ooms) else [], dtype=np.int64)
     alloc = executed & (kind == EventKind.ALLOC)
     freed = ids[executed & (kind == EventKind.FREE_COMPLETED)]
-    init = trace.initial_allocs
+    init = trace.table("initial_allocs")
+    init_ids, init_sizes, init_stacks = init["alloc_id"], init["size_bytes"], init["stack_id"]
     if not continue_on_oom and len(ooms) and int(ooms["event_index"].iat[0]) < 0:
-        init = init[init["alloc_id"] <= int(ooms["alloc_id"].iat[0])]
-    all_ids = np.concatenate([init["alloc_id"].to_numpy(), ids[alloc]]).astype(np.int64)
-    sizes = np.concatenate([init["size_bytes"].to_numpy(), trace.column("size_bytes")[alloc]]).astype(np.int64)
-    stacks = np.concatenate([init["stack_id"].to_numpy(), trace.column("stack_id")[alloc]]).astype(np.int64)
+        placed = init_ids <= int(ooms["alloc_id"].iat[0])
+        init_ids, init_sizes, init_stacks = init_ids[placed], init_sizes[placed], init_stacks[placed]
+    all_ids = np.concatenate([init_ids, ids[alloc]]).astype(np.int64)
+    sizes = np.concatenate([init_sizes, trace.column("size_bytes")[alloc]]).astype(np.int64)
+    stacks = np.concatenate([init_stacks, trace.column("stack_id")[alloc]]).astype(np.int64)
     alive = ~np.isin(all_ids, freed) & ~np.isin(all_ids, failed)
     live = LiveSet(row, int(ev[row]), all_ids[alive], sizes[alive], stacks[alive])
     expected = int(timeseries["requested_bytes"].to_numpy()[row])
@@ -265,9 +267,9 @@ def allocation_sites(trace: Trace, *, top: int = DEFAULT_TOP, site_filter: SiteF
     """Every allocation of ``trace`` (start state included) by site: ``by_bytes`` and ``by_count`` rows."""
     index = SiteIndex(trace, site_filter or SiteFilter())
     alloc = trace.column("kind") == EventKind.ALLOC
-    init = trace.initial_allocs
-    stacks = np.concatenate([init["stack_id"].to_numpy(), trace.column("stack_id")[alloc]])
-    sizes = np.concatenate([init["size_bytes"].to_numpy(), trace.column("size_bytes")[alloc]])
+    init = trace.table("initial_allocs")
+    stacks = np.concatenate([init["stack_id"], trace.column("stack_id")[alloc]])
+    sizes = np.concatenate([init["size_bytes"], trace.column("size_bytes")[alloc]])
     return {"rule": index.site_filter.rule(), "skipped_paths": list(index.site_filter.skip),
             "allocations": int(len(sizes)), "note": note_for(trace, index) or None,
             "by_bytes": rows_by_site(index, stacks, sizes, top=top),

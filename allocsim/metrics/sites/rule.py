@@ -185,18 +185,18 @@ class SiteIndex:
         self.paddle = source_format(self.trace) == "paddle"
         self.names: list[str] = []
         self._number: dict[str, int] = {}
-        fr = self.trace.frames
-        self._files = fr["filename"].to_numpy()
-        self._lines = fr["line"].to_numpy()
-        self._names = fr["name"].to_numpy()
-        frame_ids = fr["frame_id"].to_numpy()
+        fr = self.trace.table("frames")
+        self._files = fr["filename"]
+        self._lines = fr["line"]
+        self._names = fr["name"]
+        frame_ids = fr["frame_id"]
         pos = np.full(int(frame_ids.max()) + 1 if len(frame_ids) else 0, -1, dtype=np.int64)
         pos[frame_ids] = np.arange(len(frame_ids))
-        st = self.trace.stacks
-        sid = st["stack_id"].to_numpy().astype(np.int64)
-        order = np.lexsort((st["depth"].to_numpy(), sid))
+        st = self.trace.table("stacks")
+        sid = st["stack_id"].astype(np.int64)
+        order = np.lexsort((st["depth"], sid))
         self._sid = sid[order]
-        self._rows = pos[st["frame_id"].to_numpy()[order]] if len(order) else np.empty(0, np.int64)
+        self._rows = pos[st["frame_id"][order]] if len(order) else np.empty(0, np.int64)
         n_stacks = int(self._sid[-1]) + 1 if len(self._sid) else 0
         self._starts = np.searchsorted(self._sid, np.arange(n_stacks + 1))
         self._program = self._program_frames()

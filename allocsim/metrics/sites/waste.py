@@ -1,4 +1,4 @@
-"""Which code sites cause the waste at the reserved peak: ``waste_by_site(trace, build_policy, event_index)``.
+"""Which code sites cause the waste at the reserved peak: a ``WasteTracker`` observes a replay and charges it.
 
 Waste is reserved memory that holds no requested byte: ``reserved - live requested`` at the run's
 peak of reserved memory, split by cause exactly as ``attribution.attribute`` splits it, and here
@@ -17,8 +17,8 @@ Segments present when the recording began, and allocations without frames, have 
 bytes are ``unattributed``. Anything the walk could not place (a policy this module does not know)
 is unattributed too and counted in ``unexplained``; the charges always add up to the waste.
 
-How: the run's own policy, built fresh, replays the trace up to the peak with an engine observer
-(``engine.run_fast(..., observer=)``) that logs every block freed (the last freed over a byte is its
+How: the run's own policy, built fresh, replays the trace up to the peak with this engine observer
+(``allocsim.runner.waste_by_site`` runs ``engine.run_fast(..., observer=WasteTracker(...))``) that logs every block freed (the last freed over a byte is its
 last occupant, looked up at the peak only where a sliver lies: ``ranges.LastOwners``) and the
 segment (or pages) each request made the allocator take. Nothing in the engine or the policies changes.
 """
@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from array import array
 from bisect import bisect_right
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -63,7 +63,7 @@ class WasteCharges:
         return self.reserved_bytes - self.live_requested_bytes
 
 
-class _Tracker:
+class WasteTracker:
     """Engine observer: logs blocks freed and segments grown until the ``target`` event, then charges."""
 
     def __init__(self, trace: Trace, target: int):
@@ -266,21 +266,6 @@ def _free_block_requests(bottom: PoolPolicy, stream: int) -> list[tuple[str, str
                 else:
                     out.append(("occupant", "free_slivers", addr, addr + size))
     return [r for r in out if r[3] > r[2]]
-
-
-# ----------------------------------------------------------------------------- the replay
-def waste_by_site(trace: Trace, build_policy: Callable[[], Policy], event_index: int, *,
-                  continue_on_oom: bool = False) -> WasteCharges:
-    """Replay ``trace`` up to ``event_index`` (-1: the start state) with a fresh policy and charge its waste there."""
-    from ...engine import run_fast
-
-    prefix = trace if event_index + 1 >= len(trace.events) else dataclasses.replace(
-        trace, events=trace.events.iloc[:event_index + 1].reset_index(drop=True))
-    tracker = _Tracker(trace, event_index)
-    run_fast(prefix, build_policy(), continue_on_oom=continue_on_oom, observer=tracker)
-    if tracker.result is None:
-        raise SiteAccountingError(f"the replay never reached event {event_index}")
-    return tracker.result
 
 
 def waste_total_check(charges: WasteCharges) -> int:

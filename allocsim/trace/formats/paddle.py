@@ -30,13 +30,14 @@ What is read:
   one thread) are the pseudo-frames, innermost first, their names without Paddle's duration
   suffix (``"matmul dygraph[12.3 us]"`` -> ``"matmul dygraph"``).
 
-Times: ``ts`` in microseconds, converted to ns exactly (as ``kineto.ts_to_ns``); events are fed in
+Times: ``ts`` in microseconds, converted to ns exactly (``reading.json_numbers.ts_to_ns``); events are fed in
 (ts, position in file) order, and each place's ``current_allocated`` must change by
 ``increase_bytes`` from one event to the next (mismatches are counted in a note).
 
 Decoding: ``msgspec`` (``kineto.fast``), or the standard library for anything unusual. The compiled
 Chrome-trace scanner models Kineto's fields only, so Paddle files always take this route for the
-events; the frames' sweep is the Kineto reader's (``kineto.reader.op_frames``), compiled when the readers are.
+events; the records' columns, the frames' sweep and the feeding into the builder are the Kineto
+reader's too (``reading.timeline``: ``op_frames`` is compiled when the readers are).
 """
 
 from __future__ import annotations
@@ -46,17 +47,16 @@ import re
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from ...errors import TraceFormatError, quote
 from ..reading.builder import MAX_SIZE_BYTES, TraceBuilder
-from .kineto.reader import (
-    _INT64_MAX, _INT64_MIN, _MEM, _STEP, _as_int, _feed, _OpColumns, _Rec, _RecColumns, _Threads,
-    _total_allocated_check, op_frames, ts_to_ns,
-)
+from ..reading.json_numbers import INT64_MAX, INT64_MIN, as_int, ts_to_ns
 from ..reading.limits import DEFAULT_LIMITS, Limits, check_count, read_bytes
+from ..reading.timeline import (
+    MEM, STEP, OpColumns, Rec, RecColumns, Threads, feed_records, op_frames, total_allocated_check,
+)
 from ..schema import (
-    FRAME_DTYPES, INITIAL_ALLOC_DTYPES, RECORDED_SERIES_DTYPES, STACK_DTYPES, Trace, check_schema, frame_from_columns,
+    FRAME_DTYPES, INITIAL_ALLOC_DTYPES, RECORDED_SERIES_DTYPES, STACK_DTYPES, Trace, check_schema, table_from_columns,
 )
 
 MEMORY_EVENT = "[memory]"
@@ -165,7 +165,7 @@ def read_paddle_data(path: str, data: bytes, *, lenient: bool = False, limits: L
     limits = limits or DEFAULT_LIMITS
     selected, where = _events(path, data, limits)
     builder = TraceBuilder(path, "paddle", lenient=lenient)
-    recs: list[_Rec] = []
+    recs: list[Rec] = []
     ops: list[tuple[str, int, int, str]] = []
     skipped_zero = n_memory = 0
     places: dict[int, str] = {}
@@ -185,11 +185,11 @@ def read_paddle_data(path: str, data: bytes, *, lenient: bool = False, limits: L
         elif cat == "ProfileStep" and isinstance(name, str) and name.startswith(STEP_PREFIX) and ph == "X":
             label = op_name(name)[:limits.string_chars]
             t_ns = ts_to_ns(ts)
-            if t_ns is None or not _INT64_MIN <= t_ns <= _INT64_MAX:
+            if t_ns is None or not INT64_MIN <= t_ns <= INT64_MAX:
                 builder.problem(record, f"step {quote(name)} has no numeric ts ({quote(ts)})", "skipped the marker")
             elif label not in steps_seen:
                 steps_seen.add(label)
-                recs.append(_Rec(t_ns, pos, "step", label=label))
+                recs.append(Rec(t_ns, pos, "step", label=label))
         elif ph == "X" and isinstance(name, str) and len(name) <= limits.string_chars:
             start, length = ts_to_ns(ts), ts_to_ns(dur)
             if start is not None and length is not None and length >= 0:
@@ -201,7 +201,7 @@ def read_paddle_data(path: str, data: bytes, *, lenient: bool = False, limits: L
 
 
 def _memory_rec(builder: TraceBuilder, record: str, cat: Any, ts: Any, args: Any,
-                places: dict[int, str]) -> _Rec | None:
+                places: dict[int, str]) -> Rec | None:
     """One ``[memory]`` event as a record; None when it was skipped under lenient."""
     def bad(reason: str) -> None:
         builder.problem(record, f"[memory] event: {reason}", "skipped the event")
@@ -210,7 +210,7 @@ def _memory_rec(builder: TraceBuilder, record: str, cat: Any, ts: Any, args: Any
     if not isinstance(cat, str) or (cat not in (ALLOCATE, FREE) and cat not in RESERVED_CATS):
         return bad(f"cat {quote(cat)} is none of Allocate, Free, ReservedAllocate, ReservedFree")
     t_ns = ts_to_ns(ts)
-    if t_ns is None or not _INT64_MIN <= t_ns <= _INT64_MAX:
+    if t_ns is None or not INT64_MIN <= t_ns <= INT64_MAX:
         return bad(f"ts is missing or not a number ({quote(ts)})")
     if not isinstance(args, dict):
         return bad("no 'args' object")
@@ -220,48 +220,48 @@ def _memory_rec(builder: TraceBuilder, record: str, cat: Any, ts: Any, args: Any
     device = place_device(args["place"])
     if device is None:
         return bad(f"place {quote(args['place'])} is not modelled (gpu:N, cpu, gpu_pinned, xpu:N)")
-    nbytes = _as_int(args["increase_bytes"])
+    nbytes = as_int(args["increase_bytes"])
     if nbytes is None:
         return bad(f"increase_bytes is not an integer ({quote(args['increase_bytes'])})")
     if abs(nbytes) > MAX_SIZE_BYTES:
         return bad(f"absurd size {quote(nbytes)} bytes (> {MAX_SIZE_BYTES})")
     if (cat in (ALLOCATE, "ReservedAllocate") and nbytes < 0) or (cat in (FREE, "ReservedFree") and nbytes > 0):
         return bad(f"{cat} with increase_bytes {nbytes}")
-    addr = _as_int(args["addr"])
-    if addr is None or not _INT64_MIN <= addr <= (1 << 64) - 1:
+    addr = as_int(args["addr"])
+    if addr is None or not INT64_MIN <= addr <= (1 << 64) - 1:
         return bad(f"addr is not a 64-bit integer ({quote(args['addr'])})")
-    if addr > _INT64_MAX:
+    if addr > INT64_MAX:
         addr -= 1 << 64      # an unsigned pointer: same bits as intptr_t
-    total, reserved = _as_int(args.get("current_allocated")), _as_int(args.get("current_reserved"))
-    total = total if total is not None and 0 <= total <= _INT64_MAX else None
-    reserved = reserved if reserved is not None and 0 <= reserved <= _INT64_MAX else None
+    total, reserved = as_int(args.get("current_allocated")), as_int(args.get("current_reserved"))
+    total = total if total is not None and 0 <= total <= INT64_MAX else None
+    reserved = reserved if reserved is not None and 0 <= reserved <= INT64_MAX else None
     places.setdefault(device, str(args["place"])[:40])
-    rec = _Rec(t_ns, 0, "mem", device, addr, nbytes, total, total_reserved=reserved)
+    rec = Rec(t_ns, 0, "mem", device, addr, nbytes, total, total_reserved=reserved)
     if cat in RESERVED_CATS:
         rec.kind = "reserved"
     return rec
 
 
-def _columns(recs: list[_Rec], threads: _Threads) -> tuple[_RecColumns, list[_Rec]]:
+def _columns(recs: list[Rec], threads: Threads) -> tuple[RecColumns, list[Rec]]:
     """The records to feed (memory and steps) and, apart, the reserved-change rows, both in feed order."""
     fed = [r for r in recs if r.kind != "reserved"]
-    cols = _RecColumns.of(fed, threads).sorted()
+    cols = RecColumns.of(fed, threads).sorted()
     reserved = [r for r in recs if r.kind == "reserved"]
     return cols, reserved
 
 
-def _finish(path: str, builder: TraceBuilder, recs: list[_Rec], ops: list, places: dict[int, str],
+def _finish(path: str, builder: TraceBuilder, recs: list[Rec], ops: list, places: dict[int, str],
             skipped_zero: int, where: str, limits: Limits) -> Trace:
     check_count(path, "devices", len(places), limits, "devices", None)
-    threads = _Threads()
+    threads = Threads()
     cols, reserved = _columns(recs, threads)
-    op_cols = _OpColumns.of(ops, threads)
-    is_mem = cols.kind == _MEM
+    op_cols = OpColumns.of(ops, threads)
+    is_mem = cols.kind == MEM
     devices = sorted(set(np.unique(cols.device[is_mem]).tolist()))
     gpus = [d for d in devices if d >= 0]
     marker_device = gpus[0] if gpus else (devices[0] if devices else -1)
     stack_ids, tables, n_stacks = op_frames(path, cols, op_cols, threads.names, limits)
-    event_index, built = _feed(builder, cols, where, marker_device, stack_ids)
+    event_index, built = feed_records(builder, cols, where, marker_device, stack_ids)
     series = _series(cols, event_index, reserved)
     meta = builder.meta
     hints = meta.version_hints
@@ -269,7 +269,7 @@ def _finish(path: str, builder: TraceBuilder, recs: list[_Rec], ops: list, place
     hints["places"] = {place: device for device, place in sorted(places.items())}
     hints["stream"] = "Paddle's profiler records no stream; every event has stream 0"
     hints["marker_device"] = marker_device
-    check = _total_allocated_check(cols)
+    check = total_allocated_check(cols)
     hints["current_allocated_check"] = {str(d): s for d, s in sorted(check.items())}
     meta.notes.append("PaddlePaddle's profiler records no stream: all events are on stream 0")
     meta.notes.append("sizes are Paddle's allocation sizes (increase_bytes), as its allocator counted them")
@@ -291,21 +291,21 @@ def _finish(path: str, builder: TraceBuilder, recs: list[_Rec], ops: list, place
         if s["checked"] and s["mismatched"]:
             meta.notes.append(f"device {d}: current_allocated changed by a different amount than increase_bytes "
                               f"at {s['mismatched']} of {s['checked']} events (events reported out of order)")
-    meta.devices = sorted(set(devices) | ({marker_device} if (cols.kind == _STEP).any() else set()))
+    meta.devices = sorted(set(devices) | ({marker_device} if (cols.kind == STEP).any() else set()))
     trace = built if built is not None else builder.finish()
     _start_of_window(trace, check)
-    trace.recorded_series = frame_from_columns(series, RECORDED_SERIES_DTYPES)
-    trace.frames = frame_from_columns(tables["frames"], FRAME_DTYPES)
-    trace.stacks = frame_from_columns(tables["stacks"], STACK_DTYPES)
+    trace.recorded_series = table_from_columns(series, RECORDED_SERIES_DTYPES)
+    trace.frames = table_from_columns(tables["frames"], FRAME_DTYPES)
+    trace.stacks = table_from_columns(tables["stacks"], STACK_DTYPES)
     _store_recorded_runs(trace)
     check_schema(trace)
     return trace
 
 
-def _series(cols: _RecColumns, index: np.ndarray, reserved: list[_Rec]) -> dict[str, np.ndarray]:
+def _series(cols: RecColumns, index: np.ndarray, reserved: list[Rec]) -> dict[str, np.ndarray]:
     """Paddle's current_allocated / current_reserved after each event, in time order; a reserved-only
     event follows the last request fed before it (event_index -1 before the first)."""
-    rows = (cols.kind == _MEM) & ((cols.total >= 0) | (cols.reserved >= 0))
+    rows = (cols.kind == MEM) & ((cols.total >= 0) | (cols.reserved >= 0))
     t, pos = cols.t_ns[rows], cols.pos[rows]
     out = {"event_index": index[rows], "t_ns": t, "device": cols.device[rows],
            "allocated_bytes": cols.total[rows], "reserved_bytes": cols.reserved[rows]}
@@ -314,7 +314,7 @@ def _series(cols: _RecColumns, index: np.ndarray, reserved: list[_Rec]) -> dict[
     r_t = np.array([r.t_ns for r in reserved], dtype=np.int64)
     r_pos = np.array([r.pos for r in reserved], dtype=np.int64)
     # Each reserved row follows the last fed [memory] event before it in (ts, position) order.
-    fed = np.flatnonzero(cols.kind == _MEM)          # cols are already in (ts, position) order
+    fed = np.flatnonzero(cols.kind == MEM)          # cols are already in (ts, position) order
     fed_t, fed_pos = cols.t_ns[fed], cols.pos[fed]
     k = np.array([np.searchsorted(fed_t, rt, side="left") for rt in r_t.tolist()], dtype=np.int64)
     for j, (rt, rp) in enumerate(zip(r_t.tolist(), r_pos.tolist())):
@@ -341,13 +341,13 @@ def _start_of_window(trace: Trace, check: dict[int, dict[str, int]]) -> None:
     are part of it, the rest is never freed in the window. With it the replay's live bytes follow
     ``current_allocated`` exactly, on every place (Paddle counts host memory with the same stats).
     """
-    ia = trace.initial_allocs
+    ia = trace.table("initial_allocs")
     added = []
-    next_id = max([int(t["alloc_id"].max()) + 1 for t in (trace.events, ia) if len(t)], default=0)
+    next_id = max([int(t["alloc_id"].max()) + 1 for t in (trace.table("events"), ia) if len(t)], default=0)
     for device, stats in sorted(check.items()):
         if stats["baseline_bytes"] <= 0:
             continue
-        sizes = ia["size_bytes"].to_numpy()[ia["device"].to_numpy() == device]
+        sizes = ia["size_bytes"][ia["device"] == device]
         orphan_bytes = sum(sizes.tolist())
         rest = stats["baseline_bytes"] - orphan_bytes
         if rest <= 0 or rest > MAX_SIZE_BYTES:
@@ -361,20 +361,20 @@ def _start_of_window(trace: Trace, check: dict[int, dict[str, int]]) -> None:
     if added:
         rows = {name: np.array([r[k] for r in added], dtype=dtype)
                 for k, (name, dtype) in enumerate(INITIAL_ALLOC_DTYPES.items())}
-        extra = frame_from_columns(rows, INITIAL_ALLOC_DTYPES)
-        trace.initial_allocs = pd.concat([ia, extra], ignore_index=True) if len(ia) else extra
+        extra = table_from_columns(rows, INITIAL_ALLOC_DTYPES)
+        trace.initial_allocs = ia.concat(extra) if len(ia) else extra
 
 
 def _store_recorded_runs(trace: Trace) -> None:
     """Paddle's own figures per place, as ``RecordedRun`` facts (host places: allocated only)."""
     from ..inference.recorded import RecordedRun, set_recorded_run
 
-    series = trace.recorded_series
-    for device in sorted(int(d) for d in np.unique(series["device"].to_numpy())):
-        rows = series.loc[series["device"] == device]
-        allocated = rows["allocated_bytes"].to_numpy()
+    series = trace.table("recorded_series")
+    for device in sorted(int(d) for d in np.unique(series["device"])):
+        mine = series["device"] == device
+        allocated = series["allocated_bytes"][mine]
         allocated = allocated[allocated >= 0]
-        reserved = rows["reserved_bytes"].to_numpy()
+        reserved = series["reserved_bytes"][mine]
         reserved = reserved[reserved >= 0] if device >= 0 else reserved[:0]
         set_recorded_run(trace, RecordedRun(
             device=device, allocator="paddle" if device >= 0 else "paddle-host",

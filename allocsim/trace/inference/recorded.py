@@ -109,7 +109,7 @@ def failed_request_events(trace: Trace) -> np.ndarray:
     found = np.array(sorted({int(o["event_index"]) for run in trace.meta.recorded.values()
                              for o in run.get("ooms") or []}), dtype=np.int64)
     # A prefix of the trace (a partial replay) keeps the whole recording: only its own events count.
-    found = found[(found >= 0) & (found < len(trace.events))]
+    found = found[(found >= 0) & (found < len(trace))]
     return found[trace.column("kind")[found] == EventKind.ALLOC]
 
 

@@ -29,12 +29,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ...settings.pytorch_sizes import K_MIN_BLOCK_SIZE, K_SMALL_SIZE
 from ..schema import EventKind, Trace
 
-#: PyTorch's ``kSmallSize``: the largest unsplit remainder a large-pool block can carry.
-K_SMALL_SIZE = 1 << 20
-#: Every block size and address inside a segment is a multiple of PyTorch's ``kMinBlockSize``.
-K_MIN_BLOCK_SIZE = 512
+# K_SMALL_SIZE: the largest unsplit remainder a large-pool block can carry; every block size and
+# address inside a segment is a multiple of K_MIN_BLOCK_SIZE.
 
 
 def repair_start_state(trace: Trace) -> list[str]:

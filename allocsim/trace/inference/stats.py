@@ -27,13 +27,13 @@ def live_bytes_series(trace: Trace, *, granted_only: bool = False) -> tuple[np.n
     if len(failed):
         size = size.copy()
         size[failed] = 0
-    if compiled.active() and len(trace.events):
-        baseline_total = _exact_sum(trace.initial_allocs["size_bytes"].to_numpy())
+    if compiled.active() and len(trace):
+        baseline_total = _exact_sum(trace.table("initial_allocs")["size_bytes"])
         if baseline_total < _INT64_LIMIT:
             c = np.ascontiguousarray
             got = compiled.ext.live_bytes(
                 c(trace.column("kind"), np.uint8), c(size, np.int64),
-                c(trace.column("alloc_id"), np.int64), c(trace.initial_allocs["alloc_id"].to_numpy(), np.int64),
+                c(trace.column("alloc_id"), np.int64), c(trace.table("initial_allocs")["alloc_id"], np.int64),
                 baseline_total)
             if got is not None:
                 return np.frombuffer(got[0], np.int64), np.frombuffer(got[1], np.int64)
@@ -45,13 +45,13 @@ def live_bytes_series_reference(trace: Trace, size_bytes: np.ndarray | None = No
     kind = trace.column("kind")
     size = trace.column("size_bytes") if size_bytes is None else size_bytes
     ids = trace.column("alloc_id")
-    baseline_ids = trace.initial_allocs["alloc_id"].to_numpy()
+    baseline_ids = trace.table("initial_allocs")["alloc_id"]
     is_alloc = kind == EventKind.ALLOC
     is_done = kind == EventKind.FREE_COMPLETED
     is_baseline = np.isin(ids, baseline_ids) & is_done
     window_delta = np.where(is_alloc, size, 0) - np.where(is_done & ~is_baseline, size, 0)
     baseline_delta = -np.where(is_baseline, size, 0)
-    baseline_total = _exact_sum(trace.initial_allocs["size_bytes"].to_numpy())
+    baseline_total = _exact_sum(trace.table("initial_allocs")["size_bytes"])
     n_allocs = int(np.count_nonzero(is_alloc))
     largest = max(int(size.max()) if len(size) else 0, 0)
     if (n_allocs * largest + baseline_total >= _INT64_LIMIT
@@ -88,7 +88,7 @@ def summarize(trace: Trace) -> dict[str, Any]:
     t_ns = trace.column("t_ns")
     # The devices that hold memory (markers carry a device too, but no bytes).
     held = set(np.unique(trace.column("device")[kind != EventKind.MARKER]).tolist())
-    held |= set(trace.initial_allocs["device"].unique().tolist())
+    held |= set(np.unique(trace.table("initial_allocs")["device"]).tolist())
     gpus = sorted(int(d) for d in held if d >= 0)
     others = sorted(int(d) for d in held if d < 0)
     # Host and GPU bytes are different memories: on a mixed trace the byte figures count the GPUs only.
@@ -96,14 +96,14 @@ def summarize(trace: Trace) -> dict[str, Any]:
     # Peaks of what the real run held; a recorded OOM's request, which never got memory, only in the demand.
     window, total = live_bytes_series(bytes_of, granted_only=True)
     demand = int(live_bytes_series(bytes_of)[1].max()) if len(failed_request_events(bytes_of)) else None
-    baseline_bytes = _exact_sum(bytes_of.initial_allocs["size_bytes"].to_numpy())
+    baseline_bytes = _exact_sum(bytes_of.table("initial_allocs")["size_bytes"])
     mem_kinds = np.isin(kind, [EventKind.ALLOC, EventKind.FREE_REQUESTED, EventKind.FREE_COMPLETED])
     streams = sorted(int(s) for s in np.unique(trace.column("stream")[mem_kinds]))
-    decisions = trace.decisions["action"].value_counts().to_dict() if len(trace.decisions) else {}
+    decisions = _value_counts(trace.table("decisions")["action"])
     out = {
         "file": trace.meta.source,
         "format": trace.meta.format,
-        "events": int(len(trace.events)),
+        "events": int(len(trace)),
         "allocs": int(np.count_nonzero(kind == EventKind.ALLOC)),
         # Requests that failed in the real run (a recorded OOM) are ALLOC events too: the program asked.
         "recorded_ooms": sum(len(run.get("ooms") or []) for run in trace.meta.recorded.values()),
@@ -116,13 +116,13 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "devices": trace.devices,
         "time_synthesized": bool(trace.meta.time_synthesized),
         "time_span_ns": int(t_ns[-1]) - int(t_ns[0]) if len(t_ns) else 0,
-        "baseline_allocs": int(len(trace.initial_allocs)),
+        "baseline_allocs": int(len(trace.table("initial_allocs"))),
         "baseline_live_bytes": baseline_bytes,
         "peak_live_bytes": int(max(0, int(window.max()))) if len(window) else 0,
         "peak_live_with_baseline_bytes": int(max(baseline_bytes, int(total.max()))) if len(total) else baseline_bytes,
         **({} if demand is None else {"peak_demand_bytes": max(demand, baseline_bytes)}),
-        "initial_segments": int(len(trace.initial_segments)),
-        "initial_reserved_bytes": _exact_sum(bytes_of.initial_segments["size_bytes"].to_numpy()),
+        "initial_segments": int(len(trace.table("initial_segments"))),
+        "initial_reserved_bytes": _exact_sum(bytes_of.table("initial_segments")["size_bytes"]),
         "recorded_decisions": {str(k): int(v) for k, v in sorted(decisions.items())},
         "allocator_settings": trace.meta.allocator_settings,
         "recorded": {device: _recorded_brief(run) for device, run in sorted(trace.meta.recorded.items())},
@@ -150,6 +150,16 @@ def summarize(trace: Trace) -> dict[str, Any]:
     return out
 
 
+def _value_counts(values: np.ndarray) -> dict[str, int]:
+    """How many times each value occurs, missing values left out (the decisions' actions: a few strings)."""
+    counts: dict[str, int] = {}
+    for value in values.tolist():
+        if value is None or value != value:      # None or NaN: not counted, as pandas' value_counts
+            continue
+        counts[value] = counts.get(value, 0) + 1
+    return counts
+
+
 #: The figures that count bytes of one memory (None on a trace of several GPUs: see ``bytes_counted``).
 _BYTE_KEYS = ("baseline_live_bytes", "peak_live_bytes", "peak_live_with_baseline_bytes", "peak_demand_bytes",
               "initial_reserved_bytes")
@@ -159,7 +169,7 @@ def counted_part(trace: Trace) -> Trace:
     """The part of ``trace`` whose bytes ``info`` counts: the GPUs where host memory sits beside them."""
     kind = trace.column("kind")
     held = set(np.unique(trace.column("device")[kind != EventKind.MARKER]).tolist())
-    held |= set(trace.initial_allocs["device"].unique().tolist())
+    held |= set(np.unique(trace.table("initial_allocs")["device"]).tolist())
     mixed = any(d >= 0 for d in held) and any(d < 0 for d in held)
     return _gpu_part(trace) if mixed else trace
 

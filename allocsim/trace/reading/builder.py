@@ -23,7 +23,7 @@ from ..schema import (
     Trace,
     TraceMeta,
     check_schema,
-    frame_from_columns,
+    table_from_columns,
 )
 
 #: Sizes above this are treated as corrupt: no device today has a petabyte of memory.
@@ -296,16 +296,16 @@ class TraceBuilder:
             self.meta.notes.append(
                 f"{self.orphan_frees} frees of blocks allocated before the trace began; "
                 "they are in the initial state with the size the free reported")
-        events = frame_from_columns(self._cols, EVENT_DTYPES)
+        events = table_from_columns(self._cols, EVENT_DTYPES)
         if not self.meta.devices:
-            self.meta.devices = sorted(set(int(d) for d in np.unique(events["device"].to_numpy()))
+            self.meta.devices = sorted(set(int(d) for d in np.unique(events["device"]))
                                        | set(int(d) for d in self._initial["device"]))
         trace = Trace(
             events=events,
             meta=self.meta,
             labels=self.labels,
-            initial_allocs=frame_from_columns(self._initial, INITIAL_ALLOC_DTYPES),
-            decisions=frame_from_columns(self._decisions, DECISION_DTYPES),
+            initial_allocs=table_from_columns(self._initial, INITIAL_ALLOC_DTYPES),
+            decisions=table_from_columns(self._decisions, DECISION_DTYPES),
             **side_tables,
         )
         check_schema(trace)

@@ -23,17 +23,17 @@ def validate_events(trace: Trace, path: str, *, lenient: bool = False, limits: L
     On the compiled route a one-pass check (``events_check``) answers for a clean table without the
     reference's temporaries; anything else runs the reference checks below.
     """
-    ev = trace.events
+    ev = trace.table("events")
     check_count(path, "events", len(ev), limits, "events", "events")
     if _clean_compiled(trace, path, limits):
         return
-    devices = ev["device"].to_numpy().astype(np.int64) + (1 << 15)
+    devices = ev["device"].astype(np.int64) + (1 << 15)
     check_count(path, "devices", int(np.count_nonzero(np.bincount(devices))) if len(devices) else 0, limits,
                 "devices", "events")
-    streams = ev["stream"].to_numpy()
+    streams = ev["stream"]
     if len(streams) and int(streams.min()) != int(streams.max()):
         check_count(path, "streams", len(np.unique(streams)), limits, "streams", "events")
-    check_time_range(path, ev["t_ns"].to_numpy())
+    check_time_range(path, ev["t_ns"])
     bad_rows: list[int] = []
 
     def problem(row: int, reason: str) -> None:
@@ -43,10 +43,10 @@ def validate_events(trace: Trace, path: str, *, lenient: bool = False, limits: L
             trace.meta.repairs.append(f"event row {row}: {reason}; dropped the row")
         bad_rows.append(row)
 
-    t_ns = ev["t_ns"].to_numpy()
-    kind = ev["kind"].to_numpy()
-    ids = ev["alloc_id"].to_numpy()
-    size = ev["size_bytes"].to_numpy()
+    t_ns = ev["t_ns"]
+    kind = ev["kind"]
+    ids = ev["alloc_id"]
+    size = ev["size_bytes"]
     for row in np.flatnonzero(~_KIND_OK[kind.astype(np.uint8)] if kind.dtype == np.uint8 else ~np.isin(kind, list(_KINDS))):
         problem(int(row), f"unknown event kind {int(kind[row])}")
     for row in np.flatnonzero((size < 0) | (size > MAX_SIZE_BYTES)):
@@ -58,7 +58,7 @@ def validate_events(trace: Trace, path: str, *, lenient: bool = False, limits: L
     # Id life cycle: ALLOC -> FREE_REQUESTED -> FREE_COMPLETED; initial allocs start as allocated.
     if not bad_rows and _life_cycles_valid(trace):
         return
-    state: dict[int, int] = {int(i): 0 for i in trace.initial_allocs["alloc_id"].to_numpy()}
+    state: dict[int, int] = {int(i): 0 for i in trace.table("initial_allocs")["alloc_id"]}
     seen = set(state)
     kind_list, id_list = kind.tolist(), ids.tolist()
     dropped = set(bad_rows)
@@ -86,7 +86,7 @@ def validate_events(trace: Trace, path: str, *, lenient: bool = False, limits: L
     if bad_rows:
         keep = np.ones(len(ev), dtype=bool)
         keep[bad_rows] = False
-        trace.events = ev.loc[keep].reset_index(drop=True)
+        trace.events = trace.events.loc[keep].reset_index(drop=True)
         if len(bad_rows) > 200:
             trace.meta.repairs.append(f"... and {len(bad_rows) - 200} more rows dropped")
 
@@ -97,16 +97,16 @@ def _clean_compiled(trace: Trace, path: str, limits: Limits) -> bool:
 
     if not compiled.active():
         return False
-    ev = trace.events
+    ev = trace.table("events")
     c = np.ascontiguousarray
     clean, n_devices, t_min, t_max = compiled.ext.events_check(
-        c(ev["t_ns"].to_numpy(), np.int64), c(ev["kind"].to_numpy(), np.uint8), c(ev["alloc_id"].to_numpy(), np.int64),
-        c(ev["size_bytes"].to_numpy(), np.int64), c(ev["device"].to_numpy(), np.int16),
-        c(trace.initial_allocs["alloc_id"].to_numpy(), np.int64), len(trace.labels))
+        c(ev["t_ns"], np.int64), c(ev["kind"], np.uint8), c(ev["alloc_id"], np.int64),
+        c(ev["size_bytes"], np.int64), c(ev["device"], np.int16),
+        c(trace.table("initial_allocs")["alloc_id"], np.int64), len(trace.labels))
     if not clean or not -MAX_ABS_TIME_NS <= t_min <= t_max <= MAX_ABS_TIME_NS:
         return False
     check_count(path, "devices", n_devices, limits, "devices", "events")
-    streams = ev["stream"].to_numpy()
+    streams = ev["stream"]
     if len(streams) and int(streams.min()) != int(streams.max()):
         check_count(path, "streams", len(np.unique(streams)), limits, "streams", "events")
     return True
@@ -123,14 +123,14 @@ def check_time_range(path: str, t_ns: np.ndarray) -> None:
 def _life_cycles_valid(trace: Trace) -> bool:
     """True when every id goes ALLOC -> FREE_REQUESTED -> FREE_COMPLETED (initial ids start allocated)
     and every marker names a label: checked with sorts, no hash table keyed by file values."""
-    ev = trace.events
-    kind = ev["kind"].to_numpy()
-    ids = ev["alloc_id"].to_numpy()
+    ev = trace.table("events")
+    kind = ev["kind"]
+    ids = ev["alloc_id"]
     markers = kind == EventKind.MARKER
     if markers.any() and (int(ids[markers].min()) < 0 or int(ids[markers].max()) >= len(trace.labels)):
         return False
     req = (kind >= EventKind.ALLOC) & (kind <= EventKind.FREE_COMPLETED)
-    initial = trace.initial_allocs["alloc_id"].to_numpy()
+    initial = trace.table("initial_allocs")["alloc_id"]
     dense = _dense_life_cycles_valid(kind, ids, req, initial)
     if dense is not None:
         return dense
@@ -157,9 +157,9 @@ def check_live_bytes(path: str, trace: Trace) -> None:
     """Refuse a trace whose live bytes pass ``MAX_LIVE_BYTES`` (checked exactly, only when they could)."""
     from ..inference.stats import _exact_sum, live_bytes_series
 
-    kind = trace.events["kind"].to_numpy()
-    sizes = trace.events["size_bytes"].to_numpy()
-    initial = trace.initial_allocs["size_bytes"].to_numpy()
+    kind = trace.column("kind")
+    sizes = trace.column("size_bytes")
+    initial = trace.table("initial_allocs")["size_bytes"]
     # Cheap bound first: allocations times the largest size (Python ints, cannot wrap).
     n_allocs = int(np.count_nonzero(kind == EventKind.ALLOC))
     largest = max(int(sizes.max()) if len(sizes) else 0, 0)

@@ -32,14 +32,10 @@ from __future__ import annotations
 
 import dataclasses
 
-#: PyTorch's ``kSmallSize``: blocks up to this size are small-pool blocks.
-K_SMALL_SIZE = 1 << 20
-#: ``kSmallBuffer``: the size (and driver alignment) of a small-pool segment.
-K_SMALL_BUFFER = 2 << 20
-#: ``kRoundLarge``: large-pool segment sizes are multiples of this.
-K_ROUND_LARGE = 2 << 20
-#: ``kMinBlockSize``: every block size and address is a multiple of this.
-K_MIN_BLOCK_SIZE = 512
+# PyTorch's sizes: blocks up to K_SMALL_SIZE are small-pool blocks, a small-pool segment is
+# K_SMALL_BUFFER (its driver alignment too), large-pool segment sizes are multiples of
+# K_ROUND_LARGE, every block size and address is a multiple of K_MIN_BLOCK_SIZE.
+from ....settings.pytorch_sizes import K_MIN_BLOCK_SIZE, K_ROUND_LARGE, K_SMALL_BUFFER, K_SMALL_SIZE
 #: Free blocks and findings the other-pool check follows at most (real traces: hundreds).
 _MAX_TRACKED = 1_000
 

@@ -55,23 +55,20 @@ builder repairs double frees and size mismatches), each listed in ``meta.repairs
 from __future__ import annotations
 
 import json
-import re
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from ....errors import TraceFormatError, quote
 from ...reading import compiled
 from ...reading.builder import MAX_SIZE_BYTES, TraceBuilder
-from ...reading.columnar import OP_ALLOC, OP_FREE, OP_MARKER, OP_NONE, Records, build_columns
-from ...reading.frames import FrameTable, frame_tables
+from ...reading.json_numbers import INT64_MAX, INT64_MIN, as_int, ts_to_ns
 from ...reading.limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, read_bytes
+from ...reading.timeline import (
+    MEM, STEP, OpColumns, Rec, RecColumns, Threads, feed_records, op_frames, total_allocated_check,
+)
 from ...schema import (
     BLOCK_DTYPES,
-    DECISION_DTYPES,
-    EVENT_DTYPES,
     FRAME_DTYPES,
     INITIAL_ALLOC_DTYPES,
     RECORDED_SERIES_DTYPES,
@@ -79,9 +76,9 @@ from ...schema import (
     STACK_DTYPES,
     Trace,
     check_schema,
-    frame_from_columns,
-    text_column,
+    table_from_columns,
 )
+from ...table import Table
 
 MEMORY_EVENT = "[memory]"
 OOM_EVENT = "[OutOfMemory]"
@@ -100,12 +97,6 @@ _OP_CATS = frozenset(OP_CATEGORIES | {"Operator", "CPU_OP", "Python_Function"})
 #: 'Addr' in [memory] events: added by pytorch/pytorch#61282 (July 2021), so first released in
 #: PyTorch 1.10 (inferred from the merge date; 1.9 was cut before it).
 ADDR_SINCE = "1.10"
-_PY_FUNCTION = re.compile(r"(.{1,4096}?)\((\d{1,9})\): (.{1,4096})")
-
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-_INT_RE = re.compile(r"[+-]?\d+")
-_HEX_RE = re.compile(r"[+-]?0[xX][0-9a-fA-F]+")
-_DEC_RE = re.compile(r"([+-]?)(\d*)(?:\.(\d*))?")
 _DROPPED = object()  # stands in for events we never look at, to keep memory low while parsing
 
 
@@ -116,68 +107,6 @@ def device_id(device_type: int, device_index: int) -> int:
     if device_type == CPU:
         return -1
     return -(256 * device_type + device_index + 1)
-
-
-# --------------------------------------------------------------------------- number parsing
-def _as_int(value: Any) -> int | None:
-    """An integer from a JSON int or an integral number text (``"8192"``, ``"8192.0"``, ``"0x1f"``)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        text = value.strip()
-        if len(text) > 40:
-            return None
-        if _INT_RE.fullmatch(text):
-            return int(text)
-        if _HEX_RE.fullmatch(text):
-            return int(text, 16)
-        try:
-            dec = Decimal(text)
-        except (InvalidOperation, ValueError):
-            return None
-        if dec.is_finite() and dec == dec.to_integral_value() and abs(dec.adjusted()) < 40:
-            return int(dec)
-    return None
-
-
-def ts_to_ns(value: Any) -> int | None:
-    """Exact integer nanoseconds from a Chrome-trace ``ts`` in microseconds, or None if it is not a number.
-
-    Accepts ints, floats and decimal text (``"5093554565374.3"`` -> 5093554565374300).
-    """
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value * 1000
-    if isinstance(value, float):
-        # repr() is the shortest text that round-trips, i.e. what the file said.
-        value = repr(value)
-    if not isinstance(value, str):
-        return None
-    text = value.strip()
-    if len(text) > 60:
-        return None
-    m = _DEC_RE.fullmatch(text)
-    if m and (m.group(2) or m.group(3)):
-        sign, whole, frac = m.group(1), m.group(2) or "0", m.group(3) or ""
-        frac_ns = (frac + "000")[:3]
-        ns = int(whole) * 1000 + int(frac_ns)
-        rest = frac[3:]
-        if rest and rest.strip("0"):
-            # Round half to even on the digits below 1 ns.
-            first, tail = rest[0], rest[1:]
-            if first > "5" or (first == "5" and (tail.strip("0") or ns % 2 == 1)):
-                ns += 1
-        return -ns if sign == "-" else ns
-    try:
-        dec = Decimal(text)
-    except (InvalidOperation, ValueError):
-        return None
-    if not dec.is_finite() or abs(dec.adjusted()) > 30:
-        return None
-    return int((dec * 1000).to_integral_value())
 
 
 # --------------------------------------------------------------------------- loading
@@ -206,40 +135,25 @@ def _load_json(path: str, data: bytes) -> Any:
 
 
 # --------------------------------------------------------------------------- reader
-class _Rec:
-    """One event to feed to the builder, kept small until the events are sorted."""
-
-    __slots__ = ("t_ns", "pos", "kind", "device", "addr", "nbytes", "total_alloc", "total_reserved",
-                 "label", "thread", "label_type", "label_index")
-
-    def __init__(self, t_ns, pos, kind, device=0, addr=0, nbytes=0, total_alloc=None, label="",
-                 total_reserved=None, thread=""):
-        self.t_ns, self.pos, self.kind = t_ns, pos, kind
-        self.device, self.addr, self.nbytes = device, addr, nbytes
-        self.total_alloc, self.total_reserved, self.label = total_alloc, total_reserved, label
-        self.thread = thread
-        self.label_type = self.label_index = None
-
-
-def _typed_memory_rec(a: Any, t_ns: int | None) -> _Rec | None:
-    """A ``_Rec`` from typed args when every value is in range; None sends the event to the checked path."""
-    if t_ns is None or not _INT64_MIN <= t_ns <= _INT64_MAX or abs(a.nbytes) > MAX_SIZE_BYTES:
+def _typed_memory_rec(a: Any, t_ns: int | None) -> Rec | None:
+    """A ``Rec`` from typed args when every value is in range; None sends the event to the checked path."""
+    if t_ns is None or not INT64_MIN <= t_ns <= INT64_MAX or abs(a.nbytes) > MAX_SIZE_BYTES:
         return None
     dtype, dindex, addr = a.device_type, a.device_index, a.addr
-    if not _INT64_MIN <= addr <= (1 << 64) - 1 or not 0 <= dtype <= 100:
+    if not INT64_MIN <= addr <= (1 << 64) - 1 or not 0 <= dtype <= 100:
         return None
     if dtype == CPU:
         dindex = -1
     elif not (-1 <= dindex <= 254) or (dtype in (CUDA, HIP) and dindex < 0):
         return None
-    if addr > _INT64_MAX:
+    if addr > INT64_MAX:
         addr -= 1 << 64
     total, reserved = a.total_allocated, a.total_reserved
-    if total is not None and not 0 <= total <= _INT64_MAX:
+    if total is not None and not 0 <= total <= INT64_MAX:
         total = None
-    if reserved is not None and not 0 <= reserved <= _INT64_MAX:
+    if reserved is not None and not 0 <= reserved <= INT64_MAX:
         reserved = None
-    rec = _Rec(t_ns, 0, "mem", device_id(dtype, dindex), addr, a.nbytes, total, total_reserved=reserved)
+    rec = Rec(t_ns, 0, "mem", device_id(dtype, dindex), addr, a.nbytes, total, total_reserved=reserved)
     rec.label_type, rec.label_index = dtype, dindex
     return rec
 
@@ -265,7 +179,7 @@ def _refuse_without_addr(path: str, selected: list) -> None:
     """The 2021 format (no ``Addr`` in any [memory] event) cannot be replayed: one line says why."""
     memory = [ev for _, ev in selected if isinstance(ev, dict) and ev.get("name") == MEMORY_EVENT
               and isinstance(ev.get("args"), dict)]
-    if not memory or any(isinstance(ev, _Rec) for _, ev in selected):
+    if not memory or any(isinstance(ev, Rec) for _, ev in selected):
         return
     if any("Addr" in ev["args"] for ev in memory):
         return
@@ -281,23 +195,15 @@ def _refuse_without_addr(path: str, selected: list) -> None:
         "trace again with a newer PyTorch")
 
 
-def _refuse_without_memory(path: str, cols: "_RecColumns", state: "_ReadState", top_keys: Any) -> None:
+def _refuse_without_memory(path: str, cols: "RecColumns", state: "_ReadState", top_keys: Any) -> None:
     """A profile with no [memory] event has nothing to replay: one line says how to record memory."""
-    if np.any(cols.kind != _STEP) or state.skipped_zero:
+    if np.any(cols.kind != STEP) or state.skipped_zero:
         return
     flag = top_keys.get("profile_memory") if isinstance(top_keys, dict) else None
     said = f" (its profile_memory is {quote(flag)})" if flag is not None else ""
     raise TraceFormatError(
         path, None, f"no [memory] events{said}: the profile was recorded without memory profiling; record it "
         "again with torch.profiler.profile(profile_memory=True) to replay its allocations")
-
-
-def _python_frame(name: str) -> dict:
-    """A frame for an op: Python functions (``file.py(12): fn``) keep their file and line."""
-    m = _PY_FUNCTION.fullmatch(name)
-    if m:
-        return {"filename": m.group(1), "line": int(m.group(2)), "name": m.group(3)}
-    return {"filename": "", "line": 0, "name": name}
 
 
 def _thread_key(ev: Any) -> str:
@@ -332,7 +238,7 @@ def _selected_events(events: list, limits: Limits):
                 args = {k: (repr(v) if isinstance(v, float) else v) for k, v in args.items()}
             selected.append((pos, {"name": e.name, "ph": e.ph, "cat": e.cat, "ts": raw_value(e.ts),
                                    "args": args, "pid": e.pid, "tid": e.tid}))
-        threads = {ev.thread if isinstance(ev, _Rec) else _thread_key(ev) for _, ev in selected}
+        threads = {ev.thread if isinstance(ev, Rec) else _thread_key(ev) for _, ev in selected}
         op_events = [e for e in events if e.ph == "X" and e.cat in _OP_CATS and type(e.name) is str
                      and f"{str(e.pid)[:40]}\x00{str(e.tid)[:40]}" in threads]
         op_events = _ops_spanning(op_events, [t for t in mem_ts.values() if t is not None])
@@ -408,7 +314,7 @@ def _read_decoded(path: str, data: bytes, lenient: bool, limits: Limits) -> Trac
     state = _ReadState(n_objects)
     _refuse_without_addr(path, selected)
     for pos, ev in selected:
-        if isinstance(ev, _Rec):     # a well-formed [memory] event, already parsed
+        if isinstance(ev, Rec):     # a well-formed [memory] event, already parsed
             state.device_types.setdefault(ev.label_type, set()).add(ev.label_index)
             ev.label_type = ev.label_index = None
             if ev.nbytes == 0:
@@ -418,9 +324,9 @@ def _read_decoded(path: str, data: bytes, lenient: bool, limits: Limits) -> Trac
             continue
         _read_event(builder, state, pos, ev, where, limits)
     del selected
-    threads = _Threads()
-    cols = _RecColumns.of(state.recs, threads)
-    op_cols = _OpColumns.of(ops, threads)
+    threads = Threads()
+    cols = RecColumns.of(state.recs, threads)
+    op_cols = OpColumns.of(ops, threads)
     return _finish(path, builder, state, cols, op_cols, threads.names, top_keys, where, limits)
 
 
@@ -428,7 +334,7 @@ class _ReadState:
     """What reading the selected events gathers besides the records: device types and counts."""
 
     def __init__(self, not_objects: int = 0):
-        self.recs: list[_Rec] = []
+        self.recs: list[Rec] = []
         self.device_types: dict[int, set[int]] = {}
         self.skipped_zero = 0
         self.not_objects = not_objects
@@ -457,7 +363,7 @@ def _read_event(builder: TraceBuilder, state: _ReadState, pos: int, ev: Any, whe
         if isinstance(cat, str) and "gpu" in cat.lower():
             return  # the GPU-timeline copy of the same step annotation
         t_ns = ts_to_ns(ev.get("ts"))
-        if t_ns is None or not _INT64_MIN <= t_ns <= _INT64_MAX:
+        if t_ns is None or not INT64_MIN <= t_ns <= INT64_MAX:
             builder.problem(record, f"step marker {quote(name)} has no numeric ts ({quote(ev.get('ts'))})",
                             "skipped the marker")
             return
@@ -468,7 +374,7 @@ def _read_event(builder: TraceBuilder, state: _ReadState, pos: int, ev: Any, whe
             raise LimitExceeded(builder.path, record, "string_chars", limits.string_chars,
                                 f"a step name of {len(name):,} characters")
         state.step_seen.add(name)
-        state.recs.append(_Rec(t_ns, pos, "step", label=name))
+        state.recs.append(Rec(t_ns, pos, "step", label=name))
 
 
 def _read_scanned(path: str, data: bytes, scan: dict, lenient: bool, limits: Limits) -> Trace:
@@ -488,7 +394,7 @@ def _read_scanned(path: str, data: bytes, scan: dict, lenient: bool, limits: Lim
         state.device_types.setdefault(dtype, set()).add(dindex)
     nonzero = m_bytes != 0
     state.skipped_zero = int(len(m_bytes) - np.count_nonzero(nonzero))
-    threads = _Threads(scan["threads"])
+    threads = Threads(scan["threads"])
     o_pos, o_start, o_end = (i64(c).tolist() for c in scan["other"][:3])
     o_thread = i32(scan["other"][3])
     for pos, start, end in zip(o_pos, o_start, o_end):
@@ -499,12 +405,12 @@ def _read_scanned(path: str, data: bytes, scan: dict, lenient: bool, limits: Lim
         _read_event(builder, state, pos, {"name": e.name, "ph": e.ph, "cat": e.cat, "ts": raw_value(e.ts),
                                           "args": args, "pid": e.pid, "tid": e.tid}, where, limits)
     devices = _device_ids(m_type, m_index)
-    cols = _RecColumns.concat(
-        _RecColumns(t_ns=m_t[nonzero], pos=m_pos[nonzero], kind=np.zeros(int(nonzero.sum()), np.int8),
+    cols = RecColumns.concat(
+        RecColumns(t_ns=m_t[nonzero], pos=m_pos[nonzero], kind=np.zeros(int(nonzero.sum()), np.int8),
                     device=devices[nonzero], addr=m_addr[nonzero], nbytes=m_bytes[nonzero],
                     total=m_total[nonzero], reserved=m_reserved[nonzero], thread=m_thread[nonzero].astype(np.int64),
                     label=np.zeros(int(nonzero.sum()), np.int64), labels=[]),
-        _RecColumns.of(state.recs, threads))
+        RecColumns.of(state.recs, threads))
     selected_threads = np.unique(np.concatenate([m_thread, o_thread]).astype(np.int64))
     op_cols = _scanned_ops(scan, selected_threads, m_t, limits)
     return _finish(path, builder, state, cols, op_cols, threads.names, scan["top"], where, limits)
@@ -523,7 +429,7 @@ def _device_ids(device_type: np.ndarray, device_index: np.ndarray) -> np.ndarray
     return np.where((t == CUDA) | (t == HIP), i, np.where(t == CPU, -1, -(256 * t + i + 1)))
 
 
-def _scanned_ops(scan: dict, selected_threads: np.ndarray, mem_t_ns: np.ndarray, limits: Limits) -> "_OpColumns":
+def _scanned_ops(scan: dict, selected_threads: np.ndarray, mem_t_ns: np.ndarray, limits: Limits) -> "OpColumns":
     """The ops that may frame [memory] events (``_selected_events`` on the msgspec path): on a thread
     of a kept event, near a [memory] event in time, with exact times and a name within the cap."""
     p_thread = np.frombuffer(scan["ops"][0], np.int32).astype(np.int64)
@@ -537,7 +443,7 @@ def _scanned_ops(scan: dict, selected_threads: np.ndarray, mem_t_ns: np.ndarray,
     short = np.array([len(n) <= limits.string_chars for n in names], dtype=bool)
     keep &= ts_ok & dur_ok & (dur_ns >= 0) & (short[p_name] if len(names) else False)
     rows = np.flatnonzero(keep)
-    return _OpColumns(thread=p_thread[rows], start=ts_ns[rows], end=ts_ns[rows] + dur_ns[rows],
+    return OpColumns(thread=p_thread[rows], start=ts_ns[rows], end=ts_ns[rows] + dur_ns[rows],
                       name=[names[i] for i in p_name[rows].tolist()])
 
 
@@ -554,81 +460,7 @@ def _spanning_mask(start: np.ndarray, dur: np.ndarray, mem_t_ns: np.ndarray) -> 
     return keep
 
 
-class _Threads:
-    """Thread keys (``pid\\0tid`` text) numbered in order of first use."""
-
-    def __init__(self, names: list[str] | None = None):
-        self.names = list(names or [])
-        self.index = {name: i for i, name in enumerate(self.names)}
-
-    def id(self, key: str) -> int:
-        found = self.index.get(key)
-        if found is None:
-            found = self.index[key] = len(self.names)
-            self.names.append(key)
-        return found
-
-
-_MEM, _OOM, _STEP = 0, 1, 2
-_KINDS = {"mem": _MEM, "oom": _OOM, "step": _STEP}
-
-
-class _RecColumns:
-    """The records to feed, as columns (``kind``: 0 [memory], 1 OOM, 2 step; -1 totals: not recorded)."""
-
-    def __init__(self, *, t_ns, pos, kind, device, addr, nbytes, total, reserved, thread, label, labels):
-        self.t_ns, self.pos, self.kind, self.device = t_ns, pos, kind, device
-        self.addr, self.nbytes, self.total, self.reserved = addr, nbytes, total, reserved
-        self.thread, self.label = thread, label      # thread ids; step label: index in ``labels``
-        self.labels = labels
-
-    def __len__(self) -> int:
-        return len(self.t_ns)
-
-    @classmethod
-    def of(cls, recs: list[_Rec], threads: _Threads) -> "_RecColumns":
-        labels = [r.label for r in recs if r.kind == "step"]
-        step_index = iter(range(len(labels)))
-        col = lambda values, dtype=np.int64: np.array(values, dtype=dtype)
-        return cls(
-            t_ns=col([r.t_ns for r in recs]), pos=col([r.pos for r in recs]),
-            kind=col([_KINDS[r.kind] for r in recs], np.int8), device=col([r.device for r in recs]),
-            addr=col([r.addr for r in recs]), nbytes=col([r.nbytes for r in recs]),
-            total=col([r.total_alloc if r.total_alloc is not None else -1 for r in recs]),
-            reserved=col([r.total_reserved if r.total_reserved is not None else -1 for r in recs]),
-            thread=col([threads.id(r.thread) if r.kind != "step" else -1 for r in recs]),
-            label=col([next(step_index) if r.kind == "step" else 0 for r in recs]), labels=labels)
-
-    @classmethod
-    def concat(cls, a: "_RecColumns", b: "_RecColumns") -> "_RecColumns":
-        cat = lambda name: np.concatenate([getattr(a, name), getattr(b, name)])
-        return cls(t_ns=cat("t_ns"), pos=cat("pos"), kind=cat("kind"), device=cat("device"), addr=cat("addr"),
-                   nbytes=cat("nbytes"), total=cat("total"), reserved=cat("reserved"), thread=cat("thread"),
-                   label=np.concatenate([a.label, b.label + len(a.labels)]), labels=a.labels + b.labels)
-
-    def sorted(self) -> "_RecColumns":
-        """In feed order: by time, then position in the file."""
-        order = np.lexsort((self.pos, self.t_ns))
-        take = lambda values: values[order]
-        return _RecColumns(t_ns=take(self.t_ns), pos=take(self.pos), kind=take(self.kind), device=take(self.device),
-                           addr=take(self.addr), nbytes=take(self.nbytes), total=take(self.total),
-                           reserved=take(self.reserved), thread=take(self.thread), label=take(self.label),
-                           labels=self.labels)
-
-
-class _OpColumns:
-    """CPU ops that may frame [memory] events: thread id, start and end (ns), name."""
-
-    def __init__(self, *, thread: np.ndarray, start: np.ndarray, end: np.ndarray, name: list[str]):
-        self.thread, self.start, self.end, self.name = thread, start, end, name
-
-    @classmethod
-    def of(cls, ops: list[tuple[str, int, int, str]], threads: _Threads) -> "_OpColumns":
-        return cls(thread=np.array([threads.id(o[0]) for o in ops], dtype=np.int64),
-                   start=[o[1] for o in ops], end=[o[2] for o in ops], name=[o[3] for o in ops])
-
-
-def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: _RecColumns, ops: _OpColumns,
+def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: RecColumns, ops: OpColumns,
             thread_names: list[str], top_keys: dict, where: str, limits: Limits) -> Trace:
     """The back half both routes share: order, frames, events, recorded totals, hints and notes."""
     device_types = state.device_types
@@ -636,13 +468,13 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: _RecColum
     if not builder.meta.repairs:     # (lenient reads that skipped bad [memory] events saw some)
         _refuse_without_memory(path, cols, state, top_keys)
     cols = cols.sorted()
-    is_mem = cols.kind == _MEM
+    is_mem = cols.kind == MEM
     mem_devices = sorted(set(np.unique(cols.device[is_mem]).tolist()))
     gpu_devices = [d for d in mem_devices if d >= 0]
     marker_device = gpu_devices[0] if gpu_devices else (mem_devices[0] if mem_devices else -1)
     stack_ids, frame_tables, n_stacks = op_frames(path, cols, ops, thread_names, limits)
 
-    event_index, built_trace = _feed(builder, cols, where, marker_device, stack_ids)
+    event_index, built_trace = feed_records(builder, cols, where, marker_device, stack_ids)
     series = _recorded_series(cols, event_index)
 
     meta = builder.meta
@@ -657,7 +489,7 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: _RecColum
         for t, idx in sorted(device_types.items()) for i in sorted(idx)}
     hints["stream"] = "Kineto records no stream; every event has stream 0"
     hints["marker_device"] = marker_device
-    check = _total_allocated_check(cols)
+    check = total_allocated_check(cols)
     hints["total_allocated_check"] = {str(d): s for d, s in sorted(check.items())}
     meta.notes.append("Kineto records no stream: all events are on stream 0")
     meta.notes.append("sizes are the allocator's block sizes (Bytes), not the requested sizes")
@@ -691,215 +523,15 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: _RecColum
     meta.devices = sorted(set(mem_devices) | ({marker_device} if state.step_seen else set()))
     trace = built_trace if built_trace is not None else builder.finish()
     layouts = _start_of_window_allocations(trace, check, cols)
-    trace.recorded_series = frame_from_columns(series, RECORDED_SERIES_DTYPES)
-    trace.frames = frame_from_columns(frame_tables["frames"], FRAME_DTYPES)
-    trace.stacks = frame_from_columns(frame_tables["stacks"], STACK_DTYPES)
+    trace.recorded_series = table_from_columns(series, RECORDED_SERIES_DTYPES)
+    trace.frames = table_from_columns(frame_tables["frames"], FRAME_DTYPES)
+    trace.stacks = table_from_columns(frame_tables["stacks"], STACK_DTYPES)
     _store_recorded_runs(trace, layouts)
     check_schema(trace)
     return trace
 
 
-def op_frames(path: str, cols: _RecColumns, ops: _OpColumns, thread_names: list[str],
-              limits: Limits) -> tuple[list[int] | None, dict, int]:
-    """Each [memory] event's pseudo-frame stack on either route: (stack ids, frame tables, stack count).
-
-    The Kineto and the Paddle readers share it: both frame an event by the ops enclosing it in time.
-    """
-    stacks = _op_stacks_compiled(cols, ops, thread_names, limits) if compiled.active() else None
-    if stacks is not None:
-        return stacks
-    frames = FrameTable(path, limits)
-    stack_ids = _op_stacks(cols, ops, thread_names, frames)
-    return stack_ids, frames.tables(), frames.n_stacks
-
-
-def _op_stacks(cols: _RecColumns, ops: _OpColumns, thread_names: list[str], frames: FrameTable) -> list[int] | None:
-    """Stack id of each record: the ops that contain it in time on its thread, innermost first.
-
-    One sweep per thread over ops sorted by start (outer first on ties) with a stack of open ops;
-    ops on one thread nest (a call tree), so the open stack at a [memory] event is its context.
-    """
-    if not len(ops.thread):
-        return None
-    by_thread: dict[int, list[tuple[int, int, str]]] = {}
-    for thread, start, end, name in zip(ops.thread.tolist(), list(ops.start), list(ops.end), ops.name):
-        by_thread.setdefault(thread, []).append((int(start), -int(end), name))
-    mem_rows = np.flatnonzero(cols.kind == _MEM)
-    mem_by_thread: dict[int, list[int]] = {}
-    for row, thread in zip(mem_rows.tolist(), cols.thread[mem_rows].tolist()):
-        mem_by_thread.setdefault(thread, []).append(row)
-    out = [-1] * len(cols)
-    t_col = cols.t_ns.tolist()
-    frame_of: dict[str, dict] = {}
-    for thread, rec_rows in mem_by_thread.items():
-        thread_ops = by_thread.get(thread)
-        if not thread_ops:
-            continue
-        thread_ops.sort()
-        record = f"thread {thread_names[thread].replace(chr(0), '/')}"
-        ends: list[int] = []        # open ops, outermost first
-        sids: list[int] = []        # stack id with each open op innermost
-        k = 0
-        n_ops = len(thread_ops)
-        for row in rec_rows:        # records are in time order
-            t = t_col[row]
-            while k < n_ops and thread_ops[k][0] <= t:
-                start, neg_end, name = thread_ops[k]
-                k += 1
-                while ends and ends[-1] < start:
-                    ends.pop()
-                    sids.pop()
-                frame = frame_of.get(name)
-                if frame is None:
-                    frame = frame_of[name] = _python_frame(name)
-                sids.append(frames.child_stack(sids[-1] if sids else -1, frame, record))
-                ends.append(-neg_end)
-            while ends and ends[-1] < t:
-                ends.pop()
-                sids.pop()
-            out[row] = sids[-1] if sids else -1
-    return out
-
-
-def _negatable_int64(values) -> bool:
-    """Whether every value is an int64 whose negation is one too (the sweep sorts ops by -end)."""
-    if isinstance(values, np.ndarray):
-        return values.dtype == np.int64 and (not len(values) or int(values.min()) > -(1 << 63))
-    return not len(values) or (min(values) > -(1 << 63) and max(values) < (1 << 63))
-
-
-def _op_stacks_compiled(cols: _RecColumns, ops: _OpColumns, thread_names: list[str], limits: Limits
-                        ) -> tuple[list[int] | None, dict, int] | None:
-    """``_op_stacks`` and the frame tables it fills, with the sweep and the interning in C
-    (``op_sweep``, ``intern_stacks``): the same stacks and ids; None when a cap is exceeded (the
-    Python route then raises it, naming the thread)."""
-    if not len(ops.thread):
-        return None, frame_tables([], np.empty(0, np.int64), [], np.empty(0, np.int32), np.zeros(1, np.int64)), 0
-    if not (_negatable_int64(ops.start) and _negatable_int64(ops.end)):
-        return None     # times past int64 (a file's ts can be any integer): the Python sweep takes them
-    mem_rows = np.flatnonzero(cols.kind == _MEM)
-    mem_thread = cols.thread[mem_rows]
-    # Threads in the order their first [memory] event comes (the Python sweep's dict order).
-    threads, first = np.unique(mem_thread, return_index=True)
-    threads = threads[np.argsort(first, kind="stable")]
-    rank_of = np.full(int(max(threads.max(initial=-1), ops.thread.max(initial=-1))) + 2, -1, dtype=np.int64)
-    rank_of[threads] = np.arange(len(threads))
-    op_rank = rank_of[ops.thread]
-    start, end = np.asarray(ops.start, dtype=np.int64), np.asarray(ops.end, dtype=np.int64)
-    distinct = sorted(set(ops.name))
-    name_rank = {name: i for i, name in enumerate(distinct)}
-    names = np.array([name_rank[n] for n in ops.name], dtype=np.int64)
-    keep = np.flatnonzero(op_rank >= 0)
-    # Ops in sweep order: by thread, then (start, -end, name) as the Python sweep sorts them.
-    order = keep[np.lexsort((names[keep], -end[keep], start[keep], op_rank[keep]))]
-    op_groups = np.searchsorted(op_rank[order], np.arange(len(threads) + 1)).astype(np.int64)
-    mem_order = np.lexsort((np.arange(len(mem_rows)), rank_of[mem_thread]))
-    mem_groups = np.searchsorted(rank_of[mem_thread][mem_order], np.arange(len(threads) + 1)).astype(np.int64)
-    parent, top = compiled.ext.op_sweep(start[order], end[order], op_groups,
-                                        cols.t_ns[mem_rows][mem_order].astype(np.int64), mem_groups)
-    parent, top = np.frombuffer(parent, np.int64), np.frombuffer(top, np.int64)
-    # Pushed ops in push order; each one's frame, numbered as frames are first met in that order.
-    pushed = np.flatnonzero(parent != -2)
-    at = np.full(len(order), -1, dtype=np.int64)
-    at[pushed] = np.arange(len(pushed))
-    pushed_parent = np.where(parent[pushed] >= 0, at[np.maximum(parent[pushed], 0)], -1)
-    pushed_name = names[order[pushed]]
-    content_index: dict[tuple, int] = {}
-    contents: list[tuple] = []
-    content_of_name = np.full(len(distinct), -1, dtype=np.int64)
-    for k in np.unique(pushed_name).tolist():
-        frame = _python_frame(distinct[k])
-        key = (frame["filename"], frame["line"], frame["name"])
-        if key not in content_index:
-            content_index[key] = len(contents)
-            contents.append(key)
-        content_of_name[k] = content_index[key]
-    content = content_of_name[pushed_name]
-    seen, first_at = np.unique(content, return_index=True)
-    if len(seen) > limits.frames:
-        return None
-    ranked = seen[np.argsort(first_at, kind="stable")]
-    fid_of = np.empty(len(contents), dtype=np.int64)
-    fid_of[ranked] = np.arange(len(ranked))
-    interned = compiled.ext.intern_stacks(pushed_parent.astype(np.int64), fid_of[content].astype(np.int64),
-                                          limits.frames, limits.frames * 8)
-    if interned is None:
-        return None
-    pushed_sid = np.frombuffer(interned[0], np.int64)
-    sid = np.full(len(order), -1, dtype=np.int64)
-    sid[pushed] = pushed_sid
-    out = np.full(len(cols), -1, dtype=np.int64)
-    if len(sid):
-        out[mem_rows[mem_order]] = np.where(top >= 0, sid[np.maximum(top, 0)], -1)
-    frame_rows = [contents[c] for c in ranked.tolist()]
-    starts = np.frombuffer(interned[2], np.int64)
-    tables = frame_tables([f[0] for f in frame_rows], np.array([f[1] for f in frame_rows], dtype=np.int64),
-                          [f[2] for f in frame_rows], np.frombuffer(interned[1], np.int32), starts)
-    return out.tolist(), tables, len(starts) - 1
-
-
-def _feed(builder: TraceBuilder, cols: _RecColumns, where: str, marker_device: int,
-          stack_ids: list[int] | None) -> tuple[np.ndarray, Trace | None]:
-    """Feed the records: (event index of each record, the Trace) from the vectorised builder when
-    the records are clean; else the sequential builder's indices and None (call ``finish``)."""
-    n = len(cols)
-    kind = cols.kind
-    op = np.where(kind == _MEM, np.where(cols.nbytes > 0, OP_ALLOC, OP_FREE),
-                  np.where(kind == _OOM, OP_NONE, OP_MARKER)).astype(np.uint8)
-    size = np.where(kind == _MEM, np.abs(cols.nbytes), np.where(kind == _OOM, cols.nbytes, 0)).astype(np.int64)
-    # Step labels in the order the markers come.
-    steps = np.flatnonzero(kind == _STEP)
-    labels: list[str] = []
-    label_index: dict[str, int] = {}
-    label = np.zeros(n, dtype=np.int64)
-    for row, k in zip(steps.tolist(), cols.label[steps].tolist()):
-        name = cols.labels[k]
-        if name not in label_index:
-            label_index[name] = len(labels)
-            labels.append(name)
-        label[row] = label_index[name]
-    device = np.where(kind == _STEP, marker_device, cols.device).astype(np.int64)
-    records = Records(
-        t_ns=cols.t_ns.astype(np.int64), op=op, device=device, stream=np.zeros(n, dtype=np.int64),
-        addr=cols.addr.astype(np.int64), size=size,
-        stack_id=np.array(stack_ids if stack_ids is not None else [-1] * n, dtype=np.int32), label=label)
-    built = build_columns(records)
-    if built is not None:
-        oom = np.flatnonzero(op == OP_NONE)
-        decisions = {
-            "event_index": built.row_event[oom], "t_ns": records.t_ns[oom],
-            "action": text_column(["oom"], np.zeros(len(oom), np.intp)), "addr": np.full(len(oom), -1, np.int64),
-            "size_bytes": size[oom], "stream": np.zeros(len(oom), np.int64), "device": records.device[oom],
-            "alloc_id": np.full(len(oom), -1, np.int64), "device_free_bytes": np.full(len(oom), -1, np.int64)}
-        if built.orphan_frees:
-            builder.meta.notes.append(
-                f"{built.orphan_frees} frees of blocks allocated before the trace began; "
-                "they are in the initial state with the size the free reported")
-        trace = Trace(events=frame_from_columns(built.events, EVENT_DTYPES), meta=builder.meta, labels=labels,
-                      initial_allocs=frame_from_columns(built.initial, INITIAL_ALLOC_DTYPES),
-                      decisions=frame_from_columns(decisions, DECISION_DTYPES))
-        return np.where(op == OP_NONE, -1, built.row_event), trace
-    index = np.full(n, -1, dtype=np.int64)
-    sids = records.stack_id.tolist()
-    for i, (k, t, pos, dev, addr, nbytes) in enumerate(zip(
-            kind.tolist(), records.t_ns.tolist(), cols.pos.tolist(), cols.device.tolist(), records.addr.tolist(),
-            cols.nbytes.tolist())):
-        where_ = where.format(pos)
-        if k == _MEM:
-            if nbytes > 0:
-                builder.alloc(where_, t, dev, 0, addr, nbytes, stack_id=sids[i])
-                index[i] = builder.next_event_index - 1
-            else:
-                done = builder.free(where_, t, dev, 0, addr, -nbytes, stack_id=sids[i])
-                index[i] = builder.next_event_index - 1 if done is not None else -1
-        elif k == _OOM:
-            builder.decision(builder.next_event_index, max(t, builder.last_t_ns), "oom", -1, nbytes, 0, dev)
-        else:
-            builder.marker(where_, t, cols.labels[cols.label[i]], device=marker_device)
-    return index, None
-
-
-def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]], cols: _RecColumns) -> dict:
+def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]], cols: RecColumns) -> dict:
     """What a GPU device held before the first recorded event: start allocations and, where the
     addresses tell it, the segments and blocks they and the cached free memory lay in.
 
@@ -914,19 +546,19 @@ def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]],
     from .layout import DeviceWindow, start_layout
 
     layouts = {}                  # device -> Layout, for the recorded run
-    ia = trace.initial_allocs
+    ia = trace.table("initial_allocs")
     added, segments, blocks, laid_out = [], [], [], []
-    next_id = max([int(t["alloc_id"].max()) + 1 for t in (trace.events, ia) if len(t)], default=0)
-    ia_device = ia["device"].to_numpy()
+    next_id = max([int(t["alloc_id"].max()) + 1 for t in (trace.table("events"), ia) if len(t)], default=0)
+    ia_device = ia["device"]
     for device, stats in sorted(check.items()):
         if device < 0:
             continue          # the CPU allocator is not the caching allocator
         mine = ia_device == device
-        orphans = list(zip(ia["alloc_id"].to_numpy()[mine].tolist(), ia["addr"].to_numpy()[mine].tolist(),
-                           ia["size_bytes"].to_numpy()[mine].tolist()))
+        orphans = list(zip(ia["alloc_id"][mine].tolist(), ia["addr"][mine].tolist(),
+                           ia["size_bytes"][mine].tolist()))
         orphan_bytes = sum(s for _, _, s in orphans)
         rest = stats["baseline_bytes"] - orphan_bytes
-        rows = np.flatnonzero((cols.kind == _MEM) & (cols.device == device))
+        rows = np.flatnonzero((cols.kind == MEM) & (cols.device == device))
         layout: Any = "no [memory] event records Total Reserved"
         if len(rows) and cols.reserved[rows[0]] >= 0 and stats["baseline_bytes"] <= MAX_SIZE_BYTES:
             window = DeviceWindow(
@@ -958,46 +590,27 @@ def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]],
         next_id += 1
     if segments:
         # Kineto's Bytes are block sizes: the orphans' blocks are known exactly where they are laid out.
-        ia["block_size_bytes"] = np.where(np.isin(ia["device"].to_numpy(), laid_out), ia["size_bytes"].to_numpy(),
-                                          ia["block_size_bytes"].to_numpy())
+        ia = ia.with_column("block_size_bytes", np.where(np.isin(ia["device"], laid_out), ia["size_bytes"],
+                                                         ia["block_size_bytes"]))
+        trace.initial_allocs = ia
         trace.initial_segments = _table(segments, SEGMENT_DTYPES)
         trace.initial_blocks = _table(blocks, BLOCK_DTYPES)
     if added:
         extra = _table(added, INITIAL_ALLOC_DTYPES)
-        trace.initial_allocs = pd.concat([ia, extra], ignore_index=True) if len(ia) else extra
+        trace.initial_allocs = ia.concat(extra) if len(ia) else extra
     return layouts
 
 
-def _table(rows: list[tuple], dtypes: dict) -> pd.DataFrame:
-    """A frame of ``rows`` (tuples in the order of ``dtypes``) with exactly those dtypes."""
+def _table(rows: list[tuple], dtypes: dict) -> Table:
+    """A table of ``rows`` (tuples in the order of ``dtypes``) with exactly those dtypes."""
     columns = {name: np.array([r[k] for r in rows], dtype=dtype) for k, (name, dtype) in enumerate(dtypes.items())}
-    return frame_from_columns(columns, dtypes)
+    return table_from_columns(columns, dtypes)
 
 
-def _recorded_series(cols: _RecColumns, index: np.ndarray) -> dict[str, np.ndarray]:
-    rows = (cols.kind == _MEM) & ((cols.total >= 0) | (cols.reserved >= 0))
+def _recorded_series(cols: RecColumns, index: np.ndarray) -> dict[str, np.ndarray]:
+    rows = (cols.kind == MEM) & ((cols.total >= 0) | (cols.reserved >= 0))
     return {"event_index": index[rows], "t_ns": cols.t_ns[rows], "device": cols.device[rows],
             "allocated_bytes": cols.total[rows], "reserved_bytes": cols.reserved[rows]}
-
-
-def _total_allocated_check(cols: _RecColumns) -> dict[int, dict[str, int]]:
-    """Per device: consecutive changes of Total Allocated must equal Bytes."""
-    rows = np.flatnonzero((cols.kind == _MEM) & (cols.total >= 0))
-    device = cols.device[rows]
-    order = np.argsort(device, kind="stable")
-    d, total, nbytes = device[order], cols.total[rows][order], cols.nbytes[rows][order]
-    first = np.ones(len(d), dtype=bool)
-    first[1:] = d[1:] != d[:-1]
-    mismatch = np.zeros(len(d), dtype=bool)
-    mismatch[1:] = (total[1:] - total[:-1]) != nbytes[1:]
-    mismatch &= ~first
-    check: dict[int, dict[str, int]] = {}
-    starts = np.flatnonzero(first)
-    ends = np.append(starts[1:], len(d))
-    for a, b in zip(starts.tolist(), ends.tolist()):
-        check[int(d[a])] = {"checked": b - a - 1, "mismatched": int(mismatch[a:b].sum()),
-                            "baseline_bytes": int(total[a]) - int(nbytes[a])}
-    return check
 
 
 def _store_recorded_runs(trace: Trace, layouts: dict) -> None:
@@ -1008,14 +621,14 @@ def _store_recorded_runs(trace: Trace, layouts: dict) -> None:
     """
     from ...inference.recorded import RecordedRun, set_recorded_run
 
-    series = trace.recorded_series
-    for device in sorted(int(d) for d in np.unique(series["device"].to_numpy())):
+    series = trace.table("recorded_series")
+    for device in sorted(int(d) for d in np.unique(series["device"])):
         if device < 0:
             continue   # the CPU allocator is not the caching allocator
-        rows = series.loc[series["device"] == device]
-        reserved = rows["reserved_bytes"].to_numpy()
+        mine = series["device"] == device
+        reserved = series["reserved_bytes"][mine]
         reserved = reserved[reserved >= 0]
-        allocated = rows["allocated_bytes"].to_numpy()
+        allocated = series["allocated_bytes"][mine]
         allocated = allocated[allocated >= 0]
         run = RecordedRun(
             device=device, allocator="pytorch",
@@ -1035,7 +648,7 @@ def _store_recorded_runs(trace: Trace, layouts: dict) -> None:
 
 
 def _parse_memory(builder: TraceBuilder, record: str, ev: dict, is_oom: bool,
-                  device_types: dict[int, set[int]]) -> _Rec | None:
+                  device_types: dict[int, set[int]]) -> Rec | None:
     """Parse one [memory] / [OutOfMemory] event; return None when it was skipped under lenient."""
     what = OOM_EVENT if is_oom else MEMORY_EVENT
 
@@ -1046,12 +659,12 @@ def _parse_memory(builder: TraceBuilder, record: str, ev: dict, is_oom: bool,
     t_ns = ts_to_ns(ev.get("ts"))
     if t_ns is None:
         return bad(f"ts is missing or not a number ({quote(ev.get('ts'))})")
-    if not _INT64_MIN <= t_ns <= _INT64_MAX:
+    if not INT64_MIN <= t_ns <= INT64_MAX:
         return bad(f"ts {quote(ev.get('ts'))} is out of range")
     args = ev.get("args")
     if not isinstance(args, dict):
         return bad("no 'args' object")
-    nbytes = _as_int(args.get("Bytes"))
+    nbytes = as_int(args.get("Bytes"))
     if nbytes is None:
         return bad(f"Bytes is missing or not an integer ({quote(args.get('Bytes'))})")
     if abs(nbytes) > MAX_SIZE_BYTES:
@@ -1060,15 +673,15 @@ def _parse_memory(builder: TraceBuilder, record: str, ev: dict, is_oom: bool,
         return bad(f"negative Bytes {quote(nbytes)}")
     addr = 0
     if not is_oom:
-        addr = _as_int(args.get("Addr"))
+        addr = as_int(args.get("Addr"))
         if addr is None:
             return bad(f"Addr is missing or not an integer ({quote(args.get('Addr'))})")
-        if not _INT64_MIN <= addr <= (1 << 64) - 1:
+        if not INT64_MIN <= addr <= (1 << 64) - 1:
             return bad(f"Addr {quote(addr)} does not fit in 64 bits")
-        if addr > _INT64_MAX:
+        if addr > INT64_MAX:
             addr -= 1 << 64  # an unsigned pointer printed as such: same bits as intptr_t
-    dtype = _as_int(args.get("Device Type"))
-    dindex = _as_int(args.get("Device Id"))
+    dtype = as_int(args.get("Device Type"))
+    dindex = as_int(args.get("Device Id"))
     if dtype is None and "Device Type" in args:
         return bad(f"Device Type is not an integer ({quote(args.get('Device Type'))})")
     if dindex is None and "Device Id" in args:
@@ -1085,11 +698,11 @@ def _parse_memory(builder: TraceBuilder, record: str, ev: dict, is_oom: bool,
     elif not (-1 <= dindex <= 254) or (dtype in (CUDA, HIP) and dindex < 0):
         return bad(f"Device Id {quote(dindex)} out of range for device type {quote(dtype)}")
     device_types.setdefault(dtype, set()).add(dindex)
-    total = _as_int(args.get("Total Allocated"))
-    reserved = _as_int(args.get("Total Reserved"))
-    if total is not None and not 0 <= total <= _INT64_MAX:
+    total = as_int(args.get("Total Allocated"))
+    reserved = as_int(args.get("Total Reserved"))
+    if total is not None and not 0 <= total <= INT64_MAX:
         total = None
-    if reserved is not None and not 0 <= reserved <= _INT64_MAX:
+    if reserved is not None and not 0 <= reserved <= INT64_MAX:
         reserved = None
-    return _Rec(t_ns, 0, "oom" if is_oom else "mem", device_id(dtype, dindex), addr, nbytes, total,
+    return Rec(t_ns, 0, "oom" if is_oom else "mem", device_id(dtype, dindex), addr, nbytes, total,
                 total_reserved=reserved)

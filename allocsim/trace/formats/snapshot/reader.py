@@ -75,15 +75,13 @@ from ...schema import (
     frame_from_columns,
     text_column,
 )
+from ....settings.pytorch_sizes import K_MIN_BLOCK_SIZE, K_SMALL_BUFFER
 from ....settings.recorded import checked_allocator_settings
 from .fast import ACTION_NAMES, DeviceEntries, entry_columns, merged_records
 from ...transport import payload_to_trace, trace_to_payload
 
 FORMAT = "pytorch-snapshot"
 
-#: PyTorch CUDACachingAllocator constants (c10/cuda/CUDACachingAllocator.cpp).
-K_MIN_BLOCK_SIZE = 512
-K_SMALL_BUFFER = 2 * 1024 * 1024
 
 #: Time given to the i-th entry of a device when the file has no ``time_us`` (older PyTorch).
 SYNTHETIC_STEP_NS = 1000
