@@ -279,10 +279,13 @@ def add_gpu_estimate(result: Any, gpu: Any) -> None:
     estimate = gpu_estimate(gpu, int(summary.get("peak_reserved_bytes") or 0))
     verdict = summary.get("verdict") or {}
     if verdict.get("fits") is False:
-        estimate["fits"] = False          # the allocator ran out of the memory the GPU leaves it
+        # the allocator ran out of the memory the GPU leaves it; a caveat only ever qualifies a fit
+        estimate.update(fits=False, fits_proven=False, caveat=None)
     summary["gpu_estimate"] = estimate
     word = "FITS" if estimate["fits"] else "DOES NOT FIT"
-    verdict["line"] = (f"{word} on {gpu.name} ({format_bytes(gpu.total_bytes)}): needs "
+    label = "" if gpu.verified else ", label"
+    caveat = f" ({estimate['caveat']})" if estimate["caveat"] else ""
+    verdict["line"] = (f"{word} on {gpu.name} ({format_bytes(gpu.total_bytes)}{label}){caveat}: needs "
                        f"{format_bytes(estimate['total_bytes'])} = reserved peak "
                        f"{format_bytes(estimate['reserved_peak_bytes'])} + cuBLAS workspaces "
                        f"{format_bytes(estimate['workspace_bytes'])} + libraries "
