@@ -113,7 +113,7 @@ GPUS: tuple[GpuModel, ...] = (
              "deviceQuery table, 'Tesla T4' on Colab, driver 12.4, ECC on: 'Global Memory | 15095 MBytes' "
              "(15095 to 15096 MiB; the lower end is kept), sylvia-ymlin/cuda-kernels-from-scratch README.md"),
     GpuModel("V100 16GB", ("V100",), 16 * GiB, 70, _SPEC + ", 16 GB"),
-    GpuModel("V100 32GB", (), 32 * GiB, 70, _SPEC + ", 32 GB", 34084028416,
+    GpuModel("V100 32GB", ("V100-SXM2-32GB", "V100-PCIE-32GB", "V100-DGXS-32GB"), 32 * GiB, 70, _SPEC + ", 32 GB", 34084028416,
              "Kineto deviceProperties totalGlobalMem of 'Tesla V100-DGXS-32GB' device 0 (the recorded run's): "
              "34084028416 (devices 1-3 of the same box: 34087305216), pytorch/kineto @f329bb5f "
              "tb_plugin/samples/resnet50_num_workers_0/worker0.1623143566756.pt.trace.json.gz"),
@@ -123,10 +123,10 @@ GPUS: tuple[GpuModel, ...] = (
     GpuModel("A10", ("A10G",), 24 * GiB, 86, _SPEC + ", 24 GB", 23609475072,
              "device-query printout, 'NVIDIA A10', driver 12.2: '21.99 GBytes (23609475072 bytes)', "
              "aalanwyr/face2cuda step2cuda/README.md (the A10G alias is AWS's variant, not recorded)"),
-    GpuModel("A100 40GB", ("A100-40GB", "A100"), 40 * GiB, 80, _SPEC + ", 40 GB", 42298834944,
+    GpuModel("A100 40GB", ("A100-40GB", "A100", "A100-SXM4-40GB", "A100-PCIE-40GB"), 40 * GiB, 80, _SPEC + ", 40 GB", 42298834944,
              f"{_DQ}, 'NVIDIA A100-SXM4-40GB', driver 12.2: '40339 MBytes (42298834944 bytes)', "
              "bottlerocket-os/bottlerocket pull request #3873 (no PCIe 40GB recording found)"),
-    GpuModel("A100 80GB", ("A100-80GB",), 80 * GiB, 80, _SPEC + ", 80 GB", 81049 * MiB,
+    GpuModel("A100 80GB", ("A100-80GB", "A100-SXM4-80GB", "A100 80GB PCIe"), 80 * GiB, 80, _SPEC + ", 80 GB", 81049 * MiB,
              "mixbench-cuda printout, 'NVIDIA A100 80GB PCIe', driver 12.3: 'Total global mem: 81049 MB' "
              "(81049 to 81050 MiB; the lower end is kept), ekondis/mixbench issue #47; the SXM4 card reports "
              "more: '81158 MBytes (85100068864 bytes)', thamada/nvidia-smi @b09ef139 gls/A100SXMx4_deviceQuery.py"),
@@ -167,6 +167,36 @@ def find_gpu(name: str) -> GpuModel:
         if wanted in {_key(n) for n in (gpu.name, *gpu.aliases)}:
             return gpu
     raise AllocsimError(f"unknown GPU {name!r}; known: {', '.join(g.name for g in GPUS)} (allocsim gpus)")
+
+
+def model_of_card(card_name: str) -> GpuModel | None:
+    """The model whose name (or alias) is the longest found in a card's reported name ("NVIDIA H100 80GB HBM3")."""
+    card = _key(card_name)
+    best: tuple[int, GpuModel] | None = None
+    for gpu in GPUS:
+        for name in (gpu.name, *gpu.aliases):
+            key = _key(name)
+            if key and key in card and (best is None or len(key) > best[0]):
+                best = (len(key), gpu)
+    return best[1] if best else None
+
+
+def recorded_device_check(gpu: GpuModel, device: int, recorded: dict[str, Any]) -> dict[str, Any]:
+    """How ``gpu`` stands against the card a trace was recorded on (Kineto deviceProperties), with a sentence."""
+    name, total = str(recorded.get("name") or ""), int(recorded["total_bytes"])
+    same_model = model_of_card(name) is gpu
+    card = f"'{name}'" if name else "an unnamed card"
+    if not same_model:
+        note = (f"the trace was recorded on a different card: {card} (device {device}, {format_bytes(total)} "
+                f"totalGlobalMem), not {gpu.name}")
+    elif total == gpu.total_bytes:
+        note = f"{gpu.name}'s memory is what the recording's {card} reported (device {device} totalGlobalMem)"
+    else:
+        note = (f"the recording's {card} reported {format_bytes(total)} ({total:,} B, device {device} "
+                f"totalGlobalMem) where {gpu.name} here has {format_bytes(gpu.total_bytes)} "
+                f"({gpu.total_bytes:,} B): driver version and ECC change the total; give --capacity for that card")
+    return {"device": device, "name": name, "total_bytes": total, "same_model": same_model,
+            "total_matches": same_model and total == gpu.total_bytes, "note": note}
 
 
 def workspace_bytes(gpu: GpuModel) -> int:
