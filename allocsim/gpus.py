@@ -104,7 +104,8 @@ _DQ = "CUDA deviceQuery printout"
 GPUS: tuple[GpuModel, ...] = (
     GpuModel("RTX 3060", ("3060", "GeForce RTX 3060", "NVIDIA GeForce RTX 3060"), 12 * GiB, 86, _SPEC + ", 12 GB",
              12622168064,
-             "total_gpu_memory of xMem's RTX 3060 runs (NVML), Stone-ResearchLife/xMem evaluation_result.json"),
+             "total_gpu_memory of xMem's RTX 3060 runs (NVML): 12622168064, Stone-ResearchLife/xMem "
+             "evaluation_result.json"),
     GpuModel("RTX 4060", ("4060", "GeForce RTX 4060", "NVIDIA GeForce RTX 4060"), 8 * GiB, 89, _SPEC + ", 8 GB"),
     GpuModel("RTX 4090", ("4090", "GeForce RTX 4090"), 24 * GiB, 89, _SPEC + ", 24 GB", 25386352640,
              f"{_DQ}, 'NVIDIA GeForce RTX 4090', driver 12.4, ECC off: '24210 MBytes (25386352640 bytes)', "
