@@ -247,6 +247,15 @@ def unproven_caveat(gpu: GpuModel, proven_bytes: int) -> str:
             f"{gpu.name} may have {format_bytes(proven_bytes)} (allocsim gpus)")
 
 
+def label_note(gpu: GpuModel) -> str | None:
+    """For an unverified model, the sentence a capacity taken from its label carries (None when recorded)."""
+    if gpu.verified:
+        return None
+    proven = proven_total_bytes(gpu) - (gpu.total_bytes - allocator_capacity(gpu))
+    return (f"{gpu.name}'s {format_bytes(gpu.total_bytes)} is the product label, no real card's total was found: "
+            f"a reserved peak above {format_bytes(proven)} is not proven to fit a real card (allocsim gpus)")
+
+
 def gpu_rows() -> list[dict[str, Any]]:
     """Every GPU model as a JSON-ready row (for ``allocsim gpus``)."""
     return [{"name": g.name, "aliases": list(g.aliases), "total_bytes": g.total_bytes,
