@@ -114,7 +114,8 @@ GPUS: tuple[GpuModel, ...] = (
              "deviceQuery table, 'Tesla T4' on Colab, driver 12.4, ECC on: 'Global Memory | 15095 MBytes' "
              "(15095 to 15096 MiB; the lower end is kept), sylvia-ymlin/cuda-kernels-from-scratch README.md"),
     GpuModel("V100 16GB", ("V100",), 16 * GiB, 70, _SPEC + ", 16 GB"),
-    GpuModel("V100 32GB", ("V100-SXM2-32GB", "V100-PCIE-32GB", "V100-DGXS-32GB"), 32 * GiB, 70, _SPEC + ", 32 GB", 34084028416,
+    GpuModel("V100 32GB", ("V100-SXM2-32GB", "V100-PCIE-32GB", "V100-DGXS-32GB"), 32 * GiB, 70, _SPEC + ", 32 GB",
+             34084028416,
              "Kineto deviceProperties totalGlobalMem of 'Tesla V100-DGXS-32GB' device 0 (the recorded run's): "
              "34084028416 (devices 1-3 of the same box: 34087305216), pytorch/kineto @f329bb5f "
              "tb_plugin/samples/resnet50_num_workers_0/worker0.1623143566756.pt.trace.json.gz"),
@@ -124,10 +125,12 @@ GPUS: tuple[GpuModel, ...] = (
     GpuModel("A10", ("A10G",), 24 * GiB, 86, _SPEC + ", 24 GB", 23609475072,
              "device-query printout, 'NVIDIA A10', driver 12.2: '21.99 GBytes (23609475072 bytes)', "
              "aalanwyr/face2cuda step2cuda/README.md (the A10G alias is AWS's variant, not recorded)"),
-    GpuModel("A100 40GB", ("A100-40GB", "A100", "A100-SXM4-40GB", "A100-PCIE-40GB"), 40 * GiB, 80, _SPEC + ", 40 GB", 42298834944,
+    GpuModel("A100 40GB", ("A100-40GB", "A100", "A100-SXM4-40GB", "A100-PCIE-40GB"), 40 * GiB, 80,
+             _SPEC + ", 40 GB", 42298834944,
              f"{_DQ}, 'NVIDIA A100-SXM4-40GB', driver 12.2: '40339 MBytes (42298834944 bytes)', "
              "bottlerocket-os/bottlerocket pull request #3873 (no PCIe 40GB recording found)"),
-    GpuModel("A100 80GB", ("A100-80GB", "A100-SXM4-80GB", "A100 80GB PCIe"), 80 * GiB, 80, _SPEC + ", 80 GB", 81049 * MiB,
+    GpuModel("A100 80GB", ("A100-80GB", "A100-SXM4-80GB", "A100 80GB PCIe"), 80 * GiB, 80, _SPEC + ", 80 GB",
+             81049 * MiB,
              "mixbench-cuda printout, 'NVIDIA A100 80GB PCIe', driver 12.3: 'Total global mem: 81049 MB' "
              "(81049 to 81050 MiB; the lower end is kept), ekondis/mixbench issue #47; the SXM4 card reports "
              "more: '81158 MBytes (85100068864 bytes)', thamada/nvidia-smi @b09ef139 gls/A100SXMx4_deviceQuery.py"),
