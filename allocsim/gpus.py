@@ -131,8 +131,9 @@ GPUS: tuple[GpuModel, ...] = (
              "bottlerocket-os/bottlerocket pull request #3873 (no PCIe 40GB recording found)"),
     GpuModel("A100 80GB", ("A100-80GB", "A100-SXM4-80GB", "A100 80GB PCIe"), 80 * GiB, 80, _SPEC + ", 80 GB",
              81049 * MiB,
-             "mixbench-cuda printout, 'NVIDIA A100 80GB PCIe', driver 12.3: 'Total global mem: 81049 MB' "
-             "(81049 to 81050 MiB; the lower end is kept), ekondis/mixbench issue #47; the SXM4 card reports "
+             "mixbench-cuda printout, 'NVIDIA A100 80GB PCIe', driver 12.3, ECC on: 'Total global mem: 81049 MB' "
+             "(totalGlobalMem/1024/1024 as mixbench-cuda/lcutil.h prints it: 81049 to 81050 MiB, the lower end "
+             "kept), ekondis/mixbench issue #47; the SXM4 card reports "
              "more: '81158 MBytes (85100068864 bytes)', thamada/nvidia-smi @b09ef139 gls/A100SXMx4_deviceQuery.py"),
     GpuModel("H100", ("H100 80GB", "H100-80GB", "H100 SXM"), 80 * GiB, 90, _SPEC + ", 80 GB", 85018279936,
              "Kineto deviceProperties totalGlobalMem of 'NVIDIA H100 80GB HBM3' (SXM): 85018279936, "
