@@ -21,9 +21,11 @@ includes, so the verdict near the limit has that uncertainty.
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
 from typing import Any
 
 from .errors import AllocsimError
+from .units import format_bytes
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -45,15 +47,36 @@ LIBRARY_BYTES_CALIBRATED = 0
 
 @dataclasses.dataclass(frozen=True)
 class GpuModel:
-    """One GPU: its memory, compute capability and where each figure comes from."""
+    """One GPU: its memory as a real card reports it (or the product label), compute capability, sources."""
 
     name: str
     aliases: tuple[str, ...]
-    total_bytes: int
+    nominal_bytes: int                       # the product label ("80 GB"), which real cards do not reach
     sm: int                                  # compute capability, e.g. 86 for 8.6
-    total_source: str
+    nominal_source: str
+    #: What a real card reported (CUDA totalGlobalMem / cudaMemGetInfo total); None: no recording found.
+    recorded_bytes: int | None = None
+    recorded_source: str = ""
     context_bytes: int = CONTEXT_BYTES_ESTIMATE
     library_bytes: int = LIBRARY_BYTES_CALIBRATED
+
+    @property
+    def verified(self) -> bool:
+        """Whether ``total_bytes`` is what a real card of this model reported (else the nominal label)."""
+        return self.recorded_bytes is not None
+
+    @property
+    def total_bytes(self) -> int:
+        """The memory the verdict is judged against: the recorded total, else the nominal label."""
+        return self.recorded_bytes if self.recorded_bytes is not None else self.nominal_bytes
+
+    @property
+    def total_source(self) -> str:
+        """Where ``total_bytes`` comes from, for people."""
+        if self.verified:
+            return self.recorded_source
+        return (f"{self.nominal_source}; unverified: no recording of what a real card reports was found, and "
+                "real cards report less than their label (a fit near the limit is not proven)")
 
     @property
     def cublas_workspace_bytes(self) -> int:
@@ -75,21 +98,67 @@ class GpuModel:
 
 
 _SPEC = "NVIDIA product specification (nominal)"
+_DQ = "CUDA deviceQuery printout"
+#: Real totals differ by driver version and ECC (GDDR cards with ECC on give up 1/16 of the memory), so
+#: where several recordings of one model exist the lowest is kept: a fit there fits the others too.
 GPUS: tuple[GpuModel, ...] = (
-    GpuModel("RTX 3060", ("3060", "GeForce RTX 3060", "NVIDIA GeForce RTX 3060"), 12622168064, 86,
-             "total_gpu_memory of xMem's RTX 3060 runs (NVML), Stone-ResearchLife/xMem evaluation_result.json"),
+    GpuModel("RTX 3060", ("3060", "GeForce RTX 3060", "NVIDIA GeForce RTX 3060"), 12 * GiB, 86, _SPEC + ", 12 GB",
+             12622168064,
+             "total_gpu_memory of xMem's RTX 3060 runs (NVML): 12622168064, Stone-ResearchLife/xMem "
+             "evaluation_result.json"),
     GpuModel("RTX 4060", ("4060", "GeForce RTX 4060", "NVIDIA GeForce RTX 4060"), 8 * GiB, 89, _SPEC + ", 8 GB"),
-    GpuModel("RTX 4090", ("4090", "GeForce RTX 4090"), 24 * GiB, 89, _SPEC + ", 24 GB"),
-    GpuModel("T4", ("Tesla T4",), 16 * GiB, 75, _SPEC + ", 16 GB"),
+    GpuModel("RTX 4090", ("4090", "GeForce RTX 4090"), 24 * GiB, 89, _SPEC + ", 24 GB", 25386352640,
+             f"{_DQ}, 'NVIDIA GeForce RTX 4090', driver 12.4, ECC off: '24210 MBytes (25386352640 bytes)', "
+             "thamada/nvidia-smi @b09ef139 gls/RTX4090_deviceQuery.py"),
+    GpuModel("T4", ("Tesla T4",), 16 * GiB, 75, _SPEC + ", 16 GB", 15095 * MiB,
+             "deviceQuery table, 'Tesla T4' on Colab, driver 12.4, ECC on: 'Global Memory | 15095 MBytes' "
+             "(15095 to 15096 MiB; the lower end is kept), sylvia-ymlin/cuda-kernels-from-scratch README.md"),
     GpuModel("V100 16GB", ("V100",), 16 * GiB, 70, _SPEC + ", 16 GB"),
-    GpuModel("V100 32GB", (), 32 * GiB, 70, _SPEC + ", 32 GB"),
-    GpuModel("L4", (), 24 * GiB, 89, _SPEC + ", 24 GB"),
-    GpuModel("A10", ("A10G",), 24 * GiB, 86, _SPEC + ", 24 GB"),
-    GpuModel("A100 40GB", ("A100-40GB", "A100"), 40 * GiB, 80, _SPEC + ", 40 GB"),
-    GpuModel("A100 80GB", ("A100-80GB",), 80 * GiB, 80, _SPEC + ", 80 GB"),
-    GpuModel("H100", ("H100 80GB", "H100-80GB", "H100 SXM"), 80 * GiB, 90, _SPEC + ", 80 GB"),
+    GpuModel("V100 32GB", ("V100-SXM2-32GB", "V100-PCIE-32GB", "V100-DGXS-32GB"), 32 * GiB, 70, _SPEC + ", 32 GB",
+             34084028416,
+             "Kineto deviceProperties totalGlobalMem of 'Tesla V100-DGXS-32GB' device 0 (the recorded run's): "
+             "34084028416 (devices 1-3 of the same box: 34087305216), pytorch/kineto @f329bb5f "
+             "tb_plugin/samples/resnet50_num_workers_0/worker0.1623143566756.pt.trace.json.gz"),
+    GpuModel("L4", (), 24 * GiB, 89, _SPEC + ", 24 GB", 23570219008,
+             f"{_DQ}, 'NVIDIA L4', driver 12.4, ECC on: '22478 MBytes (23570219008 bytes)', "
+             "thamada/nvidia-smi @b09ef139 gls/L4_deviceQuery.py"),
+    GpuModel("A10", ("A10G",), 24 * GiB, 86, _SPEC + ", 24 GB", 23609475072,
+             "device-query printout, 'NVIDIA A10', driver 12.2: '21.99 GBytes (23609475072 bytes)', "
+             "aalanwyr/face2cuda step2cuda/README.md (the A10G alias is AWS's variant, not recorded)"),
+    GpuModel("A100 40GB", ("A100-40GB", "A100", "A100-SXM4-40GB", "A100-PCIE-40GB"), 40 * GiB, 80,
+             _SPEC + ", 40 GB", 42298834944,
+             f"{_DQ}, 'NVIDIA A100-SXM4-40GB', driver 12.2: '40339 MBytes (42298834944 bytes)', "
+             "bottlerocket-os/bottlerocket pull request #3873 (no PCIe 40GB recording found)"),
+    GpuModel("A100 80GB", ("A100-80GB", "A100-SXM4-80GB", "A100 80GB PCIe"), 80 * GiB, 80, _SPEC + ", 80 GB",
+             81049 * MiB,
+             "mixbench-cuda printout, 'NVIDIA A100 80GB PCIe', driver 12.3, ECC on: 'Total global mem: 81049 MB' "
+             "(totalGlobalMem/1024/1024 as mixbench-cuda/lcutil.h prints it: 81049 to 81050 MiB, the lower end "
+             "kept), ekondis/mixbench issue #47; the SXM4 card reports "
+             "more: '81158 MBytes (85100068864 bytes)', thamada/nvidia-smi @b09ef139 gls/A100SXMx4_deviceQuery.py"),
+    GpuModel("H100", ("H100 80GB", "H100-80GB", "H100 SXM"), 80 * GiB, 90, _SPEC + ", 80 GB", 85018279936,
+             "Kineto deviceProperties totalGlobalMem of 'NVIDIA H100 80GB HBM3' (SXM): 85018279936, "
+             "AMD-AGI/TraceLens @f0bb9f37 tests/traces/h100/*.json.gz; on driver 12.7 the same card reports "
+             "'81106 MBytes (85045477376 bytes)', thamada/nvidia-smi @03fbe6e6 nvsim/H100SXMx8_deviceQuery.py "
+             "(no PCIe or NVL recording: those are other cards)"),
     GpuModel("H200", ("H200 141GB",), 141 * 10**9, 90, _SPEC + ", 141 GB"),
 )
+
+
+def lowest_recorded_ratio() -> Fraction:
+    """The least share of its label any recorded card reports (L4: ECC on GDDR6 takes 1/16 off)."""
+    return min(Fraction(g.total_bytes, g.nominal_bytes) for g in GPUS if g.verified)
+
+
+def proven_total_bytes(gpu: GpuModel) -> int:
+    """The least memory a real card of ``gpu``'s model is shown to have.
+
+    A recorded model: its recorded total. An unverified one: its label scaled by the lowest
+    recorded/label ratio of the recorded models, since nothing here shows its cards do better.
+    """
+    if gpu.verified:
+        return gpu.total_bytes
+    ratio = lowest_recorded_ratio()
+    return gpu.nominal_bytes * ratio.numerator // ratio.denominator
 
 
 def _key(name: str) -> str:
@@ -105,6 +174,36 @@ def find_gpu(name: str) -> GpuModel:
     raise AllocsimError(f"unknown GPU {name!r}; known: {', '.join(g.name for g in GPUS)} (allocsim gpus)")
 
 
+def model_of_card(card_name: str) -> GpuModel | None:
+    """The model whose name (or alias) is the longest found in a card's reported name ("NVIDIA H100 80GB HBM3")."""
+    card = _key(card_name)
+    best: tuple[int, GpuModel] | None = None
+    for gpu in GPUS:
+        for name in (gpu.name, *gpu.aliases):
+            key = _key(name)
+            if key and key in card and (best is None or len(key) > best[0]):
+                best = (len(key), gpu)
+    return best[1] if best else None
+
+
+def recorded_device_check(gpu: GpuModel, device: int, recorded: dict[str, Any]) -> dict[str, Any]:
+    """How ``gpu`` stands against the card a trace was recorded on (Kineto deviceProperties), with a sentence."""
+    name, total = str(recorded.get("name") or ""), int(recorded["total_bytes"])
+    same_model = model_of_card(name) is gpu
+    card = f"'{name}'" if name else "an unnamed card"
+    if not same_model:
+        note = (f"the trace was recorded on a different card: {card} (device {device}, {format_bytes(total)} "
+                f"totalGlobalMem), not {gpu.name}")
+    elif total == gpu.total_bytes:
+        note = f"{gpu.name}'s memory is what the recording's {card} reported (device {device} totalGlobalMem)"
+    else:
+        note = (f"the recording's {card} reported {format_bytes(total)} ({total:,} B, device {device} "
+                f"totalGlobalMem) where {gpu.name} here has {format_bytes(gpu.total_bytes)} "
+                f"({gpu.total_bytes:,} B): driver version and ECC change the total; give --capacity for that card")
+    return {"device": device, "name": name, "total_bytes": total, "same_model": same_model,
+            "total_matches": same_model and total == gpu.total_bytes, "note": note}
+
+
 def workspace_bytes(gpu: GpuModel) -> int:
     """cuBLAS workspaces a training step keeps: one segment per handle, rounded as the allocator rounds."""
     one = -(-gpu.cublas_workspace_bytes // _ROUND_LARGE) * _ROUND_LARGE
@@ -117,25 +216,55 @@ def allocator_capacity(gpu: GpuModel) -> int:
 
 
 def gpu_estimate(gpu: GpuModel, reserved_peak_bytes: int) -> dict[str, Any]:
-    """The GPU memory the run needs at its peak, part by part, and whether it fits ``gpu``."""
+    """The GPU memory the run needs at its peak, part by part, and whether it fits ``gpu``.
+
+    ``fits_proven`` is False when the run fits only in memory a real card is not shown to have (an
+    unverified model's label above ``proven_total_bytes``); ``caveat`` then says so in one sentence.
+    """
     workspaces = workspace_bytes(gpu)
     total = reserved_peak_bytes + workspaces + gpu.library_bytes + gpu.context_bytes
+    fits = total <= gpu.total_bytes
+    proven = proven_total_bytes(gpu)
+    fits_proven = fits and total <= proven
     return {
         "gpu": gpu.name,
         "gpu_total_bytes": gpu.total_bytes,
+        "gpu_total_verified": gpu.verified,
+        "gpu_proven_total_bytes": proven,
         "reserved_peak_bytes": int(reserved_peak_bytes),
         "workspace_bytes": workspaces,
         "library_bytes": gpu.library_bytes,
         "context_bytes": gpu.context_bytes,
         "total_bytes": int(total),
-        "fits": total <= gpu.total_bytes,
+        "fits": fits,
+        "fits_proven": fits_proven,
+        "caveat": None if fits_proven or not fits else unproven_caveat(gpu, proven),
         "sources": gpu.sources(),
     }
 
 
+def unproven_caveat(gpu: GpuModel, proven_bytes: int) -> str:
+    """The sentence a fit on an unverified model's label carries: how little a real card may have."""
+    ratio = lowest_recorded_ratio()
+    return (f"not proven: {gpu.name}'s {format_bytes(gpu.total_bytes)} is the product label, no real card's "
+            f"total was found, and recorded cards report as little as {float(ratio):.2%} of theirs, so a real "
+            f"{gpu.name} may have {format_bytes(proven_bytes)} (allocsim gpus)")
+
+
+def label_note(gpu: GpuModel) -> str | None:
+    """For an unverified model, the sentence a capacity taken from its label carries (None when recorded)."""
+    if gpu.verified:
+        return None
+    proven = proven_total_bytes(gpu) - (gpu.total_bytes - allocator_capacity(gpu))
+    return (f"{gpu.name}'s {format_bytes(gpu.total_bytes)} is the product label, no real card's total was found: "
+            f"a reserved peak above {format_bytes(proven)} is not proven to fit a real card (allocsim gpus)")
+
+
 def gpu_rows() -> list[dict[str, Any]]:
     """Every GPU model as a JSON-ready row (for ``allocsim gpus``)."""
-    return [{"name": g.name, "aliases": list(g.aliases), "total_bytes": g.total_bytes, "sm": g.sm,
+    return [{"name": g.name, "aliases": list(g.aliases), "total_bytes": g.total_bytes,
+             "total_verified": g.verified, "nominal_bytes": g.nominal_bytes,
+             "proven_total_bytes": proven_total_bytes(g), "sm": g.sm,
              "context_bytes": g.context_bytes, "library_bytes": g.library_bytes,
              "workspace_bytes": workspace_bytes(g), "allocator_capacity_bytes": allocator_capacity(g),
              "sources": g.sources()} for g in GPUS]

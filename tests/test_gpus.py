@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from allocsim.errors import AllocsimError
-from allocsim.gpus import (CUBLAS_WORKSPACE_BYTES, LIBRARY_BYTES_CALIBRATED, allocator_capacity, find_gpu,
-                           gpu_estimate, workspace_bytes)
+from allocsim.gpus import (CUBLAS_WORKSPACE_BYTES, GPUS, LIBRARY_BYTES_CALIBRATED, allocator_capacity, find_gpu,
+                           gpu_estimate, lowest_recorded_ratio, model_of_card, proven_total_bytes,
+                           recorded_device_check, workspace_bytes)
 from allocsim.trace import write_trace
 from allocsim.trace.reading.builder import TraceBuilder
 from validate import xmem
@@ -22,7 +26,7 @@ MiB = 1 << 20
 
 def test_names_match_without_case_spaces_or_dashes():
     assert find_gpu("rtx3060").name == find_gpu("NVIDIA GeForce RTX 3060").name == "RTX 3060"
-    assert find_gpu("a100-80gb").total_bytes == 80 << 30
+    assert find_gpu("a100-80gb").total_bytes == 81049 * MiB          # the PCIe card's recorded total, not 80 GiB
     with pytest.raises(AllocsimError, match="unknown GPU 'Voodoo'"):
         find_gpu("Voodoo")
 
@@ -163,3 +167,101 @@ def test_validate_xmem_refuses_bad_ratios_in_one_line():
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and len(done.stdout.strip().splitlines()) == 1, (bad, done.stdout, done.stderr)
         assert "--workspace-ratio must be R or R,P" in done.stdout
+
+
+# ------------------------------------------------------------------ what real cards report
+def test_gpus_json_cites_a_recording_for_each_verified_card(cli):
+    code, out, _ = cli("gpus", "--json")
+    rows = json.loads(out)["gpus"]
+    assert code == 0 and len(rows) == len(GPUS)
+    verified = [r for r in rows if r["total_verified"]]
+    assert {r["name"] for r in verified} >= {"H100", "V100 32GB", "A100 40GB", "A100 80GB", "L4", "T4"}
+    for row in verified:
+        source = row["sources"]["total_bytes"]
+        # a repository (owner/name) or the project's shared recording, and the figure as it was printed
+        assert re.search(r"[\w.-]+/[\w.-]+", source), source
+        printed = {f"{row['total_bytes']}", f"{row['total_bytes'] >> 20} MB"}
+        assert any(p in source for p in printed), (row["name"], source)
+        assert row["total_bytes"] < row["nominal_bytes"]           # no card reaches its label
+        assert row["proven_total_bytes"] == row["total_bytes"]
+    for row in rows:
+        if not row["total_verified"]:
+            assert row["total_bytes"] == row["nominal_bytes"] and "unverified" in row["sources"]["total_bytes"]
+            assert row["proven_total_bytes"] < row["nominal_bytes"]
+
+
+class _Properties(msgspec.Struct):
+    deviceProperties: list[dict] = []
+
+
+def _device_properties(path):
+    # msgspec skips traceEvents unparsed: the standard parser takes seconds on the V100 trace
+    return msgspec.json.decode(gzip.decompress(path.read_bytes()), type=_Properties).deviceProperties
+
+
+def test_h100_and_v100_32gb_totals_are_what_the_shared_traces_record(shared_dir):
+    kineto = shared_dir / "traces" / "kineto-gpu"
+    h100 = [p for f in sorted(kineto.glob("AMD-AGI_TraceLens_h100_*.json.gz")) for p in _device_properties(f)]
+    assert len(h100) == 4 and {p["name"] for p in h100} == {"NVIDIA H100 80GB HBM3"}
+    assert {p["totalGlobalMem"] for p in h100} == {find_gpu("H100").total_bytes} == {85_018_279_936}
+    v100 = _device_properties(kineto / "pytorch_kineto_resnet50_nw0_1623143566756.json.gz")
+    assert {p["name"] for p in v100} == {"Tesla V100-DGXS-32GB"}
+    # the four cards of one box differ; the lowest is the run's own device 0 and is the one kept
+    totals = {p["id"]: p["totalGlobalMem"] for p in v100}
+    assert find_gpu("V100 32GB").total_bytes == min(totals.values()) == totals[0] == 34_084_028_416
+    assert max(totals.values()) == 34_087_305_216
+    assert model_of_card("Tesla V100-DGXS-32GB") is find_gpu("V100 32GB")
+    assert model_of_card("NVIDIA H100 80GB HBM3") is find_gpu("H100")
+
+
+def test_a_fit_on_an_unverified_card_near_its_label_is_not_proven():
+    gpu = find_gpu("V100 16GB")
+    assert not gpu.verified and gpu.total_bytes == 16 << 30
+    parts = workspace_bytes(gpu) + gpu.library_bytes + gpu.context_bytes
+    proven = proven_total_bytes(gpu)
+    assert proven == (16 << 30) * lowest_recorded_ratio().numerator // lowest_recorded_ratio().denominator
+    near = gpu_estimate(gpu, gpu.total_bytes - parts)             # needs the whole label
+    assert near["fits"] is True and near["fits_proven"] is False and "not proven" in near["caveat"]
+    within = gpu_estimate(gpu, proven - parts)
+    assert within["fits_proven"] is True and within["caveat"] is None
+    over = gpu_estimate(gpu, gpu.total_bytes - parts + 1)
+    assert over["fits"] is False and over["caveat"] is None
+    recorded = find_gpu("V100 32GB")                               # a recorded total needs no caveat
+    at_limit = gpu_estimate(recorded, allocator_capacity(recorded))
+    assert at_limit["fits_proven"] is True and at_limit["caveat"] is None
+
+
+def test_run_gpu_verdict_on_an_unverified_card_says_not_proven(tmp_path, cli):
+    gpu = find_gpu("RTX 4060")
+    size = allocator_capacity(gpu) >> 21 << 21       # one segment that fills what the label leaves the allocator
+    assert gpu_estimate(gpu, size)["total_bytes"] > proven_total_bytes(gpu)
+    path = _trace(tmp_path, [size])
+    code, out, _ = cli("run", path, "--policy", "pytorch", "--fast", "--gpu", "RTX 4060", "--sites", "0", "--json")
+    estimate = json.loads(out)["gpu_estimate"]
+    assert code == 0 and estimate["fits"] is True and estimate["fits_proven"] is False
+    code, out, _ = cli("run", path, "--policy", "pytorch", "--fast", "--gpu", "RTX 4060", "--sites", "0")
+    line = out.strip().splitlines()[-1]
+    assert code == 0 and line.startswith("FITS on RTX 4060 (8.00 GiB, label) (not proven: ") and "may have" in line
+
+
+def test_recorded_device_check_names_another_card_and_a_different_total():
+    h100 = find_gpu("H100")
+    same = recorded_device_check(h100, 0, {"name": "NVIDIA H100 80GB HBM3", "total_bytes": h100.total_bytes})
+    assert same["same_model"] and same["total_matches"]
+    newer = recorded_device_check(h100, 0, {"name": "NVIDIA H100 80GB HBM3", "total_bytes": 85_045_477_376})
+    assert newer["same_model"] and not newer["total_matches"] and "85,045,477,376 B" in newer["note"]
+    other = recorded_device_check(find_gpu("A100"), 1, {"name": "NVIDIA H100 80GB HBM3", "total_bytes": 1 << 36})
+    assert not other["same_model"] and "recorded on a different card: 'NVIDIA H100 80GB HBM3' (device 1" in other["note"]
+    assert model_of_card("NVIDIA A100-SXM4-80GB") is find_gpu("A100 80GB")    # not the A10, not the 40GB
+    assert model_of_card("NVIDIA A10G") is find_gpu("A10") and model_of_card("AMD Instinct MI300X") is None
+
+
+def test_advise_on_an_unverified_card_says_its_capacity_is_the_label(tmp_path, cli):
+    from allocsim.gpus import label_note
+
+    path = _trace(tmp_path, [1 << 20])
+    code, out, _ = cli("advise", path, "--gpu", "V100 16GB", "--fast", "--workers", "1", "--json")
+    assert code == 0 and json.loads(out)["gpu_note"] == label_note(find_gpu("V100 16GB"))
+    assert "is not proven to fit a real card" in label_note(find_gpu("V100 16GB"))
+    code, out, _ = cli("advise", path, "--gpu", "V100 32GB", "--fast", "--workers", "1", "--json")
+    assert code == 0 and "gpu_note" not in json.loads(out) and label_note(find_gpu("V100 32GB")) is None

@@ -92,12 +92,14 @@ def main(args: argparse.Namespace) -> int:
 
             check_results_output(args.output)
         capacity = parse_bytes(args.capacity) if args.capacity is not None else None
+        gpu_note = None
         if args.gpu:
-            from ..gpus import allocator_capacity, find_gpu
+            from ..gpus import allocator_capacity, find_gpu, label_note
 
             if capacity is not None:
                 raise ValueError("give --gpu or --capacity, not both")
             capacity = allocator_capacity(find_gpu(args.gpu))
+            gpu_note = label_note(find_gpu(args.gpu))
         cost_model = cost_model_from_args(args)
         site_filter, top_sites = site_options(args)
         executor = executor_from_options(args.workers, args.scheduler, args.dask)
@@ -115,9 +117,11 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     if args.json:
-        print_json(advice_to_dict(advice))
+        print_json({**advice_to_dict(advice), **({"gpu_note": gpu_note} if gpu_note else {})})
     else:
         print(format_advice(advice))
+        if gpu_note:
+            print(f"note: {gpu_note}")
     if advice.error_groups():   # a run that crashed leaves the search incomplete: never a clean 0
         return EXIT_NONE_FITS
     return 0 if advice.fits_any else EXIT_NONE_FITS

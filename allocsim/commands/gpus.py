@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..gpus import gpu_rows
+from ..gpus import gpu_rows, lowest_recorded_ratio
 from ..units import format_bytes
 from .common import print_json
 
@@ -24,15 +24,18 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"gpus": rows})
         return 0
-    print(f"{'GPU':<11} {'sm':>3} {'memory':>11} {'context':>11} {'libraries':>11} {'workspaces':>11} "
-          f"{'for tensors':>12}")
+    print(f"{'GPU':<11} {'sm':>3} {'memory':>11} {'recorded':>8} {'context':>11} {'libraries':>11} "
+          f"{'workspaces':>11} {'for tensors':>12}")
     for row in rows:
         print(f"{row['name']:<11} {row['sm']:>3} {format_bytes(row['total_bytes']):>11} "
+              f"{'yes' if row['total_verified'] else 'no':>8} "
               f"{format_bytes(row['context_bytes']):>11} {format_bytes(row['library_bytes']):>11} "
               f"{format_bytes(row['workspace_bytes']):>11} {format_bytes(row['allocator_capacity_bytes']):>12}")
     print("sources (allocsim gpus --json has them per GPU):")
     for key, text in rows[0]["sources"].items():
         if key != "total_bytes":
             print(f"  {key}: {text}")
-    print("  total_bytes: NVIDIA's nominal memory per product, the RTX 3060's as NVML reported it in xMem's runs")
+    print("  total_bytes: what a real card reported (CUDA totalGlobalMem, recorded: yes), the lowest recording "
+          "kept; else the product label (recorded: no), where a fit above "
+          f"{float(lowest_recorded_ratio()):.2%} of the label is not proven")
     return 0

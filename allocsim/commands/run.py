@@ -251,7 +251,7 @@ def execute(args: argparse.Namespace, trace: Any = None):
         add_sites(result, trace, name, params, capacity.bytes, cost_model, site_filter, top, args.continue_on_oom,
                   categories)
     if gpu is not None:
-        add_gpu_estimate(result, gpu)
+        add_gpu_estimate(result, gpu, trace)
     return result
 
 
@@ -271,18 +271,31 @@ def _gpu(args: argparse.Namespace) -> Any:
     return find_gpu(name) if name else None
 
 
-def add_gpu_estimate(result: Any, gpu: Any) -> None:
-    """Put ``gpu_estimate`` in the summary and say the GPU's memory in the verdict line."""
-    from ..gpus import gpu_estimate
+def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None) -> None:
+    """Put ``gpu_estimate`` in the summary and say the GPU's memory in the verdict line.
+
+    Where the trace states the card it was recorded on (``meta.device_properties``), the estimate's
+    ``recorded_device`` says whether ``gpu`` is that card and whether its total is the recorded one.
+    """
+    from ..gpus import gpu_estimate, recorded_device_check
 
     summary = result.summary
     estimate = gpu_estimate(gpu, int(summary.get("peak_reserved_bytes") or 0))
+    devices = trace.devices if trace is not None else []
+    recorded = trace.meta.device_properties.get(str(devices[0])) if len(devices) == 1 else None
+    estimate["recorded_device"] = None if recorded is None else recorded_device_check(gpu, devices[0], recorded)
     verdict = summary.get("verdict") or {}
     if verdict.get("fits") is False:
-        estimate["fits"] = False          # the allocator ran out of the memory the GPU leaves it
+        # the allocator ran out of the memory the GPU leaves it; a caveat only ever qualifies a fit
+        estimate.update(fits=False, fits_proven=False, caveat=None)
     summary["gpu_estimate"] = estimate
     word = "FITS" if estimate["fits"] else "DOES NOT FIT"
-    verdict["line"] = (f"{word} on {gpu.name} ({format_bytes(gpu.total_bytes)}): needs "
+    label = "" if gpu.verified else ", label"
+    notes = [estimate["caveat"]] if estimate["caveat"] else []
+    if estimate["recorded_device"] is not None and not estimate["recorded_device"]["total_matches"]:
+        notes.append(estimate["recorded_device"]["note"])
+    caveat = f" ({'; '.join(notes)})" if notes else ""
+    verdict["line"] = (f"{word} on {gpu.name} ({format_bytes(gpu.total_bytes)}{label}){caveat}: needs "
                        f"{format_bytes(estimate['total_bytes'])} = reserved peak "
                        f"{format_bytes(estimate['reserved_peak_bytes'])} + cuBLAS workspaces "
                        f"{format_bytes(estimate['workspace_bytes'])} + libraries "

@@ -152,11 +152,13 @@ def _find_max(args: argparse.Namespace, scaler) -> int:
     from ..scale.findmax import find_max
     from ..sweep.executors import make_executor
 
+    gpu_note = None
     if args.gpu is not None:
-        from ..gpus import allocator_capacity, find_gpu
+        from ..gpus import allocator_capacity, find_gpu, label_note
 
         capacity = allocator_capacity(find_gpu(args.gpu))
         where = ["--gpu", find_gpu(args.gpu).name]
+        gpu_note = label_note(find_gpu(args.gpu))
     else:
         capacity = parse_bytes(args.capacity)
         where = ["--capacity", args.capacity]
@@ -171,12 +173,15 @@ def _find_max(args: argparse.Namespace, scaler) -> int:
         write_trace(result.trace, args.output)
     if args.json:
         print_json({"output": args.output if result is not None else None, "find_max": found.to_dict(),
-                    "report_at_answer": result.report.to_dict() if result is not None else None})
+                    "report_at_answer": result.report.to_dict() if result is not None else None,
+                    **({"gpu_note": gpu_note} if gpu_note else {})})
     else:
         if result is not None:
             print(result.report.format_text())
             print()
         print(found.format_text())
+        if gpu_note:
+            print(f"note: {gpu_note}")
         if result is not None and args.output:
             command = ["allocsim", "run", args.output, *best.at_value.run_args, *where]
             print(f"\nwrote {args.output} ({found.scale_name} {best.value}); replay it: "

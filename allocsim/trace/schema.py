@@ -194,6 +194,9 @@ class TraceMeta:
     #: What the recording proves about the real run, per device (``str(device)`` -> the dict of
     #: ``allocsim.trace.inference.recorded.RecordedRun``): real peaks and device calls, inferred capacity, OOMs.
     recorded: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: What the file states of each GPU it was recorded on (``str(device)`` -> ``name``, ``total_bytes``:
+    #: the CUDA totalGlobalMem of the real card), from Kineto's ``deviceProperties``; empty when it has none.
+    device_properties: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict (inverse of ``from_dict``)."""

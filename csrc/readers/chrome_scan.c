@@ -831,6 +831,8 @@ PyObject *rd_chrome_scan(PyObject *self, PyObject *args) {
     Json *j = &sc.j;
     Tok doc_vals[4];
     int doc_have[4] = {0};
+    Tok props;             /* deviceProperties: its text goes back whole, for the reader to decode */
+    int have_props = 0;
     static const char *DOC_KEYS[] = {"schemaVersion", "profile_memory", "displayTimeUnit", "baseTimeNanoseconds"};
     int is_object = 0, have_events = 0, ok = 0;
 
@@ -871,6 +873,8 @@ PyObject *rd_chrome_scan(PyObject *self, PyObject *args) {
                         if (eq) { doc_vals[q] = v; doc_have[q] = 1; }
                     }
                     if (!ok) break;
+                    if (tok_is(j, &k, "deviceProperties", &eq) < 0) { ok = 0; break; }
+                    if (eq) { props = v; have_props = 1; }     /* the last one, as the standard parser */
                 }
                 skip_ws(j);
                 if (j->pos >= j->n) { ok = 0; break; }
@@ -904,15 +908,19 @@ PyObject *rd_chrome_scan(PyObject *self, PyObject *args) {
         Py_DECREF(v);
         if (rc < 0) { Py_DECREF(top); goto error; }
     }
+    PyObject *props_text = have_props
+        ? PyBytes_FromStringAndSize((const char *)j->s + props.start, (Py_ssize_t)(props.end - props.start))
+        : (Py_INCREF(Py_None), Py_None);
+    if (!props_text) { Py_DECREF(top); goto error; }
     result = Py_BuildValue(
-        "{s:O,s:N,s:L,s:(NNNNNNNNN),s:(NNNN),s:(NNNNNNNN),s:N,s:N}",
+        "{s:O,s:N,s:L,s:(NNNNNNNNN),s:(NNNN),s:(NNNNNNNN),s:N,s:N,s:N}",
         "is_object", is_object ? Py_True : Py_False, "top", top, "n_events", (long long)sc.n_events,
         "memory", BA(sc.m_pos, 8), BA(sc.m_t, 8), BA(sc.m_addr, 8), BA(sc.m_bytes, 8), BA(sc.m_total, 8),
         BA(sc.m_reserved, 8), BA(sc.m_type, 4), BA(sc.m_index, 4), BA(sc.m_thread, 4),
         "other", BA(sc.o_pos, 8), BA(sc.o_start, 8), BA(sc.o_end, 8), BA(sc.o_thread, 4),
         "ops", BA(sc.p_thread, 4), BA(sc.p_name, 4), BA(sc.p_ts, 8), BA(sc.p_dur, 8), BA(sc.p_ts_ns, 8),
         BA(sc.p_dur_ns, 8), BA(sc.p_ts_ok, 1), BA(sc.p_dur_ok, 1),
-        "threads", texts_list(&sc.threads), "names", texts_list(&sc.names));
+        "threads", texts_list(&sc.threads), "names", texts_list(&sc.names), "device_properties", props_text);
     goto done;
 hand_back:
     result = Py_None;

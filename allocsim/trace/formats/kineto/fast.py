@@ -39,6 +39,7 @@ class Document(msgspec.Struct):
     profile_memory: _Scalar = None
     displayTimeUnit: _Scalar = None
     baseTimeNanoseconds: _Scalar = None
+    deviceProperties: msgspec.Raw = msgspec.Raw(b"null")
 
 
 _DOC = msgspec.json.Decoder(Document)
@@ -62,6 +63,8 @@ def decode_events(data: bytes) -> tuple[list[Event], dict[str, Any], bool] | Non
                 return None
             top = {k: getattr(doc, k) for k in ("schemaVersion", "profile_memory", "displayTimeUnit",
                                                   "baseTimeNanoseconds") if getattr(doc, k) is not None}
+            if bytes(doc.deviceProperties) != b"null":
+                top["deviceProperties"] = _ANY.decode(doc.deviceProperties)
             return doc.traceEvents, top, True
         if head == b"[":
             return _LIST.decode(data), {}, False

@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from ....errors import TraceFormatError, quote
+from ...inference.device_props import recorded_devices
 from ...reading import compiled
 from ...reading.builder import MAX_SIZE_BYTES, TraceBuilder
 from ...reading.json_numbers import INT64_MAX, INT64_MIN, as_int, ts_to_ns
@@ -413,7 +414,17 @@ def _read_scanned(path: str, data: bytes, scan: dict, lenient: bool, limits: Lim
         RecColumns.of(state.recs, threads))
     selected_threads = np.unique(np.concatenate([m_thread, o_thread]).astype(np.int64))
     op_cols = _scanned_ops(scan, selected_threads, m_t, limits)
-    return _finish(path, builder, state, cols, op_cols, threads.names, scan["top"], where, limits)
+    top = dict(scan["top"])
+    if scan["device_properties"] is not None:     # its text, already checked to be JSON by the scan
+        top["deviceProperties"] = msgspec_value(scan["device_properties"])
+    return _finish(path, builder, state, cols, op_cols, threads.names, top, where, limits)
+
+
+def msgspec_value(text: bytes) -> Any:
+    """Any JSON value, decoded as the msgspec route decodes it."""
+    from .fast import _ANY
+
+    return _ANY.decode(text)
 
 
 def msgspec_event(text: bytes) -> Any:
@@ -521,6 +532,9 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: RecColumn
                 f"device {d}: {s['baseline_bytes']} bytes were allocated before the first recorded event "
                 "(Total Allocated - Bytes at that event)")
     meta.devices = sorted(set(mem_devices) | ({marker_device} if state.step_seen else set()))
+    meta.device_properties, unusable = recorded_devices(top_keys.get("deviceProperties"))
+    if unusable:
+        meta.notes.append(f"{unusable} deviceProperties entries without an integer id and totalGlobalMem ignored")
     trace = built_trace if built_trace is not None else builder.finish()
     layouts = _start_of_window_allocations(trace, check, cols)
     trace.recorded_series = table_from_columns(series, RECORDED_SERIES_DTYPES)
