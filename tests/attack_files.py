@@ -780,3 +780,33 @@ def odd_type_parquet(folder: Path, rng: random.Random, kind: str | None = None, 
 
 
 HOSTILE["bombs round 2"]["parquet odd column types"] = odd_type_parquet
+
+
+def many_memory_events_kineto(folder: Path, rng: random.Random, n_events: int = 6_000_000) -> tuple[Path, dict | None]:
+    """6M [memory] events (a 60 MB gzip of 640 MB of JSON): under a 4 GiB address-space cap the
+    compiled scan only stopped at ``memory_bytes`` (32 GiB), so the read failed late, or the file went
+    to the reference route for minutes. It must be refused at once, naming the process's limit."""
+    per_member = min(n_events, 200_000)            # alloc then free each of 100k addresses, repeated
+    addrs = [512 * a for a in rng.sample(range(1 << 21, 1 << 38), per_member // 2)]
+    event = '{{"name":"[memory]","ph":"i","ts":1,"pid":1,"tid":1,"args":{{"Addr":{},"Bytes":{},"Device Type":1,"Device Id":0}}}},'
+    body = "".join(event.format(a, 512) for a in addrs) + "".join(event.format(a, -512) for a in addrs)
+    member = _member(body.encode())                 # one member written again and again: fast to make
+    path = folder / f"memory_events_{n_events}.json.gz"
+    with open(path, "wb") as fh:
+        fh.write(_member(b'{"traceEvents":['))
+        for _ in range(-(-n_events // per_member)):
+            fh.write(member)
+        fh.write(_member(b'{"name":"end","ph":"i","ts":2}]}'))
+    n_members = -(-n_events // per_member)
+    recount = {"allocs": n_members * (per_member // 2), "frees": n_members * (per_member // 2),
+               "peak_live_bytes": 512 * (per_member // 2)}
+    return path, recount if n_events < 1_000_000 else None     # 6M: refused under the suite's cap
+
+
+def fitting_memory_events_kineto(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """400k [memory] events: under a 4 GiB cap they fit, and must be read."""
+    return many_memory_events_kineto(folder, rng, 400_000)
+
+
+HOSTILE["slow bombs round 2"]["memory events over the process limit"] = many_memory_events_kineto
+HOSTILE["slow bombs round 2"]["memory events within the process limit"] = fitting_memory_events_kineto

@@ -474,6 +474,65 @@ def test_compiled_budget_follows_the_process_memory_limit(tmp_path, monkeypatch)
             read_trace(path, limits=snapshot.Limits(memory_bytes=2 * MiB))
 
 
+
+@pytest.mark.full
+def test_kineto_budget_follows_the_process_memory_limit(tmp_path, monkeypatch):
+    """Under a process limit the Kineto reader sizes its work from that limit on both routes: a file
+    that fits is read (on the compiled route without the reference), one that does not is refused at
+    once with the same line on both routes, naming the limit (the scan only stopped at memory_bytes)."""
+    from allocsim.errors import TraceFormatError
+    from allocsim.policies import kernel
+    from allocsim.trace import read_trace
+    from allocsim.trace.formats.kineto import reader as kineto
+    from allocsim.trace.reading import compiled
+    from allocsim.trace.reading.headroom import Headroom
+    from tests.attack_files import many_memory_events_kineto
+
+    path, expected = many_memory_events_kineto(tmp_path, random.Random(0), 20_000)
+    routes = ["reference"] + (["compiled"] if compiled.ext is not None or os.environ.get("CI") == "true" else [])
+    lines = {}
+    for route in routes:
+        with kernel.route(route), monkeypatch.context() as patch:
+            if route == "compiled":
+                patch.setattr(kineto, "_read_decoded", lambda *a, **k: pytest.fail("went to the reference route"))
+            patch.setattr(kineto, "headroom", lambda: Headroom(600 * MiB, "the test's limit of 600 MiB"))
+            trace = read_trace(path)           # a scan of ~1 MB, a reference read of ~20 MB: both fit
+            assert (trace.events["kind"] == 1).sum() == expected["allocs"]
+            patch.setattr(kineto, "headroom", lambda: Headroom(6 * MiB, "the test's limit of 6 MiB"))
+            with pytest.raises(TraceFormatError) as refused:
+                read_trace(path)
+            lines[route] = str(refused.value)
+    for line in lines.values():
+        assert path.name in line and "the test's limit of 6 MiB" in line and "memory_bytes" not in line
+    assert len(set(lines.values())) == 1, lines
+    if "compiled" in routes:
+        # A budget set by --limits memory_bytes still hands the file to the reference route.
+        with kernel.route("compiled"), monkeypatch.context() as patch:
+            patch.setattr(kineto, "headroom", lambda: None)
+            patch.setattr(kineto, "_read_decoded", lambda *a, **k: pytest.fail("went to the reference route"))
+            with pytest.raises(pytest.fail.Exception, match="reference route"):
+                read_trace(path, limits=kineto.Limits(memory_bytes=MiB))
+
+
+def test_memory_error_under_a_process_limit_names_it(tmp_path, monkeypatch):
+    """A MemoryError while reading any trace under a process memory limit is one line naming that limit."""
+    import allocsim.trace as trace_module
+    from allocsim.errors import TraceFormatError
+    from allocsim.trace.reading.headroom import Headroom
+
+    path, _ = VALID["rmm"](tmp_path, random.Random(0))
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(trace_module, "_reader", lambda fmt: no_memory)
+    monkeypatch.setattr(trace_module, "headroom", lambda: Headroom(1 << 30, "the test's limit of 1 GiB"))
+    with pytest.raises(TraceFormatError, match="may take under the test's limit of 1 GiB; raise that limit"):
+        trace_module.read_trace(path)
+    monkeypatch.setattr(trace_module, "headroom", lambda: None)
+    with pytest.raises(TraceFormatError, match="MemoryError"):
+        trace_module.read_trace(path)
+
 def _odd_columns_give_one_line(folder: Path, capsys, columns: tuple[str, ...]) -> dict:
     from allocsim.cli import main
     from tests.attack_files import _odd_columns, odd_type_parquet
