@@ -810,3 +810,21 @@ def fitting_memory_events_kineto(folder: Path, rng: random.Random) -> tuple[Path
 
 HOSTILE["slow bombs round 2"]["memory events over the process limit"] = many_memory_events_kineto
 HOSTILE["slow bombs round 2"]["memory events within the process limit"] = fitting_memory_events_kineto
+
+
+def repeated_entry_snapshot(folder: Path, rng: random.Random, n_entries: int = 10_000_000) -> tuple[Path, dict | None]:
+    """A 20 MB pickle whose trace is one entry dict (or one alloc / free_requested / free_completed
+    cycle) referenced 10^7 times through the memo: the compiled scan ran out of work after reading the
+    same dict a few million times and handed the file to the reference route, which failed after ~175 s.
+    Both routes must refuse it at once, naming the entry that repeats an earlier one."""
+    frames = [{"filename": "train.py", "line": 7, "name": "step"}]
+    cycle = rng.random() < 0.5
+    acts = ("alloc", "free_requested", "free_completed") if cycle else ("alloc",)
+    shared = [{"action": act, "addr": _A, "size": 512, "stream": 0, "time_us": 1, "frames": frames} for act in acts]
+    entries = shared * (n_entries // len(shared))        # the same dicts again and again: memo references
+    path = folder / f"repeated_entry_{len(acts)}.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries]}, protocol=4))
+    return path, None
+
+
+HOSTILE["slow bombs round 2"]["repeated entry"] = repeated_entry_snapshot

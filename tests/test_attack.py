@@ -533,6 +533,46 @@ def test_memory_error_under_a_process_limit_names_it(tmp_path, monkeypatch):
     with pytest.raises(TraceFormatError, match="MemoryError"):
         trace_module.read_trace(path)
 
+
+@pytest.mark.full
+def test_repeated_entry_dicts_are_refused_at_once_on_both_routes(tmp_path):
+    """Entry dicts referenced again through the pickle's memo are refused with the same line on both
+    routes, naming the entry and the one it repeats; equal dicts that are separate objects are read."""
+    import pickle
+
+    from allocsim.errors import TraceFormatError
+    from allocsim.policies import kernel
+    from allocsim.trace import read_trace
+    from allocsim.trace.reading import compiled
+    from tests.attack_files import repeated_entry_snapshot
+
+    routes = ["reference"] + (["compiled"] if compiled.ext is not None or os.environ.get("CI") == "true" else [])
+    copies = tmp_path / "copies.pickle"
+    entries = [{"action": act, "addr": 1 << 40, "size": 512, "stream": 0, "time_us": 1}
+               for _ in range(3) for act in ("alloc", "free_requested", "free_completed")]
+    copies.write_bytes(pickle.dumps({"segments": [], "device_traces": [[], entries]}, protocol=4))
+    for seed, record in ((0, "device 0 entry 1: "), (1, "device 0 entry 3: ")):
+        path, _ = repeated_entry_snapshot(tmp_path, random.Random(seed), 30_000)
+        lines = {}
+        for route in routes:
+            with kernel.route(route):
+                with pytest.raises(TraceFormatError) as refused:
+                    read_trace(path)
+                lines[route] = str(refused.value)
+                assert len(read_trace(copies).events) == 9     # 3 allocs, 3 free requests, 3 completions
+        assert len(set(lines.values())) == 1, lines
+        assert f"{path.name}: {record}the same dict as device 0 entry 0" in lines[route], lines[route]
+    # a device's entry repeating another device's: named across devices, the same on both routes
+    shared = {"action": "alloc", "addr": 1 << 40, "size": 512, "stream": 0, "time_us": 1}
+    cross = tmp_path / "cross.pickle"
+    cross.write_bytes(pickle.dumps({"segments": [], "device_traces": [[dict(shared), shared], [shared]]}, protocol=4))
+    lines = {}
+    for route in routes:
+        with kernel.route(route), pytest.raises(TraceFormatError) as refused:
+            read_trace(cross)
+        lines[route] = str(refused.value)
+    assert len(set(lines.values())) == 1 and "device 1 entry 0: the same dict as device 0 entry 1" in lines[route], lines
+
 def _odd_columns_give_one_line(folder: Path, capsys, columns: tuple[str, ...]) -> dict:
     from allocsim.cli import main
     from tests.attack_files import _odd_columns, odd_type_parquet
