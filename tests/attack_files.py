@@ -828,3 +828,31 @@ def repeated_entry_snapshot(folder: Path, rng: random.Random, n_entries: int = 1
 
 
 HOSTILE["slow bombs round 2"]["repeated entry"] = repeated_entry_snapshot
+
+
+def damaged_parquet(folder: Path, rng: random.Random, kind: str) -> Path:
+    """A ``.parquet`` that is not one (random bytes between the magic), a valid one cut short, one
+    of another schema, or a sweep results file whose column data is overwritten past its header:
+    every command must name the file in its one line (``plot`` gave pyarrow's text alone)."""
+    path = folder / f"{kind.replace(' ', '_')}.parquet"
+    if kind == "broken":
+        path.write_bytes(b"PAR1" + rng.randbytes(rng.randint(100, 5000)) + b"PAR1")
+    elif kind == "truncated":
+        pq.write_table(pa.table({"t_ns": np.arange(600, dtype=np.int64), "kind": np.ones(600, np.uint8),
+                                 "alloc_id": np.arange(600, dtype=np.int64), "size_bytes": np.full(600, 512, np.int64),
+                                 "stream": np.zeros(600, np.int64), "device": np.zeros(600, np.int16)}), path)
+        data = path.read_bytes()
+        path.write_bytes(data[:rng.randint(8, len(data) - 8)])
+    elif kind == "wrong schema":
+        pq.write_table(pa.table({"x": [1, 2, 3], "y": ["a", "b", "c"]}), path)
+    else:                                     # "damaged results": a sweep's columns, data pages overwritten
+        n = 2000
+        pq.write_table(pa.table({"trace": ["t.pickle"] * n, "policy": ["pytorch"] * n,
+                                 "params_json": [json.dumps({"max_split_size_mb": i}) for i in range(n)],
+                                 "peak_reserved_bytes": np.arange(n, dtype=np.int64) * 512}),
+                       path, compression="none")
+        data = bytearray(path.read_bytes())
+        start = 4 + len(data) // 8
+        data[start:start + len(data) // 3] = rng.randbytes(len(data) // 3)
+        path.write_bytes(bytes(data))
+    return path

@@ -573,6 +573,34 @@ def test_repeated_entry_dicts_are_refused_at_once_on_both_routes(tmp_path):
         lines[route] = str(refused.value)
     assert len(set(lines.values())) == 1 and "device 1 entry 0: the same dict as device 0 entry 1" in lines[route], lines
 
+
+@pytest.mark.full
+@pytest.mark.parametrize("kind", ["broken", "truncated", "wrong schema", "damaged results"])
+def test_damaged_parquet_is_named_by_every_command(tmp_path, capsys, kind):
+    """Every command given a damaged ``.parquet`` (as a trace or a results file) exits 2 with one line
+    naming the file (``plot`` printed pyarrow's text alone); ``sweep`` records the error in its row,
+    naming the file, and exits 1."""
+    from allocsim.cli import main
+    from tests.attack_files import damaged_parquet
+
+    path = damaged_parquet(tmp_path, random.Random(0), kind)
+    out = str(tmp_path / "out")
+    argvs = {"info": ["info", str(path)], "run": ["run", str(path), "--policy", "pytorch", "--fast"],
+             "advise": ["advise", str(path), "--fast", "--capacity", "8GiB"],
+             "scale": ["scale", f"{path}@1", f"{path}@2", "--to", "4", "-o", out + ".scaled.parquet"],
+             "convert": ["convert", str(path), "-o", out + ".parquet"], "plot": ["plot", str(path), "-o", out],
+             "report": ["report", str(path), "-o", out + ".html"], "winners": ["winners", str(path)]}
+    for name, argv in argvs.items():
+        capsys.readouterr()
+        code = main(argv)
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert code == 2 and len(err) == 1, f"{name} on {kind}: exit {code}, {err}"
+        assert path.name in err[0] and "Traceback" not in err[0] and len(err[0]) < 400, f"{name} on {kind}: {err[0]}"
+    capsys.readouterr()
+    code = main(["sweep", str(path), "--policy", "pytorch", "--fast", "-o", out + ".sweep.parquet"])
+    captured = capsys.readouterr()
+    assert code == 1 and f"TraceFormatError: {path}" in captured.out, captured
+
 def _odd_columns_give_one_line(folder: Path, capsys, columns: tuple[str, ...]) -> dict:
     from allocsim.cli import main
     from tests.attack_files import _odd_columns, odd_type_parquet
