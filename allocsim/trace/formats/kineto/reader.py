@@ -44,7 +44,9 @@ Decoding: on the compiled route (``allocsim.trace.reading.compiled``) a strict J
 [memory] events into columns and keeps only the ops that can frame them; the reference route uses
 ``msgspec`` (only the events the reader keeps are converted; see ``fast``), falling back to
 the standard library for anything unusual, which names the problem. Both share the columnar back
-half (``_finish``); the compiled scanner hands back any document it does not model.
+half (``_finish``); the compiled scanner hands back any document it does not model. Under a
+process memory limit (``ulimit -v``, a cgroup; ``reading.headroom``) both routes size their work
+from what the process may still take and refuse a file over it with one line naming the limit.
 
 Bad input (not JSON, corrupt gzip, no ``traceEvents``, a memory event without a numeric integer
 ``Addr``/``Bytes``, an absurd size) raises ``TraceFormatError`` naming the file, the record

@@ -25,7 +25,8 @@ by ``limits.memory_bytes``, and it reads well-formed files straight into columns
 (``_SnapshotReader.read_scanned``). Anything else it hands back, and the file takes the reference
 route: the pickle is loaded with every global refused, in a forked child under an address-space cap
 and a deadline (``isolate``; the C unpickler first, the pure-Python one of ``safe_pickle`` when that
-fails or is stopped). Every entry is type- and range-checked and a bad one raises
+fails or is stopped). An entry dict referenced twice through the pickle's memo is refused on
+both routes before any entry is read. Every entry is type- and range-checked and a bad one raises
 ``TraceFormatError`` naming ``device D entry I`` (under ``lenient`` it is skipped and listed in
 ``meta.repairs``). A final state that does not fit the window is reported in ``meta.notes`` and
 leaves ``initial_blocks`` empty instead of failing.
