@@ -48,14 +48,14 @@ def commands(path: Path, out_dir: Path) -> dict[str, list[str]]:
     }
 
 
-def run_capped(argv: list[str]) -> tuple[int, str, str, int]:
+def run_capped(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str, int]:
     """(exit code, stdout, stderr, peak RSS bytes of the process and its children)."""
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP_BYTES, MEMORY_CAP_BYTES))
 
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen([sys.executable, *argv], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                preexec_fn=cap, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                preexec_fn=cap, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
         timer = threading.Timer(TIME_LIMIT_S, proc.kill)
         timer.start()
         try:
@@ -600,6 +600,26 @@ def test_damaged_parquet_is_named_by_every_command(tmp_path, capsys, kind):
     code = main(["sweep", str(path), "--policy", "pytorch", "--fast", "-o", out + ".sweep.parquet"])
     captured = capsys.readouterr()
     assert code == 1 and f"TraceFormatError: {path}" in captured.out, captured
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gen_name, route", [("memory events over the process limit", "compiled"),
+                                             ("memory events over the process limit", "reference"),
+                                             ("tiny blocks over the process limit", "compiled")])
+def test_over_the_process_limit_names_it(tmp_path, gen_name, route):
+    """Under the suite's real 4 GiB address-space cap, a file that does not fit is refused with one
+    line naming that limit (not memory_bytes, not a bare MemoryError). The snapshot's reference route
+    is left out: it still reads 10^7 blocks for minutes before its child is stopped for memory."""
+    from allocsim.trace.reading import compiled
+
+    if route == "compiled" and compiled.ext is None and os.environ.get("CI") != "true":
+        pytest.skip(compiled.LOAD_ERROR)
+    path, _ = _GENERATORS[gen_name](tmp_path, random.Random(0))
+    code, _, err, rss = run_capped(["-c", _CLI, "info", str(path)], env={"ALLOCSIM_KERNEL": route})
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and path.name in lines[0], err[-2000:]
+    assert "address-space limit of 4.00 GiB" in lines[0] and "memory_bytes" not in lines[0], lines[0]
+    assert rss <= MEMORY_CAP_BYTES
 
 def _odd_columns_give_one_line(folder: Path, capsys, columns: tuple[str, ...]) -> dict:
     from allocsim.cli import main
