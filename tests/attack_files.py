@@ -780,3 +780,80 @@ def odd_type_parquet(folder: Path, rng: random.Random, kind: str | None = None, 
 
 
 HOSTILE["bombs round 2"]["parquet odd column types"] = odd_type_parquet
+
+
+def many_memory_events_kineto(folder: Path, rng: random.Random, n_events: int = 6_000_000) -> tuple[Path, dict | None]:
+    """6M [memory] events (a 60 MB gzip of 640 MB of JSON): under a 4 GiB address-space cap the
+    compiled scan only stopped at ``memory_bytes`` (32 GiB), so the read failed late, or the file went
+    to the reference route for minutes. It must be refused at once, naming the process's limit."""
+    per_member = min(n_events, 200_000)            # alloc then free each of 100k addresses, repeated
+    addrs = [512 * a for a in rng.sample(range(1 << 21, 1 << 38), per_member // 2)]
+    event = '{{"name":"[memory]","ph":"i","ts":1,"pid":1,"tid":1,"args":{{"Addr":{},"Bytes":{},"Device Type":1,"Device Id":0}}}},'
+    body = "".join(event.format(a, 512) for a in addrs) + "".join(event.format(a, -512) for a in addrs)
+    member = _member(body.encode())                 # one member written again and again: fast to make
+    path = folder / f"memory_events_{n_events}.json.gz"
+    with open(path, "wb") as fh:
+        fh.write(_member(b'{"traceEvents":['))
+        for _ in range(-(-n_events // per_member)):
+            fh.write(member)
+        fh.write(_member(b'{"name":"end","ph":"i","ts":2}]}'))
+    n_members = -(-n_events // per_member)
+    recount = {"allocs": n_members * (per_member // 2), "frees": n_members * (per_member // 2),
+               "peak_live_bytes": 512 * (per_member // 2)}
+    return path, recount if n_events < 1_000_000 else None     # 6M: refused under the suite's cap
+
+
+def fitting_memory_events_kineto(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """200k [memory] events: under a 4 GiB cap they fit, and must be read (400k took the reference
+    route's ``run --policy bestfit`` past the suite's 120 s at a load average near 7)."""
+    return many_memory_events_kineto(folder, rng, 200_000)
+
+
+HOSTILE["slow bombs round 2"]["memory events over the process limit"] = many_memory_events_kineto
+HOSTILE["slow bombs round 2"]["memory events within the process limit"] = fitting_memory_events_kineto
+
+
+def repeated_entry_snapshot(folder: Path, rng: random.Random, n_entries: int = 10_000_000) -> tuple[Path, dict | None]:
+    """A 20 MB pickle whose trace is one entry dict (or one alloc / free_requested / free_completed
+    cycle) referenced 10^7 times through the memo: the compiled scan ran out of work after reading the
+    same dict a few million times and handed the file to the reference route, which failed after ~175 s.
+    Both routes must refuse it at once, naming the entry that repeats an earlier one."""
+    frames = [{"filename": "train.py", "line": 7, "name": "step"}]
+    cycle = rng.random() < 0.5
+    acts = ("alloc", "free_requested", "free_completed") if cycle else ("alloc",)
+    shared = [{"action": act, "addr": _A, "size": 512, "stream": 0, "time_us": 1, "frames": frames} for act in acts]
+    entries = shared * (n_entries // len(shared))        # the same dicts again and again: memo references
+    path = folder / f"repeated_entry_{len(acts)}.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries]}, protocol=4))
+    return path, None
+
+
+HOSTILE["slow bombs round 2"]["repeated entry"] = repeated_entry_snapshot
+
+
+def damaged_parquet(folder: Path, rng: random.Random, kind: str) -> Path:
+    """A ``.parquet`` that is not one (random bytes between the magic), a valid one cut short, one
+    of another schema, or a sweep results file whose column data is overwritten past its header:
+    every command must name the file in its one line (``plot`` gave pyarrow's text alone)."""
+    path = folder / f"{kind.replace(' ', '_')}.parquet"
+    if kind == "broken":
+        path.write_bytes(b"PAR1" + rng.randbytes(rng.randint(100, 5000)) + b"PAR1")
+    elif kind == "truncated":
+        pq.write_table(pa.table({"t_ns": np.arange(600, dtype=np.int64), "kind": np.ones(600, np.uint8),
+                                 "alloc_id": np.arange(600, dtype=np.int64), "size_bytes": np.full(600, 512, np.int64),
+                                 "stream": np.zeros(600, np.int64), "device": np.zeros(600, np.int16)}), path)
+        data = path.read_bytes()
+        path.write_bytes(data[:rng.randint(8, len(data) - 8)])
+    elif kind == "wrong schema":
+        pq.write_table(pa.table({"x": [1, 2, 3], "y": ["a", "b", "c"]}), path)
+    else:                                     # "damaged results": a sweep's columns, data pages overwritten
+        n = 2000
+        pq.write_table(pa.table({"trace": ["t.pickle"] * n, "policy": ["pytorch"] * n,
+                                 "params_json": [json.dumps({"max_split_size_mb": i}) for i in range(n)],
+                                 "peak_reserved_bytes": np.arange(n, dtype=np.int64) * 512}),
+                       path, compression="none")
+        data = bytearray(path.read_bytes())
+        start = 4 + len(data) // 8
+        data[start:start + len(data) // 3] = rng.randbytes(len(data) // 3)
+        path.write_bytes(bytes(data))
+    return path

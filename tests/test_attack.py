@@ -48,14 +48,14 @@ def commands(path: Path, out_dir: Path) -> dict[str, list[str]]:
     }
 
 
-def run_capped(argv: list[str]) -> tuple[int, str, str, int]:
+def run_capped(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str, int]:
     """(exit code, stdout, stderr, peak RSS bytes of the process and its children)."""
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP_BYTES, MEMORY_CAP_BYTES))
 
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen([sys.executable, *argv], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                preexec_fn=cap, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                preexec_fn=cap, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
         timer = threading.Timer(TIME_LIMIT_S, proc.kill)
         timer.start()
         try:
@@ -473,6 +473,153 @@ def test_compiled_budget_follows_the_process_memory_limit(tmp_path, monkeypatch)
         with pytest.raises(AssertionError, match="reference route"):
             read_trace(path, limits=snapshot.Limits(memory_bytes=2 * MiB))
 
+
+
+@pytest.mark.full
+def test_kineto_budget_follows_the_process_memory_limit(tmp_path, monkeypatch):
+    """Under a process limit the Kineto reader sizes its work from that limit on both routes: a file
+    that fits is read (on the compiled route without the reference), one that does not is refused at
+    once with the same line on both routes, naming the limit (the scan only stopped at memory_bytes)."""
+    from allocsim.errors import TraceFormatError
+    from allocsim.policies import kernel
+    from allocsim.trace import read_trace
+    from allocsim.trace.formats.kineto import reader as kineto
+    from allocsim.trace.reading import compiled
+    from allocsim.trace.reading.headroom import Headroom
+    from tests.attack_files import many_memory_events_kineto
+
+    path, expected = many_memory_events_kineto(tmp_path, random.Random(0), 20_000)
+    routes = ["reference"] + (["compiled"] if compiled.ext is not None or os.environ.get("CI") == "true" else [])
+    lines = {}
+    for route in routes:
+        with kernel.route(route), monkeypatch.context() as patch:
+            if route == "compiled":
+                patch.setattr(kineto, "_read_decoded", lambda *a, **k: pytest.fail("went to the reference route"))
+            patch.setattr(kineto, "headroom", lambda: Headroom(600 * MiB, "the test's limit of 600 MiB"))
+            trace = read_trace(path)           # a scan of ~1 MB, a reference read of ~20 MB: both fit
+            assert (trace.events["kind"] == 1).sum() == expected["allocs"]
+            patch.setattr(kineto, "headroom", lambda: Headroom(6 * MiB, "the test's limit of 6 MiB"))
+            with pytest.raises(TraceFormatError) as refused:
+                read_trace(path)
+            lines[route] = str(refused.value)
+    for line in lines.values():
+        assert path.name in line and "the test's limit of 6 MiB" in line and "memory_bytes" not in line
+    assert len(set(lines.values())) == 1, lines
+    if "compiled" in routes:
+        # A budget set by --limits memory_bytes still hands the file to the reference route.
+        with kernel.route("compiled"), monkeypatch.context() as patch:
+            patch.setattr(kineto, "headroom", lambda: None)
+            patch.setattr(kineto, "_read_decoded", lambda *a, **k: pytest.fail("went to the reference route"))
+            with pytest.raises(pytest.fail.Exception, match="reference route"):
+                read_trace(path, limits=kineto.Limits(memory_bytes=MiB))
+
+
+def test_memory_error_under_a_process_limit_names_it(tmp_path, monkeypatch):
+    """A MemoryError while reading any trace under a process memory limit is one line naming that limit."""
+    import allocsim.trace as trace_module
+    from allocsim.errors import TraceFormatError
+    from allocsim.trace.reading.headroom import Headroom
+
+    path, _ = VALID["rmm"](tmp_path, random.Random(0))
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(trace_module, "_reader", lambda fmt: no_memory)
+    monkeypatch.setattr(trace_module, "headroom", lambda: Headroom(1 << 30, "the test's limit of 1 GiB"))
+    with pytest.raises(TraceFormatError, match="may take under the test's limit of 1 GiB; raise that limit"):
+        trace_module.read_trace(path)
+    monkeypatch.setattr(trace_module, "headroom", lambda: None)
+    with pytest.raises(TraceFormatError, match="MemoryError"):
+        trace_module.read_trace(path)
+
+
+@pytest.mark.full
+def test_repeated_entry_dicts_are_refused_at_once_on_both_routes(tmp_path):
+    """Entry dicts referenced again through the pickle's memo are refused with the same line on both
+    routes, naming the entry and the one it repeats; equal dicts that are separate objects are read."""
+    import pickle
+
+    from allocsim.errors import TraceFormatError
+    from allocsim.policies import kernel
+    from allocsim.trace import read_trace
+    from allocsim.trace.reading import compiled
+    from tests.attack_files import repeated_entry_snapshot
+
+    routes = ["reference"] + (["compiled"] if compiled.ext is not None or os.environ.get("CI") == "true" else [])
+    copies = tmp_path / "copies.pickle"
+    entries = [{"action": act, "addr": 1 << 40, "size": 512, "stream": 0, "time_us": 1}
+               for _ in range(3) for act in ("alloc", "free_requested", "free_completed")]
+    copies.write_bytes(pickle.dumps({"segments": [], "device_traces": [[], entries]}, protocol=4))
+    for seed, record in ((0, "device 0 entry 1: "), (1, "device 0 entry 3: ")):
+        path, _ = repeated_entry_snapshot(tmp_path, random.Random(seed), 30_000)
+        lines = {}
+        for route in routes:
+            with kernel.route(route):
+                with pytest.raises(TraceFormatError) as refused:
+                    read_trace(path)
+                lines[route] = str(refused.value)
+                assert len(read_trace(copies).events) == 9     # 3 allocs, 3 free requests, 3 completions
+        assert len(set(lines.values())) == 1, lines
+        assert f"{path.name}: {record}the same dict as device 0 entry 0" in lines[route], lines[route]
+    # a device's entry repeating another device's: named across devices, the same on both routes
+    shared = {"action": "alloc", "addr": 1 << 40, "size": 512, "stream": 0, "time_us": 1}
+    cross = tmp_path / "cross.pickle"
+    cross.write_bytes(pickle.dumps({"segments": [], "device_traces": [[dict(shared), shared], [shared]]}, protocol=4))
+    lines = {}
+    for route in routes:
+        with kernel.route(route), pytest.raises(TraceFormatError) as refused:
+            read_trace(cross)
+        lines[route] = str(refused.value)
+    assert len(set(lines.values())) == 1 and "device 1 entry 0: the same dict as device 0 entry 1" in lines[route], lines
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("kind", ["broken", "truncated", "wrong schema", "damaged results"])
+def test_damaged_parquet_is_named_by_every_command(tmp_path, capsys, kind):
+    """Every command given a damaged ``.parquet`` (as a trace or a results file) exits 2 with one line
+    naming the file (``plot`` printed pyarrow's text alone); ``sweep`` records the error in its row,
+    naming the file, and exits 1."""
+    from allocsim.cli import main
+    from tests.attack_files import damaged_parquet
+
+    path = damaged_parquet(tmp_path, random.Random(0), kind)
+    out = str(tmp_path / "out")
+    argvs = {"info": ["info", str(path)], "run": ["run", str(path), "--policy", "pytorch", "--fast"],
+             "advise": ["advise", str(path), "--fast", "--capacity", "8GiB"],
+             "scale": ["scale", f"{path}@1", f"{path}@2", "--to", "4", "-o", out + ".scaled.parquet"],
+             "convert": ["convert", str(path), "-o", out + ".parquet"], "plot": ["plot", str(path), "-o", out],
+             "report": ["report", str(path), "-o", out + ".html"], "winners": ["winners", str(path)]}
+    for name, argv in argvs.items():
+        capsys.readouterr()
+        code = main(argv)
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert code == 2 and len(err) == 1, f"{name} on {kind}: exit {code}, {err}"
+        assert path.name in err[0] and "Traceback" not in err[0] and len(err[0]) < 400, f"{name} on {kind}: {err[0]}"
+    capsys.readouterr()
+    code = main(["sweep", str(path), "--policy", "pytorch", "--fast", "-o", out + ".sweep.parquet"])
+    captured = capsys.readouterr()
+    assert code == 1 and f"TraceFormatError: {path}" in captured.out, captured
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gen_name, route", [("memory events over the process limit", "compiled"),
+                                             ("memory events over the process limit", "reference"),
+                                             ("tiny blocks over the process limit", "compiled")])
+def test_over_the_process_limit_names_it(tmp_path, gen_name, route):
+    """Under the suite's real 4 GiB address-space cap, a file that does not fit is refused with one
+    line naming that limit (not memory_bytes, not a bare MemoryError). The snapshot's reference route
+    is left out: it still reads 10^7 blocks for minutes before its child is stopped for memory."""
+    from allocsim.trace.reading import compiled
+
+    if route == "compiled" and compiled.ext is None and os.environ.get("CI") != "true":
+        pytest.skip(compiled.LOAD_ERROR)
+    path, _ = _GENERATORS[gen_name](tmp_path, random.Random(0))
+    code, _, err, rss = run_capped(["-c", _CLI, "info", str(path)], env={"ALLOCSIM_KERNEL": route})
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and path.name in lines[0], err[-2000:]
+    assert "address-space limit of 4.00 GiB" in lines[0] and "memory_bytes" not in lines[0], lines[0]
+    assert rss <= MEMORY_CAP_BYTES
 
 def _odd_columns_give_one_line(folder: Path, capsys, columns: tuple[str, ...]) -> dict:
     from allocsim.cli import main

@@ -335,9 +335,13 @@ def is_sweep_file(path: Path) -> bool:
     """A Parquet file with sweep rows (``policy`` and ``params_json`` columns)."""
     if path.suffix != ".parquet" or not path.is_file():
         return False
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    names = set(pq.read_schema(path).names)
+    try:
+        names = set(pq.read_schema(path).names)
+    except (pa.ArrowException, OSError, ValueError):
+        return False        # not readable as Parquet: read as a trace, whose reader names the file
     return {"policy", "params_json"} <= names
 
 
@@ -348,7 +352,14 @@ def plot_sweep(src: Path, out: Path, metric: str, capacity: int | None) -> list[
     from ..plots import plot_pareto, plot_sweep_heatmap, varying_params
     from ..plots.sweep import DEFAULT_OBJECTIVES, metric_label
 
-    rows = pd.read_parquet(src)
+    import pyarrow as pa
+
+    from ..errors import quote
+
+    try:
+        rows = pd.read_parquet(src)
+    except (pa.ArrowException, OSError, ValueError) as exc:     # a damaged file past its footer
+        raise ValueError(f"{src}: not a readable sweep results file: {type(exc).__name__}: {quote(str(exc))}") from None
     if metric not in rows.columns:
         raise ValueError(f"no metric {metric!r} in {src}")
     w = Writer(out)

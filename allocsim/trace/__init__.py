@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import TraceFormatError, quote
 from .formats.detect import FORMATS, detect_format
+from .reading.headroom import headroom, over_room
 from .reading.limits import DEFAULT_LIMITS, LimitExceeded, Limits, os_error
 
 if TYPE_CHECKING:
@@ -75,6 +76,9 @@ def read_trace(path: str | os.PathLike, *, format: str | None = None, lenient: b
     except (OSError, EOFError, zlib.error) as exc:
         raise os_error(path, exc) from None
     except (UnicodeDecodeError, MemoryError, RecursionError) as exc:
+        room = headroom() if isinstance(exc, MemoryError) else None
+        if room is not None:
+            raise over_room(path, room) from None
         raise TraceFormatError(path, None, f"cannot read as {fmt}: {type(exc).__name__}: {quote(str(exc))}") from None
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as exc:
         # Readers name the record for every failure they foresee; this net keeps a damaged file

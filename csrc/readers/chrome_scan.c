@@ -813,7 +813,9 @@ static void scan_free(Scan *sc) {
     vec_free(b, &sc->p_ts_ns); vec_free(b, &sc->p_dur_ns); vec_free(b, &sc->p_ts_ok); vec_free(b, &sc->p_dur_ok);
 }
 
-/* chrome_scan(data, memory_bytes, max_depth, max_events) -> dict | None */
+/* chrome_scan(data, memory_bytes, max_depth, max_events)
+ *   -> dict | int (over memory_bytes or out of memory: the bytes it needed at least)
+ *      | None (the reference route must read the file). */
 PyObject *rd_chrome_scan(PyObject *self, PyObject *args) {
     Py_buffer buf;
     long long memory_bytes, max_depth, max_events;
@@ -913,18 +915,25 @@ PyObject *rd_chrome_scan(PyObject *self, PyObject *args) {
         : (Py_INCREF(Py_None), Py_None);
     if (!props_text) { Py_DECREF(top); goto error; }
     result = Py_BuildValue(
-        "{s:O,s:N,s:L,s:(NNNNNNNNN),s:(NNNN),s:(NNNNNNNN),s:N,s:N,s:N}",
+        "{s:O,s:N,s:L,s:(NNNNNNNNN),s:(NNNN),s:(NNNNNNNN),s:N,s:N,s:N,s:L}",
         "is_object", is_object ? Py_True : Py_False, "top", top, "n_events", (long long)sc.n_events,
         "memory", BA(sc.m_pos, 8), BA(sc.m_t, 8), BA(sc.m_addr, 8), BA(sc.m_bytes, 8), BA(sc.m_total, 8),
         BA(sc.m_reserved, 8), BA(sc.m_type, 4), BA(sc.m_index, 4), BA(sc.m_thread, 4),
         "other", BA(sc.o_pos, 8), BA(sc.o_start, 8), BA(sc.o_end, 8), BA(sc.o_thread, 4),
         "ops", BA(sc.p_thread, 4), BA(sc.p_name, 4), BA(sc.p_ts, 8), BA(sc.p_dur, 8), BA(sc.p_ts_ns, 8),
         BA(sc.p_dur_ns, 8), BA(sc.p_ts_ok, 1), BA(sc.p_dur_ok, 1),
-        "threads", texts_list(&sc.threads), "names", texts_list(&sc.names), "device_properties", props_text);
+        "threads", texts_list(&sc.threads), "names", texts_list(&sc.names), "device_properties", props_text,
+        "arena_bytes", (long long)budget.used);
     goto done;
 hand_back:
-    result = Py_None;
-    Py_INCREF(Py_None);
+    /* Out of budget: the bytes it wanted, so the caller can refuse at once under a process limit
+     * (the reference route needs more than this); any other reason: None, the reference decides. */
+    if (budget.refused) {
+        result = PyLong_FromSize_t(budget.refused);
+    } else {
+        result = Py_None;
+        Py_INCREF(Py_None);
+    }
     goto done;
 error:
     result = NULL;

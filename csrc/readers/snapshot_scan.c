@@ -607,9 +607,58 @@ static void dev_free(Budget *b, DevCols *dc) {
     vec_free(b, &dc->t_ns); vec_free(b, &dc->extra); vec_free(b, &dc->stack);
 }
 
+/* The first entry dict that is the same container as an earlier entry (a pickle memo reference):
+ * 1 with (device, entry, first device, first entry) in out, 0 when every entry dict is its own,
+ * -1 over budget. PyTorch writes each entry once; a 20 MB file referencing one dict 10^7 times
+ * would otherwise be read as 10^7 entries (minutes on the reference route). */
+static int first_shared_entry(const Tree *t, const Val *traces, Budget *b, int64_t out[4]) {
+    size_t n = t->conts.len ? t->conts.len : 1, bytes = n * sizeof(int64_t);
+    int64_t *first = budget_realloc(b, NULL, 0, bytes);      /* per container: its first entry's ordinal */
+    if (!first) return -1;
+    memset(first, 0xFF, bytes);                              /* -1: not an entry yet */
+    int64_t ordinal = 0, device = 0, found = -1, found_first = -1;
+    PvmIter dev = pvm_iter(t, traces->v);
+    while (found < 0 && pvm_next(t, &dev)) {
+        int64_t index = 0;
+        PvmIter it = pvm_iter(t, dev.item->v);
+        while (pvm_next(t, &it)) {
+            const Val *e = it.item;
+            if (e->type == V_DICT) {
+                if (first[e->v] >= 0) {
+                    out[0] = device;
+                    out[1] = index;
+                    found = ordinal;
+                    found_first = first[e->v];
+                    break;
+                }
+                first[e->v] = ordinal;
+            }
+            index++;
+            ordinal++;
+        }
+        device++;
+    }
+    budget_free(b, first, bytes);
+    if (found < 0) return 0;
+    /* the first one's device and entry, from the ordinal */
+    int64_t before = 0;
+    device = 0;
+    dev = pvm_iter(t, traces->v);
+    while (pvm_next(t, &dev)) {
+        int64_t len = pvm_len(t, dev.item);
+        if (found_first < before + len) break;
+        before += len;
+        device++;
+    }
+    out[2] = device;
+    out[3] = found_first - before;
+    return 1;
+}
+
 /* snapshot_scan(data, memory_bytes, max_frames, max_string_chars, max_segments, max_devices,
  *               max_events, max_time_us, step_ns, keep_frames[, max_frame_text])
  *   -> dict (see read_scanned) | int (over memory_bytes or out of memory: the bytes it needed at least)
+ *      | ("shared entry", device, entry, first device, first entry) (refused, as the reader refuses it)
  *      | None (the reference route must read the file). */
 PyObject *rd_snapshot_scan(PyObject *self, PyObject *args) {
     Py_buffer buf;
@@ -683,6 +732,18 @@ PyObject *rd_snapshot_scan(PyObject *self, PyObject *args) {
     }
     if (n_segments > max_segments || n_traces > max_devices || n_entries > max_events) goto hand_back;
     int64_t spend = n_traces + n_entries + n_segments;
+    if (traces.type == V_LIST) {
+        /* as the reader checks them: more list elements than bytes first, then shared entries */
+        if (n_traces + n_entries > (int64_t)n_bytes) goto hand_back;
+        int64_t shared[4];
+        int rc = first_shared_entry(&tree, &traces, &budget, shared);
+        if (rc < 0) goto hand_back;
+        if (rc > 0) {
+            result = Py_BuildValue("(sLLLL)", "shared entry", (long long)shared[0], (long long)shared[1],
+                                   (long long)shared[2], (long long)shared[3]);
+            goto done;
+        }
+    }
 
     /* Segments and their blocks: frames interned first, as the reader does. */
     PvmIter it = pvm_iter(&tree, segments.v);

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from ...errors import TraceFormatError
 from ...units import format_bytes
 
 _CGROUP_ROOT = "/sys/fs/cgroup"
@@ -108,3 +109,11 @@ def headroom() -> Headroom | None:
     """The tighter of the address-space and cgroup limits, or None when neither limits this process."""
     found = [h for h in (_address_space(), _cgroup_memory()) if h is not None]
     return min(found, key=lambda h: h.bytes) if found else None
+
+
+
+def over_room(path: str, room: Headroom) -> TraceFormatError:
+    """The one line for a file this process cannot read under its memory limit ``room``: it names
+    the limit to raise, and is the same on every route."""
+    return TraceFormatError(path, None, f"reading it needs more memory than this process may take under "
+                            f"{room.limit}; raise that limit")

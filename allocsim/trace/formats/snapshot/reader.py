@@ -25,7 +25,8 @@ by ``limits.memory_bytes``, and it reads well-formed files straight into columns
 (``_SnapshotReader.read_scanned``). Anything else it hands back, and the file takes the reference
 route: the pickle is loaded with every global refused, in a forked child under an address-space cap
 and a deadline (``isolate``; the C unpickler first, the pure-Python one of ``safe_pickle`` when that
-fails or is stopped). Every entry is type- and range-checked and a bad one raises
+fails or is stopped). An entry dict referenced twice through the pickle's memo is refused on
+both routes before any entry is read. Every entry is type- and range-checked and a bad one raises
 ``TraceFormatError`` naming ``device D entry I`` (under ``lenient`` it is skipped and listed in
 ``meta.repairs``). A final state that does not fit the window is reported in ``meta.notes`` and
 leaves ``initial_blocks`` empty instead of failing.
@@ -275,6 +276,9 @@ def _read_compiled(path: str, data: bytes, lenient: bool, limits: Limits, frames
     scan = compiled.ext.snapshot_scan(
         data, budget, limits.frames, limits.string_chars, limits.segments, limits.devices,
         limits.events, _MAX_TIME_US, SYNTHETIC_STEP_NS, int(frames), frame_text_cap(limits, len(data)))
+    if isinstance(scan, tuple):         # ("shared entry", device, entry, first device, first entry)
+        _, device, index, first_device, first_index = scan
+        raise TraceFormatError(path, f"device {device} entry {index}", _shared_entry_reason(first_device, first_index))
     if isinstance(scan, int):
         if room is not None:
             raise TraceFormatError(path, None, f"reading it needs more memory than this process may take: over "
@@ -285,6 +289,32 @@ def _read_compiled(path: str, data: bytes, lenient: bool, limits: Limits, frames
         return None
     reader = _SnapshotReader(path, lenient, budget=len(data), limits=limits, frames=frames)
     return reader.read_scanned(scan)
+
+
+def _shared_entry_reason(first_device: int, first_index: int) -> str:
+    return (f"the same dict as device {first_device} entry {first_index} (a pickle memo reference): PyTorch "
+            "writes each entry once, and a file that repeats one is refused rather than read as copies")
+
+
+def _first_shared_entry(raw_traces: list) -> tuple[int, int, int, int] | None:
+    """(device, entry, first device, first entry) of the first entry dict met twice, or None.
+
+    A 20 MB pickle can reference one dict 10^7 times through its memo: read as copies it took
+    minutes. Only a file with a repeat pays for the walk that finds it."""
+    ids = np.sort(np.fromiter((id(e) for tr in raw_traces if isinstance(tr, list) for e in tr
+                               if isinstance(e, dict)), np.uint64))       # 8 bytes an entry, not a set's 70
+    if not np.any(ids[1:] == ids[:-1]):
+        return None
+    first: dict[int, tuple[int, int]] = {}
+    for device, tr in enumerate(raw_traces):
+        if not isinstance(tr, list):
+            continue
+        for index, e in enumerate(tr):
+            if isinstance(e, dict):
+                seen = first.setdefault(id(e), (device, index))
+                if seen != (device, index):
+                    return device, index, *seen
+    return None
 
 
 def finish_snapshot_trace(trace: Trace) -> None:
@@ -447,6 +477,10 @@ class _SnapshotReader:
         check_count(self.path, "devices", len(raw_traces), self.limits, "device traces", "top level")
         check_count(self.path, "events", sum(len(tr) for tr in raw_traces if isinstance(tr, list)),
                     self.limits, "trace entries", "top level")
+        shared = _first_shared_entry(raw_traces)
+        if shared is not None:
+            device, index, first_device, first_index = shared
+            raise b.fail(f"device {device} entry {index}", _shared_entry_reason(first_device, first_index))
         segments = self._parse_segments(raw_segments)
         check_final_state(self.path, segments, _N_LIVE_STATES, POOLS.index("small"))
 
