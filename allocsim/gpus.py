@@ -21,6 +21,7 @@ includes, so the verdict near the limit has that uncertainty.
 from __future__ import annotations
 
 import dataclasses
+import re
 from fractions import Fraction
 from typing import Any
 
@@ -29,10 +30,24 @@ from .units import format_bytes
 
 GiB = 1 << 30
 MiB = 1 << 20
-#: PyTorch's default cuBLAS workspace (``CUBLAS_WORKSPACE_CONFIG`` unset): ``:4096:2:16:8`` before
-#: Hopper, ``:4096:8`` on sm90 (aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize).
+#: PyTorch's default cuBLAS workspace (``CUBLAS_WORKSPACE_CONFIG`` unset): ``:4096:2:16:8``, or
+#: ``:4096:8`` on compute capability 9.x to 12.x (aten/src/ATen/cuda/CublasHandlePool.cpp,
+#: parseChosenWorkspaceSize; Hopper only before Blackwell support).
 CUBLAS_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
 CUBLAS_WORKSPACE_BYTES_SM90 = 4096 * 1024 * 8
+_CUBLAS_LARGE_MAJORS = (9, 10, 11, 12)
+_CUBLAS_CONFIG = re.compile(r":([0-9]+):([0-9]+)")
+
+
+def cublas_workspace_bytes(compute_major: int | None, config: str | None = None) -> int:
+    """One cuBLAS workspace as PyTorch sizes it: ``CUBLAS_WORKSPACE_CONFIG`` (``:KIB:COUNT`` pairs) or the default."""
+    default = CUBLAS_WORKSPACE_BYTES_SM90 if compute_major in _CUBLAS_LARGE_MAJORS else CUBLAS_WORKSPACE_BYTES
+    pairs = _CUBLAS_CONFIG.findall(config) if config is not None else []
+    if not pairs:
+        return default                     # unset, or unparsable (PyTorch warns and keeps the default)
+    return sum(int(size) * 1024 * int(count) for size, count in pairs)
+
+
 #: cuBLAS handles a training step uses: the script's thread (forward, optimizer) and the autograd
 #: engine's device thread (backward), each with its own workspace on the current stream.
 TRAINING_CUBLAS_HANDLES = 2
@@ -59,6 +74,8 @@ class GpuModel:
     recorded_source: str = ""
     context_bytes: int = CONTEXT_BYTES_ESTIMATE
     library_bytes: int = LIBRARY_BYTES_CALIBRATED
+    #: Streaming multiprocessors (the product's published count): kernels size their grids by it.
+    sm_count: int = 0
 
     @property
     def verified(self) -> bool:
@@ -79,9 +96,20 @@ class GpuModel:
                 "real cards report less than their label (a fit near the limit is not proven)")
 
     @property
+    def max_threads_per_sm(self) -> int:
+        """Resident threads per SM for this compute capability (CUDA C Programming Guide, compute capabilities table)."""
+        return _MAX_THREADS_PER_SM.get(self.sm, 2048)
+
+    def capture_properties(self) -> dict[str, Any]:
+        """What ``torch.cuda.get_device_properties`` says of this card under ``allocsim capture --gpu``."""
+        return {"name": self.name, "total_bytes": self.total_bytes, "major": self.sm // 10, "minor": self.sm % 10,
+                "sm_count": self.sm_count, "max_threads_per_sm": self.max_threads_per_sm,
+                "context_bytes": self.context_bytes}
+
+    @property
     def cublas_workspace_bytes(self) -> int:
         """One cuBLAS workspace as PyTorch sizes it for this architecture."""
-        return CUBLAS_WORKSPACE_BYTES_SM90 if self.sm == 90 else CUBLAS_WORKSPACE_BYTES
+        return cublas_workspace_bytes(self.sm // 10)
 
     def sources(self) -> dict[str, str]:
         """Where each figure of this GPU model comes from."""
@@ -92,12 +120,13 @@ class GpuModel:
             "library_bytes": "calibrated: median of (xMem 001-Anova ground - allocsim reserved peak - cuBLAS "
                              "workspaces) over the rows in validate/xmem_calibration.json",
             "workspace_bytes": "PyTorch CublasHandlePool.cpp default CUBLAS_WORKSPACE_CONFIG "
-                               f"({'4096 KiB x 8' if self.sm == 90 else '4096 KiB x 2 + 16 KiB x 8'}) per "
+                               f"({'4096 KiB x 8' if self.sm // 10 in _CUBLAS_LARGE_MAJORS else '4096 KiB x 2 + 16 KiB x 8'}) per "
                                f"handle, {TRAINING_CUBLAS_HANDLES} handles, each a segment rounded to 2 MiB",
         }
 
 
 _SPEC = "NVIDIA product specification (nominal)"
+_MAX_THREADS_PER_SM = {70: 2048, 75: 1024, 80: 2048, 86: 1536, 87: 2048, 89: 1536, 90: 2048}
 _DQ = "CUDA deviceQuery printout"
 #: Real totals differ by driver version and ECC (GDDR cards with ECC on give up 1/16 of the memory), so
 #: where several recordings of one model exist the lowest is kept: a fit there fits the others too.
@@ -105,42 +134,42 @@ GPUS: tuple[GpuModel, ...] = (
     GpuModel("RTX 3060", ("3060", "GeForce RTX 3060", "NVIDIA GeForce RTX 3060"), 12 * GiB, 86, _SPEC + ", 12 GB",
              12622168064,
              "total_gpu_memory of xMem's RTX 3060 runs (NVML): 12622168064, Stone-ResearchLife/xMem "
-             "evaluation_result.json"),
-    GpuModel("RTX 4060", ("4060", "GeForce RTX 4060", "NVIDIA GeForce RTX 4060"), 8 * GiB, 89, _SPEC + ", 8 GB"),
+             "evaluation_result.json", sm_count=28),
+    GpuModel("RTX 4060", ("4060", "GeForce RTX 4060", "NVIDIA GeForce RTX 4060"), 8 * GiB, 89, _SPEC + ", 8 GB", sm_count=24),
     GpuModel("RTX 4090", ("4090", "GeForce RTX 4090"), 24 * GiB, 89, _SPEC + ", 24 GB", 25386352640,
              f"{_DQ}, 'NVIDIA GeForce RTX 4090', driver 12.4, ECC off: '24210 MBytes (25386352640 bytes)', "
-             "thamada/nvidia-smi @b09ef139 gls/RTX4090_deviceQuery.py"),
+             "thamada/nvidia-smi @b09ef139 gls/RTX4090_deviceQuery.py", sm_count=128),
     GpuModel("T4", ("Tesla T4",), 16 * GiB, 75, _SPEC + ", 16 GB", 15095 * MiB,
              "deviceQuery table, 'Tesla T4' on Colab, driver 12.4, ECC on: 'Global Memory | 15095 MBytes' "
-             "(15095 to 15096 MiB; the lower end is kept), sylvia-ymlin/cuda-kernels-from-scratch README.md"),
-    GpuModel("V100 16GB", ("V100",), 16 * GiB, 70, _SPEC + ", 16 GB"),
+             "(15095 to 15096 MiB; the lower end is kept), sylvia-ymlin/cuda-kernels-from-scratch README.md", sm_count=40),
+    GpuModel("V100 16GB", ("V100",), 16 * GiB, 70, _SPEC + ", 16 GB", sm_count=80),
     GpuModel("V100 32GB", ("V100-SXM2-32GB", "V100-PCIE-32GB", "V100-DGXS-32GB"), 32 * GiB, 70, _SPEC + ", 32 GB",
              34084028416,
              "Kineto deviceProperties totalGlobalMem of 'Tesla V100-DGXS-32GB' device 0 (the recorded run's): "
              "34084028416 (devices 1-3 of the same box: 34087305216), pytorch/kineto @f329bb5f "
-             "tb_plugin/samples/resnet50_num_workers_0/worker0.1623143566756.pt.trace.json.gz"),
+             "tb_plugin/samples/resnet50_num_workers_0/worker0.1623143566756.pt.trace.json.gz", sm_count=80),
     GpuModel("L4", (), 24 * GiB, 89, _SPEC + ", 24 GB", 23570219008,
              f"{_DQ}, 'NVIDIA L4', driver 12.4, ECC on: '22478 MBytes (23570219008 bytes)', "
-             "thamada/nvidia-smi @b09ef139 gls/L4_deviceQuery.py"),
+             "thamada/nvidia-smi @b09ef139 gls/L4_deviceQuery.py", sm_count=58),
     GpuModel("A10", ("A10G",), 24 * GiB, 86, _SPEC + ", 24 GB", 23609475072,
              "device-query printout, 'NVIDIA A10', driver 12.2: '21.99 GBytes (23609475072 bytes)', "
-             "aalanwyr/face2cuda step2cuda/README.md (the A10G alias is AWS's variant, not recorded)"),
+             "aalanwyr/face2cuda step2cuda/README.md (the A10G alias is AWS's variant, not recorded)", sm_count=72),
     GpuModel("A100 40GB", ("A100-40GB", "A100", "A100-SXM4-40GB", "A100-PCIE-40GB"), 40 * GiB, 80,
              _SPEC + ", 40 GB", 42298834944,
              f"{_DQ}, 'NVIDIA A100-SXM4-40GB', driver 12.2: '40339 MBytes (42298834944 bytes)', "
-             "bottlerocket-os/bottlerocket pull request #3873 (no PCIe 40GB recording found)"),
+             "bottlerocket-os/bottlerocket pull request #3873 (no PCIe 40GB recording found)", sm_count=108),
     GpuModel("A100 80GB", ("A100-80GB", "A100-SXM4-80GB", "A100 80GB PCIe"), 80 * GiB, 80, _SPEC + ", 80 GB",
              81049 * MiB,
              "mixbench-cuda printout, 'NVIDIA A100 80GB PCIe', driver 12.3, ECC on: 'Total global mem: 81049 MB' "
              "(totalGlobalMem/1024/1024 as mixbench-cuda/lcutil.h prints it: 81049 to 81050 MiB, the lower end "
              "kept), ekondis/mixbench issue #47; the SXM4 card reports "
-             "more: '81158 MBytes (85100068864 bytes)', thamada/nvidia-smi @b09ef139 gls/A100SXMx4_deviceQuery.py"),
+             "more: '81158 MBytes (85100068864 bytes)', thamada/nvidia-smi @b09ef139 gls/A100SXMx4_deviceQuery.py", sm_count=108),
     GpuModel("H100", ("H100 80GB", "H100-80GB", "H100 SXM"), 80 * GiB, 90, _SPEC + ", 80 GB", 85018279936,
              "Kineto deviceProperties totalGlobalMem of 'NVIDIA H100 80GB HBM3' (SXM): 85018279936, "
              "AMD-AGI/TraceLens @f0bb9f37 tests/traces/h100/*.json.gz; on driver 12.7 the same card reports "
              "'81106 MBytes (85045477376 bytes)', thamada/nvidia-smi @03fbe6e6 nvsim/H100SXMx8_deviceQuery.py "
-             "(no PCIe or NVL recording: those are other cards)"),
-    GpuModel("H200", ("H200 141GB",), 141 * 10**9, 90, _SPEC + ", 141 GB"),
+             "(no PCIe or NVL recording: those are other cards)", sm_count=132),
+    GpuModel("H200", ("H200 141GB",), 141 * 10**9, 90, _SPEC + ", 141 GB", sm_count=132),
 )
 
 
@@ -210,18 +239,24 @@ def workspace_bytes(gpu: GpuModel) -> int:
     return TRAINING_CUBLAS_HANDLES * one
 
 
-def allocator_capacity(gpu: GpuModel) -> int:
-    """The memory left to the caching allocator's tensors once context, libraries and workspaces are in."""
-    return gpu.total_bytes - gpu.context_bytes - gpu.library_bytes - workspace_bytes(gpu)
+def allocator_capacity(gpu: GpuModel, workspaces_in_trace: bool = False) -> int:
+    """The memory left to the caching allocator's tensors once context, libraries and workspaces are in.
+
+    ``workspaces_in_trace``: the trace holds its cuBLAS workspaces itself (a GPU recording, a
+    current capture), so they are the allocator's to place, not taken off beforehand.
+    """
+    taken = 0 if workspaces_in_trace else workspace_bytes(gpu)
+    return gpu.total_bytes - gpu.context_bytes - gpu.library_bytes - taken
 
 
-def gpu_estimate(gpu: GpuModel, reserved_peak_bytes: int) -> dict[str, Any]:
+def gpu_estimate(gpu: GpuModel, reserved_peak_bytes: int, workspaces_in_trace: bool = False) -> dict[str, Any]:
     """The GPU memory the run needs at its peak, part by part, and whether it fits ``gpu``.
 
     ``fits_proven`` is False when the run fits only in memory a real card is not shown to have (an
     unverified model's label above ``proven_total_bytes``); ``caveat`` then says so in one sentence.
+    ``workspaces_in_trace``: the reserved peak already holds the cuBLAS workspaces (not added again).
     """
-    workspaces = workspace_bytes(gpu)
+    workspaces = 0 if workspaces_in_trace else workspace_bytes(gpu)
     total = reserved_peak_bytes + workspaces + gpu.library_bytes + gpu.context_bytes
     fits = total <= gpu.total_bytes
     proven = proven_total_bytes(gpu)

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from allocsim.commands.capture import child_argv, default_output
+from allocsim.commands.capture import default_output
+from allocsim.torch_capture.session import child_command
 
 
 def _cli(*argv):
@@ -24,9 +25,9 @@ def test_capture_usage_errors(argv):
 
 
 def test_child_command_uses_the_named_interpreter_or_this_one_for_a_bare_script():
-    assert child_argv(["python3", "t.py", "--b", "8"], "o.parquet", 4) == [
-        "python3", "-m", "allocsim.torch_capture.child", "o.parquet", "4", "--", "t.py", "--b", "8"]
-    assert child_argv(["t.py"], "o.parquet", 0)[0] == sys.executable
+    assert child_command(["python3", "t.py", "--b", "8"]) == [
+        "python3", "-m", "allocsim.torch_capture.child", "--", "t.py", "--b", "8"]
+    assert child_command(["t.py"])[0] == sys.executable
     assert default_output(["python", "dir/train.py", "--x"]) == "train.capture.parquet"
     assert default_output(["python", "-m", "pkg.train"]) == "train.capture.parquet"
 

@@ -13,6 +13,8 @@ backward data and backward filter; the stem's input needs no gradient.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -21,7 +23,7 @@ if os.environ.get("CI"):
 else:
     pytest.importorskip("torch")
 
-from allocsim.torch_capture import child, cudnn  # noqa: E402
+from allocsim.torch_capture import cudnn, session  # noqa: E402
 from allocsim.trace import read_trace  # noqa: E402
 from allocsim.trace.schema import EventKind  # noqa: E402
 
@@ -53,7 +55,8 @@ def captured(tmp_path_factory):
     out = folder / "conv.parquet"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ALLOCSIM_CUDNN_WORKSPACE_RATIO", "0.5,0.25")
-        assert child.main([str(out), "1", "--", str(script)]) == 0
+        result, _trace = session.capture([sys.executable, str(script)], str(out), steps=1)
+        assert result.status == 0
     return read_trace(str(out))
 
 
@@ -91,13 +94,16 @@ def test_the_3x3_convolution_asks_for_its_workspaces_at_its_kernels(captured):
     assert trace.meta.version_hints["cudnn_workspace_ratios"] == {"kernel": 0.5, "pointwise_data": 0.25}
 
 
-def test_a_bad_ratio_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+@pytest.mark.full          # starts a capture child
+def test_a_bad_ratio_is_one_line_and_exit_2(tmp_path, monkeypatch):
     monkeypatch.setenv("ALLOCSIM_CUDNN_WORKSPACE_RATIO", "lots")
     script = tmp_path / "s.py"
-    script.write_text("pass\n")
-    assert child.main([str(tmp_path / "s.parquet"), "0", "--", str(script)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "ALLOCSIM_CUDNN_WORKSPACE_RATIO" in err[0]
+    script.write_text("open('ran', 'w').close()\n")
+    done = subprocess.run([sys.executable, "-m", "allocsim", "capture", "-o", str(tmp_path / "s.parquet"), "--",
+                           sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(err) == 1 and "ALLOCSIM_CUDNN_WORKSPACE_RATIO" in err[0], done.stderr
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "s.parquet").exists()
 
 
 def test_which_convolutions_run_on_cudnn():

@@ -25,7 +25,7 @@ else:
 
 from allocsim.trace import read_trace  # noqa: E402
 from allocsim.trace.schema import EventKind  # noqa: E402
-from allocsim.torch_capture import child  # noqa: E402
+from allocsim.torch_capture import session  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,6 +66,14 @@ for step in range(3):
 
 PARAM_BYTES = [100 * 200 * 4, 200 * 4, 200 * 10 * 4, 10 * 4]     # fc1.weight, fc1.bias, fc2.weight, fc2.bias
 X_BYTES, Y_BYTES, MASK_BYTES, LOSS_BYTES = 64 * 100 * 4, 64 * 8, 64 * 100, 4
+#: One cuBLAS workspace before Hopper (CUBLAS_WORKSPACE_CONFIG unset): :4096:2:16:8.
+CUBLAS_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
+def capture_file(script, out, steps=0, **kwargs):
+    """Capture ``script`` with this interpreter; return (status, trace read back from ``out``)."""
+    result, _trace = session.capture([sys.executable, str(script)], str(out), steps=steps, **kwargs)
+    return result.status, read_trace(str(out))
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +81,9 @@ def captured(tmp_path_factory):
     folder = tmp_path_factory.mktemp("capture")
     script = folder / "train.py"
     script.write_text(SCRIPT)
-    out = folder / "train.parquet"
-    status = child.main([str(out), "2", "--", str(script)])
+    status, trace = capture_file(script, folder / "train.parquet", steps=2)
     assert status == 0
-    return read_trace(str(out))
+    return trace
 
 
 def _allocs(trace):
@@ -105,7 +112,7 @@ def test_adam_takes_the_foreach_path_on_the_first_step(captured):
 
 
 def test_memory_after_each_step_is_parameters_state_and_live_tensors(captured):
-    """Live bytes at each step boundary: params + Adam's two states + x, y, loss (grads set to None)."""
+    """Live bytes at each step boundary: params + Adam's two states + x, y, loss + two cuBLAS workspaces."""
     events = captured.events
     live, marks, sizes = 0, [], {}
     for kind, alloc_id, size in zip(events["kind"], events["alloc_id"], events["size_bytes"]):
@@ -116,7 +123,8 @@ def test_memory_after_each_step_is_parameters_state_and_live_tensors(captured):
             live -= sizes[alloc_id]
         elif kind == int(EventKind.MARKER):
             marks.append(live)
-    expected = 3 * sum(PARAM_BYTES) + X_BYTES + Y_BYTES + LOSS_BYTES
+    # the forward thread's and the autograd engine's cuBLAS handles each keep a workspace for good
+    expected = 3 * sum(PARAM_BYTES) + X_BYTES + Y_BYTES + LOSS_BYTES + 2 * CUBLAS_BYTES
     # ProfilerStep#0 at the start (nothing yet), then one marker after each of the 2 optimizer steps;
     # right after a step zero_grad has not run yet: the 4 gradients are alive, the dropout mask and
     # the other saved activations went with the graph at the end of backward
@@ -152,17 +160,19 @@ def test_cli_capture_runs_a_cuda_script_and_run_judges_it_on_a_gpu(tmp_path):
                          env=env, timeout=300)
     assert run.returncode == 0, run.stderr
     estimate = json.loads(run.stdout)["gpu_estimate"]
-    assert estimate["total_bytes"] == (estimate["reserved_peak_bytes"] + estimate["workspace_bytes"]
-                                       + estimate["library_bytes"] + estimate["context_bytes"])
-    assert estimate["fits"] is True and estimate["reserved_peak_bytes"] == 2 << 20   # one small segment
+    # the capture holds its cuBLAS workspaces: run --gpu does not add them again
+    assert estimate["workspace_bytes"] == 0
+    assert estimate["total_bytes"] == (estimate["reserved_peak_bytes"] + estimate["library_bytes"]
+                                       + estimate["context_bytes"])
+    # one small segment, and a 20 MiB segment for the one workspace a forward pass binds
+    assert estimate["fits"] is True and estimate["reserved_peak_bytes"] == (2 << 20) + (20 << 20)
 
 
 def test_a_script_that_raises_keeps_its_trace_and_exits_3(tmp_path):
     script = tmp_path / "bad.py"
     script.write_text("import torch\nx = torch.ones(1000, device='cuda')\nraise ValueError('boom')\n")
-    out = tmp_path / "bad.parquet"
-    assert child.main([str(out), "0", "--", str(script)]) == child.EXIT_SCRIPT_FAILED
-    trace = read_trace(str(out))
+    status, trace = capture_file(script, tmp_path / "bad.parquet")
+    assert status == session.EXIT_SCRIPT_FAILED
     assert _allocs(trace) == [4000]
     assert any("ValueError: boom" in note for note in trace.meta.notes)
 
@@ -173,9 +183,9 @@ def test_attention_takes_the_memory_efficient_kernel_not_the_l_by_l_matrix(tmp_p
         "import torch\nimport torch.nn.functional as F\n"
         "q, k, v = (torch.randn(2, 4, 1000, 64, device='cuda', requires_grad=True) for _ in range(3))\n"
         "F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()\n")
-    out = tmp_path / "attn.parquet"
-    assert child.main([str(out), "0", "--", str(script)]) == 0
-    sizes = _allocs(read_trace(str(out)))
+    status, trace = capture_file(script, tmp_path / "attn.parquet")
+    assert status == 0
+    sizes = _allocs(trace)
     qkv = 2 * 4 * 1000 * 64 * 4
     assert sizes[:3] == [qkv, qkv, qkv]
     # output, then logsumexp (float32, sequence padded to 32), never a 1000 x 1000 score matrix per head
@@ -194,9 +204,9 @@ def test_a_pinned_multiprocess_dataloader_feeds_the_device(tmp_path):
         "    x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)\n"
         "    m(x).sum().backward()\n"
         "    torch.accelerator.synchronize() if hasattr(torch, 'accelerator') else None\n")
-    out = tmp_path / "dl.parquet"
-    assert child.main([str(out), "0", "--", str(script)]) == 0
-    sizes = _allocs(read_trace(str(out)))
+    status, trace = capture_file(script, tmp_path / "dl.parquet")
+    assert status == 0
+    sizes = _allocs(trace)
     assert sizes[:2] == [10 * 2 * 4, 2 * 4]                    # weight, bias
     assert sizes[2:4] == [16 * 10 * 4, 16 * 8]                 # the first batch's x and y copied to the device
     assert sizes.count(16 * 10 * 4) == 2                        # and the second batch's x

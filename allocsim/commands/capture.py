@@ -1,24 +1,22 @@
-"""``allocsim capture [-o TRACE] [--steps N] -- python SCRIPT ARGS``: a CUDA run's allocations, recorded on the CPU.
+"""``allocsim capture [-o TRACE] [--steps N] [--gpu NAME] [--timeout S] -- python SCRIPT ARGS``: a CUDA run's allocations, recorded on the CPU.
 
 The script runs unchanged in a child process of the interpreter named after ``--`` (``cuda`` hard-coded
-in it is fine: see ``allocsim.torch_capture``), and the trace it would allocate on one GPU is written to
-TRACE (Parquet; ``.csv`` for CSV). Replay it with ``allocsim run TRACE --policy pytorch --gpu NAME``.
-The script is the user's own code and runs as the user; the trace it leaves is read back like any other.
+in it is fine: see ``allocsim.torch_capture``); that interpreter needs torch and nothing else. The
+trace it would allocate on one GPU is written to TRACE (Parquet; ``.csv`` for CSV). Replay it with
+``allocsim run TRACE --policy pytorch --gpu NAME``. The script is the user's own code and runs as
+the user; the trace it leaves is read back like any other.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import time
 
 from ..units import format_bytes
 
-#: The child's status when the script raised: the trace up to the error is still written.
-EXIT_SCRIPT_FAILED = 3
+#: Exit statuses (the child's, passed on).
+EXIT_USAGE = 2
 
 
 def register(subparsers) -> None:
@@ -26,30 +24,34 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "capture", help="record what a PyTorch script would allocate on a GPU, running it on the CPU",
         description="Run a PyTorch training script unchanged on a machine without a GPU (cuda mapped to the "
-                    "meta device: no compute, exact tensor sizes, the CUDA code path) and write the trace of "
-                    "the allocations its CUDA run would make. Example: allocsim capture -o run.parquet "
-                    "--steps 4 -- python train.py --batch 64",
+                    "meta device: no compute, exact tensor sizes, the CUDA code path, autocast as on the GPU, "
+                    "large CPU tensors never materialised) and write the trace of the allocations its CUDA run "
+                    "would make. The interpreter after -- needs torch only. Example: allocsim capture -o "
+                    "run.parquet --steps 4 -- python train.py --batch 64",
         epilog="cuDNN's convolution workspaces are requests in the trace, sized by a model calibrated on an RTX "
                "3060 (allocsim.torch_capture.cudnn); ALLOCSIM_CUDNN_WORKSPACE_RATIO=R or R,P sets other ratios (R: "
                "of the larger feature map for kernels larger than 1x1, P: of the gradient for 1x1 backward data; R "
-               "alone sets both; 0: none). "
-               "Exit status: 0 = trace written, 2 = usage error, 3 = the script raised (the trace up to the "
-               "error is written)")
+               "alone sets both; 0: none). cuBLAS workspaces are requests too, one per thread and stream, sized "
+               "for --gpu. Exit status: 0 = trace written, 2 = usage error or the capture could not start, "
+               "3 = the script raised (the trace up to the error is written), 124 = --timeout reached, "
+               "130 = interrupted (both write the trace up to there)")
     parser.add_argument("-o", "--output", metavar="TRACE",
                         help="trace to write (default: SCRIPT's name with .capture.parquet, in the current folder)")
     parser.add_argument("--steps", type=int, default=0, metavar="N",
                         help="stop the script after N optimizer steps (default 0: run it to its end)")
+    parser.add_argument("--gpu", metavar="NAME", default=None,
+                        help="the card torch.cuda reports (name, memory, compute capability, SMs) and whose "
+                             "kernels and cuBLAS workspaces the trace follows (allocsim gpus lists them; "
+                             "default: A100 80GB)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="S",
+                        help="interrupt the script after S seconds and write what it recorded")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PYTHON SCRIPT ARGS",
                         help="the command that runs the script, after --")
     parser.set_defaults(func=main)
 
 
-def child_argv(command: list[str], out_path: str, steps: int) -> list[str]:
-    """The child's command line: the user's interpreter running ``allocsim.torch_capture.child``."""
-    python, script = command[0], command[1:]
-    if python.endswith(".py"):           # `-- train.py ARGS`: this interpreter runs it
-        python, script = sys.executable, command
-    return [python, "-m", "allocsim.torch_capture.child", out_path, str(steps), "--", *script]
+#: The card a capture reports when no --gpu is given.
+DEFAULT_GPU = "A100 80GB"
 
 
 def default_output(command: list[str]) -> str:
@@ -62,56 +64,52 @@ def default_output(command: list[str]) -> str:
     return f"{stem or 'script'}.capture.parquet"
 
 
+def _usage(message: str) -> int:
+    print(f"allocsim capture: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def main(args: argparse.Namespace) -> int:
-    """Run the capture child and report the trace it wrote."""
+    """Check everything the capture needs, run it, and report the trace it wrote."""
+    from ..gpus import find_gpu
+    from ..torch_capture.session import EXIT_OK, capture, child_command
+    from .convert import check_output
+
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command or (len(command) < 2 and not command[0].endswith(".py")):
-        print("allocsim capture: error: give the script after --, e.g. allocsim capture -- python train.py",
-              file=sys.stderr)
-        return 2
+        return _usage("give the script after --, e.g. allocsim capture -- python train.py")
     if args.steps < 0:
-        print(f"allocsim capture: error: --steps must be >= 0, got {args.steps}", file=sys.stderr)
-        return 2
-    argv = child_argv(command, "-", args.steps)
-    script = argv[argv.index("--") + 1:]
+        return _usage(f"--steps must be >= 0, got {args.steps}")
+    if args.timeout is not None and not args.timeout > 0:
+        return _usage(f"--timeout must be a number of seconds > 0, got {args.timeout}")
+    script = child_command(command)[4:]
     if script and script[0] != "-m" and not os.path.isfile(script[0]):
-        print(f"allocsim capture: error: no script {script[0]!r}", file=sys.stderr)
-        return 2
-    out_path = args.output or default_output(command)
-    env = dict(os.environ)
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    t0 = time.perf_counter()
+        return _usage(f"no script {script[0]!r}")
     try:
-        done = subprocess.run(child_argv(command, out_path, args.steps), env=env, stderr=subprocess.PIPE, text=True)
+        gpu = find_gpu(args.gpu if args.gpu is not None else DEFAULT_GPU)
+        # Resolved and checked before the script runs: it may change directory, and a bad -o must
+        # not be found after a long run.
+        out_path = os.path.abspath(args.output or default_output(command))
+        check_output(out_path)
+    except ValueError as exc:
+        return _usage(str(exc))
+    try:
+        result, _trace = capture(command, out_path, steps=args.steps, gpu=gpu.capture_properties(),
+                                 timeout_s=args.timeout)
     except OSError as exc:
-        print(f"allocsim capture: error: cannot start {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    seconds = time.perf_counter() - t0
-    lines = done.stderr.splitlines()
-    summary = None
-    if lines:
-        try:
-            summary = json.loads(lines[-1])
-            lines = lines[:-1]
-        except ValueError:
-            summary = None
-    if lines:
-        sys.stderr.write("\n".join(lines) + "\n")
-    if done.returncode == 2 and lines and lines[-1].startswith("allocsim capture: error:"):
-        return 2                       # the child said why (a bad ALLOCSIM_CUDNN_WORKSPACE_RATIO)
-    if summary is None or done.returncode not in (0, EXIT_SCRIPT_FAILED):
-        print(f"allocsim capture: error: the capture of {' '.join(command)!r} wrote no trace "
-              f"(exit {done.returncode}); is torch installed for {command[0]!r}?", file=sys.stderr)
-        return 2
-    print(f"capture: {summary['trace']}: {summary['allocs']:,} allocations, {summary['frees']:,} frees, "
-          f"{summary['optimizer_steps']} optimizer steps, {summary.get('cudnn_workspaces', 0):,} of the "
-          f"allocations cuDNN workspaces, peak allocated "
-          f"{format_bytes(summary['peak_allocated_bytes'])} ({seconds:.1f} s)")
-    if done.returncode == EXIT_SCRIPT_FAILED:
-        print(f"capture: the trace stops where {summary['status'][4:]}", file=sys.stderr)
-        return EXIT_SCRIPT_FAILED
-    print(f"next: allocsim run {summary['trace']} --policy pytorch --gpu \"RTX 3060\"   (allocsim gpus lists GPUs)")
+        return _usage(f"cannot write {out_path}: {exc.strerror or exc}")
+    if result.trace_path is None:
+        return _usage(result.message)
+    summary = result.summary
+    shown = args.output or os.path.relpath(out_path)
+    print(f"capture: {shown}: {summary.get('allocs', 0):,} allocations, {summary.get('optimizer_steps', 0)} "
+          f"optimizer steps, peak allocated {format_bytes(summary.get('peak_allocated_bytes', 0))}, peak reserved "
+          f"{format_bytes(summary.get('peak_reserved_bytes', 0))} on {gpu.name} (torch {summary.get('torch', '?')}, "
+          f"{result.seconds:.1f} s)")
+    if result.status != EXIT_OK:
+        print(f"capture: the trace stops where {result.message}", file=sys.stderr)
+        return result.status
+    print(f"next: allocsim run {shown} --policy pytorch --gpu \"{gpu.name}\"   (allocsim gpus lists GPUs)")
     return 0

@@ -228,17 +228,18 @@ def execute(args: argparse.Namespace, trace: Any = None):
 
     given = parse_bytes(args.capacity) if args.capacity is not None else None
     gpu = _gpu(args)
-    if gpu is not None:
-        from ..gpus import allocator_capacity
-
-        if given is not None:
-            raise ValueError("give --gpu or --capacity, not both")
-        given = allocator_capacity(gpu)
+    if gpu is not None and given is not None:
+        raise ValueError("give --gpu or --capacity, not both")
     cost_model = cost_model_from_args(args)
     name, params = resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf, paddle_flags(args))
     limit = flags_limit_bytes(args)
     site_filter, top = site_options(args) if hasattr(args, "sites") else (None, 0)
     trace = select_device(load_trace(args) if trace is None else trace, args.device)
+    if gpu is not None:
+        from ..gpus import allocator_capacity
+        from ..trace.inference.workspaces import cublas_workspaces_in_trace
+
+        given = allocator_capacity(gpu, cublas_workspaces_in_trace(trace.meta))
     capacity = resolve_capacity(trace, given)
     if limit is not None and (capacity.bytes is None or limit < capacity.bytes):
         # FLAGS_gpu_memory_limit_mb caps the bytes Paddle cudaMallocs, below whatever the device has.
@@ -278,9 +279,11 @@ def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None) -> None:
     ``recorded_device`` says whether ``gpu`` is that card and whether its total is the recorded one.
     """
     from ..gpus import gpu_estimate, recorded_device_check
+    from ..trace.inference.workspaces import cublas_workspaces_in_trace
 
     summary = result.summary
-    estimate = gpu_estimate(gpu, int(summary.get("peak_reserved_bytes") or 0))
+    in_trace = trace is not None and cublas_workspaces_in_trace(trace.meta)
+    estimate = gpu_estimate(gpu, int(summary.get("peak_reserved_bytes") or 0), workspaces_in_trace=in_trace)
     devices = trace.devices if trace is not None else []
     recorded = trace.meta.device_properties.get(str(devices[0])) if len(devices) == 1 else None
     estimate["recorded_device"] = None if recorded is None else recorded_device_check(gpu, devices[0], recorded)
@@ -294,11 +297,18 @@ def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None) -> None:
     notes = [estimate["caveat"]] if estimate["caveat"] else []
     if estimate["recorded_device"] is not None and not estimate["recorded_device"]["total_matches"]:
         notes.append(estimate["recorded_device"]["note"])
+    captured_on = ((trace.meta.version_hints.get("gpu") or {}).get("name") if trace is not None else None)
+    if captured_on and captured_on != gpu.name:
+        estimate["captured_for"] = captured_on
+        notes.append(f"captured for {captured_on}: its kernels' scratch and cuBLAS workspaces are that card's; "
+                     f"capture again with --gpu \"{gpu.name}\" for this one's")
     caveat = f" ({'; '.join(notes)})" if notes else ""
     verdict["line"] = (f"{word} on {gpu.name} ({format_bytes(gpu.total_bytes)}{label}){caveat}: needs "
                        f"{format_bytes(estimate['total_bytes'])} = reserved peak "
-                       f"{format_bytes(estimate['reserved_peak_bytes'])} + cuBLAS workspaces "
-                       f"{format_bytes(estimate['workspace_bytes'])} + libraries "
+                       f"{format_bytes(estimate['reserved_peak_bytes'])}"
+                       + (" (cuBLAS workspaces included)" if in_trace else
+                          f" + cuBLAS workspaces {format_bytes(estimate['workspace_bytes'])}")
+                       + " + libraries "
                        f"{format_bytes(estimate['library_bytes'])} + CUDA context "
                        f"{format_bytes(estimate['context_bytes'])}. " + str(verdict.get("line", "")))
 

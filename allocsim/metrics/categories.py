@@ -7,6 +7,9 @@ each allocation, its lifetime relative to the step, and the state before the win
 rules below are tried in order, the first that matches wins, and each counts the allocations it
 decided (``Categories.rules``), so a user can see on what evidence a byte was named:
 
+0. whatever ``allocsim capture`` named it: a capture knows each parameter, gradient, optimizer
+   state and workspace it recorded, and the phase the rest was made in; it writes the category as
+   the outermost frame of the allocation's stack (``category: parameter`` in ``allocsim-capture``).
 1. ``workspace``: a frame names a library workspace (cuBLAS / cuDNN workspace or handle).
 2. ``optimizer state`` / ``temporary``: made inside an optimizer step (a ``step`` frame in a file
    whose path names ``optim``, Kineto's ``Optimizer.step#...``, Adam's ``_single_tensor_`` /
@@ -60,6 +63,9 @@ _OPTIMIZER = re.compile(r"Optimizer\.step#|optimizer\.step|_single_tensor_(adam|
 _ACCUMULATE = re.compile(r"AccumulateGrad")
 _ENGINE = re.compile(r"torch::autograd::Engine::|autograd::engine::evaluate_function|Backward\d*\b")
 _STEP = re.compile(r"^(\[op\] )?ProfilerStep#\d+$")
+#: The frame a capture names an allocation's category with (``allocsim.torch_capture.session``).
+CAPTURE_FILE = "allocsim-capture"   # not a .py or <...> file: never taken for a code site
+CAPTURE_PREFIX = "category: "
 _BUILD_FILES = ("torch/nn/modules/", "torch/nn/parameter.py")
 _BUILD_NAMES = frozenset({"__init__", "_apply", "to", "cuda", "reset_parameters", "__new__"})
 
@@ -99,6 +105,7 @@ def _stack_flags(trace: Trace) -> dict[str, np.ndarray]:
     st, fr = trace.table("stacks"), trace.table("frames")
     n_stacks = int(st["stack_id"].max()) + 1 if len(st) else 0
     flags = {k: np.zeros(n_stacks, dtype=bool) for k in ("workspace", "optimizer", "accumulate", "engine", "build")}
+    flags["capture"] = np.full(n_stacks, -1, dtype=np.int8)
     if not n_stacks:
         return flags
     names = [str(v) for v in fr["name"].tolist()]
@@ -120,6 +127,10 @@ def _stack_flags(trace: Trace) -> dict[str, np.ndarray]:
     sid = st["stack_id"].astype(np.int64)
     for key, hit in per_frame.items():
         flags[key][sid[hit[rows]]] = True
+    captured = np.array([CATEGORIES.index(n[len(CAPTURE_PREFIX):]) if f == CAPTURE_FILE and n.startswith(CAPTURE_PREFIX)
+                         and n[len(CAPTURE_PREFIX):] in CATEGORIES else -1 for n, f in zip(names, files)], dtype=np.int8)
+    hit = captured[rows] >= 0
+    flags["capture"][sid[hit]] = captured[rows][hit]
     return flags
 
 
@@ -173,6 +184,9 @@ def categorize(trace: Trace, site_filter: SiteFilter | None = None) -> Categorie
 
     workspace, optimizer, accumulate, engine, build = (flag(k) for k in
                                                        ("workspace", "optimizer", "accumulate", "engine", "build"))
+    captured = np.full(n, -1, dtype=np.int8)
+    known = (stacks >= 0) & (stacks < n_stacks)
+    captured[known] = flags["capture"][stacks[known]]
     index = SiteIndex(trace, site_filter or SiteFilter())
     site = index.site_of(stacks)
     # A Kineto step label alone ("ProfilerStep#3") says nothing about the code.
@@ -237,6 +251,8 @@ def categorize(trace: Trace, site_filter: SiteFilter | None = None) -> Categorie
                       "bytes": group_sums(np.zeros(int(np.count_nonzero(hit)), dtype=np.int64), sizes[hit], 1)[0]})
 
     bw_end = np.where(step_born >= 0, backward_end[np.maximum(step_born, 0)], -1)
+    for code, name in enumerate(CATEGORIES):
+        apply(f"named by allocsim capture ({LABELS[name]})", captured == code, code)
     apply("a frame names a library workspace", workspace, WORKSPACE)
     apply("made in an optimizer step, kept past the window", optimizer & ~freed, OPTIMIZER_STATE)
     apply("made in an optimizer step, freed in the window", optimizer & freed, TEMPORARY)

@@ -1,11 +1,13 @@
-"""Run one script under the capture and write its trace: ``python -m allocsim.torch_capture.child OUT STEPS -- SCRIPT ARGS``.
+"""Run one script under the capture, sending its records to ``allocsim capture``: ``python -m allocsim.torch_capture.child -- SCRIPT ARGS``.
 
 ``allocsim capture`` starts this module with the interpreter the user named, so the script sees its
 own environment, ``sys.argv`` and ``__main__`` as with ``python SCRIPT ARGS`` (or ``python -m
-MODULE ARGS``). ``STEPS`` > 0 ends the script after that many optimizer steps (each one is also a
-``ProfilerStep#N`` marker in the trace); 0 runs it to its end. The trace is written even when the
-script stops with an error, so the allocations up to the failure can be studied; the exit status
-says which: 0 the script ended (or reached STEPS), 3 it raised, 2 bad arguments.
+MODULE ARGS``). It needs torch and the standard library only: records go to the parent over a
+private pipe (``channel``), and the parent writes the trace. Settings come from the parent in
+``ALLOCSIM_CAPTURE_CONFIG`` (JSON): ``steps`` (> 0 ends the script after that many optimizer
+steps, each also a ``ProfilerStep#N`` marker) and ``gpu`` (the card's properties). The exit status
+says how the script ended: 0 it ended (or reached ``steps``), 3 it raised, 130 it was interrupted,
+2 the capture could not start (no torch, bad settings).
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import signal
 import sys
 import traceback
 
 EXIT_SCRIPT_FAILED = 3
+EXIT_INTERRUPTED = 130
+EXIT_CANNOT_START = 2
 
 
 class _StepsDone(BaseException):
@@ -36,34 +41,49 @@ def _run(argv: list[str]) -> None:
     runpy.run_path(argv[0], run_name="__main__")
 
 
+def _config() -> dict:
+    text = os.environ.pop("ALLOCSIM_CAPTURE_CONFIG", "") or "{}"
+    try:
+        config = json.loads(text)
+    except ValueError:
+        config = {}
+    return config if isinstance(config, dict) else {}
+
+
 def main(args: list[str]) -> int:
-    if len(args) < 4 or args[2] != "--":
-        print("usage: python -m allocsim.torch_capture.child OUT STEPS -- SCRIPT [ARGS...]", file=sys.stderr)
-        return 2
-    out_path, steps, script = args[0], int(args[1]), args[3:]
+    from .channel import Channel, NullChannel  # noqa: PLC0415
+
+    channel = Channel.from_env() or NullChannel()
+    if not args or args[0] != "--" or len(args) < 2:
+        print("usage: python -m allocsim.torch_capture.child -- SCRIPT [ARGS...] (run by allocsim capture)",
+              file=sys.stderr)
+        return EXIT_CANNOT_START
+    script = args[1:]
+    config = _config()
+    steps = int(config.get("steps") or 0)
+    gpu = config.get("gpu") if isinstance(config.get("gpu"), dict) else {}
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError as exc:
+        channel.send(["D", {"status": "no torch", "error": str(exc), "python": sys.executable}])
+        channel.close()
+        return EXIT_CANNOT_START
     from .cudnn import workspace_ratio  # noqa: PLC0415
 
     try:
-        workspace_ratio()              # refused before torch is imported or the script runs
+        workspace_ratio()              # refused before the script runs
     except ValueError as exc:
-        print(f"allocsim capture: error: {exc}", file=sys.stderr)
-        return 2
+        channel.send(["D", {"status": "bad settings", "error": str(exc)}])
+        channel.close()
+        return EXIT_CANNOT_START
 
-    import torch  # noqa: PLC0415
     from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: PLC0415
 
-    from ..trace import write_trace  # noqa: PLC0415
-    from ..trace.reading.builder import TraceBuilder  # noqa: PLC0415
-    from ..trace.reading.frames import FrameTable  # noqa: PLC0415
-    from ..trace.schema import FRAME_DTYPES, STACK_DTYPES, frame_from_columns  # noqa: PLC0415
-    from . import FORMAT  # noqa: PLC0415
-    from .devicemap import cuda_on_meta  # noqa: PLC0415
+    from .devicemap import HOST_ABSTRACT_BYTES, cuda_on_meta  # noqa: PLC0415
+    from .roles import Roles  # noqa: PLC0415
     from .tracker import StorageTracker  # noqa: PLC0415
 
-    name = " ".join(script)
-    builder = TraceBuilder(out_path, FORMAT)
-    frames = FrameTable(out_path)
-    tracker = StorageTracker(builder, frames)
+    tracker = StorageTracker(channel, gpu)
     done = {"steps": 0}
 
     def after_step(optimizer, _args, _kwargs):
@@ -72,50 +92,67 @@ def main(args: list[str]) -> int:
         if steps and done["steps"] >= steps:
             raise _StepsDone()
 
-    handle = register_optimizer_step_post_hook(after_step)
     status, failure = 0, ""
+    autocast = None
+
+    def finish(status: int, failure: str) -> None:
+        channel.send(["D", {
+            "status": "ok" if not failure else failure, "exit": status,
+            "torch": torch.__version__, "optimizer_steps": done["steps"], "script": script,
+            "allocs": tracker.n_allocs, "frees": tracker.n_frees, "cudnn_workspaces": tracker.n_workspaces,
+            "peak_requested_bytes": tracker.peak_bytes,
+            "cudnn_workspace_ratios": tracker.workspace_ratio._asdict(),
+            "cublas_workspace_bytes": tracker.cublas.bytes,
+            "host_abstract_bytes": HOST_ABSTRACT_BYTES, "gpu": gpu,
+            "autocast": {"source": autocast.source if autocast else "", "casts": autocast.n_casts if autocast else 0,
+                         "cached": autocast.n_cached if autocast else 0,
+                         "missing_ops": autocast.missing if autocast else []},
+        }])
+        channel.close()
+
+    os_exit = os._exit
+
+    def exit_now(code: int) -> None:
+        # os._exit skips every handler: the records sent so far and the summary go first
+        if os.getpid() == channel_pid:
+            tracker.stop()
+            finish(EXIT_SCRIPT_FAILED if code else 0, f"the script called os._exit({code})" if code else "")
+        os_exit(code)
+
+    channel_pid = os.getpid()
+    os._exit = exit_now
     tracker.marker("ProfilerStep#0")
     try:
-        with cuda_on_meta(tracker):
-            _run(script)
+        with Roles(tracker).installed() as roles, cuda_on_meta(tracker, gpu) as autocast:
+            handle = register_optimizer_step_post_hook(after_step)
+            try:
+                _run(script)
+            finally:
+                handle.remove()
+                roles.checkpoint()
     except _StepsDone:
         pass
     except SystemExit as exc:
         if exc.code not in (None, 0):
             status, failure = EXIT_SCRIPT_FAILED, f"the script exited with {exc.code}"
+    except KeyboardInterrupt:
+        status, failure = EXIT_INTERRUPTED, "the script was interrupted (SIGINT)"
     except BaseException as exc:   # the user's code: any error ends the capture, the trace is kept
         status = EXIT_SCRIPT_FAILED
         failure = f"the script raised {type(exc).__name__}: {exc}"
         traceback.print_exc()
     finally:
-        handle.remove()
+        # the records are complete from here on: a second Ctrl-C must not cut them short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         tracker.stop()
-    meta = builder.meta
-    meta.source = os.path.basename(script[1] if script[0] == "-m" else script[0])
-    meta.version_hints.update({"torch": torch.__version__, "capture": "cuda on meta",
-                               "optimizer_steps": done["steps"],
-                               "cudnn_workspace_ratios": tracker.workspace_ratio._asdict()})
-    meta.notes.append(f"allocsim capture of `{name}`: cuda mapped to the meta device; requests are the "
-                      "storages ATen operators create, frees are their release; cuDNN convolution "
-                      f"workspaces are modelled ({tracker.n_workspaces} requests, ratio "
-                      f"{tracker.workspace_ratio.kernel:g} of the larger feature map for kernels larger than "
-                      f"1x1, {tracker.workspace_ratio.pointwise_data:g} of the input for 1x1 backward data, "
-                      "allocsim.torch_capture.cudnn); "
-                      "cuBLAS workspaces are added by run --gpu")
-    if failure:
-        meta.notes.append(f"incomplete: {failure}")
-    trace = builder.finish()
-    tables = frames.tables()
-    trace.frames = frame_from_columns(tables["frames"], FRAME_DTYPES)
-    trace.stacks = frame_from_columns(tables["stacks"], STACK_DTYPES)
-    write_trace(trace, out_path)
-    summary = {"trace": out_path, "allocs": tracker.n_allocs, "frees": tracker.n_frees,
-               "cudnn_workspaces": tracker.n_workspaces,
-               "optimizer_steps": done["steps"], "peak_allocated_bytes": tracker.peak_bytes,
-               "status": "ok" if not failure else failure}
-    print(json.dumps(summary), file=sys.stderr)
+    os._exit = os_exit
+    finish(status, failure)
     return status
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The script's own threads and atexit handlers ran; leave without waiting on foreign threads.
+    sys.exit(code)

@@ -1,4 +1,4 @@
-"""Run a script written for ``cuda`` on the ``meta`` device along the CUDA code path; ``with cuda_on_meta(tracker):``.
+"""Run a script written for ``cuda`` on the ``meta`` device along the CUDA code path: ``with cuda_on_meta(tracker, gpu):``.
 
 Why ``meta`` and not the CPU: a meta tensor has the shape, dtype and storage size the CUDA tensor
 would have and costs nothing to compute, so a full-size model trains in seconds on any machine, and
@@ -10,42 +10,67 @@ What the mapping does, each because the CUDA run does it:
 
 * every ``device`` argument that names ``cuda`` (a string, a ``torch.device``, ``Tensor.cuda()``,
   ``Module.cuda()``) names ``meta`` instead;
-* optimizers take their CUDA default, the multi-tensor ``foreach`` kernels (PyTorch picks them for
-  CUDA parameters and the for-loop for others);
-* ``F.dropout`` in training is ``native_dropout``, CUDA's fused kernel with a one-byte mask, where
-  the generic path would keep a mask of the input's dtype;
+* large CPU tensors are never materialised: a factory without a device (``torch.empty/zeros/randn``,
+  so every ``nn.Module`` built on the CPU) whose result would take ``HOST_ABSTRACT_BYTES`` or more
+  makes an abstract *host* tensor on ``meta`` (no memory, no trace record), and ``.to("cuda")`` of
+  it is a device copy; smaller ones are real CPU tensors, so indices, masks and samplers keep their
+  values. The capture's own memory and time therefore do not grow with the model's size;
+* ``.cpu()`` of a device tensor is a host tensor (abstract when large, zeros when small);
+* reading a value back (``item()``, ``float()``, ``tolist()``, ``numpy()``, printing it with a
+  format) gives zeros: the run's numbers are not computed, only its memory. Data-dependent control
+  flow therefore takes the branch zeros take (a loss is 0.0, a mask is all False);
+* optimizers take their CUDA default, the multi-tensor ``foreach`` kernels;
+* ``F.dropout`` in training is ``native_dropout``, CUDA's fused kernel with a one-byte mask;
 * ``F.scaled_dot_product_attention`` is the kernel PyTorch picks on an Ampere-or-newer GPU: flash
   attention for half precision without a mask, memory-efficient attention for float32 or a float
   mask (no L x L matrix is kept); a boolean mask, ``enable_gqa`` or a head size over 256 keep the
   generic path;
-* reading a value back (``item()``, ``float()``, ``tolist()``, ``.cpu()``, printing it with a format)
-  gives zeros: the run's numbers are not computed, only its memory;
-* ``torch.cuda`` answers as one GPU would (``is_available()`` is true, ``synchronize()`` returns,
-  ``memory_allocated()`` is what the capture holds, ``empty_cache()`` is recorded); pinned memory is
-  ordinary host memory.
+* ``torch.cuda`` answers as the capture's GPU would (``cuda_api``); ``torch.autocast("cuda")``
+  casts as CUDA's autocast does (``autocast``); pinned memory is ordinary host memory;
+  ``Tensor.record_stream`` is a no-op; ``Tensor.is_cuda`` is True for device tensors.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .tracker import CAPTURE_DEVICE, StorageTracker
+from . import cuda_api
+from .autocast import CudaAutocast
+from .tracker import CAPTURE_DEVICE, Recorder, StorageTracker
 
 _META = torch.device(CAPTURE_DEVICE)
+#: A CPU factory result of at least this many bytes stays abstract (an abstract host tensor on meta).
+HOST_ABSTRACT_BYTES = 1 << 20
 #: Tensor methods whose answer is a host value: zeros stand in for the numbers never computed.
 _READBACK = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__float__, torch.Tensor.__int__,
-             torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.__format__}
+             torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.__format__,
+             torch.Tensor.__array__}
+_PARSE_TO = torch._C._nn._parse_to
+#: Functions that make a tensor from a size, on ``device`` (or the CPU when none is given).
+_FACTORIES = {getattr(torch, name) for name in (
+    "empty", "zeros", "ones", "full", "rand", "randn", "randint", "randperm", "arange", "range", "linspace",
+    "logspace", "eye", "empty_strided", "tril_indices", "triu_indices", "bartlett_window",
+    "hann_window", "hamming_window", "blackman_window", "kaiser_window") if hasattr(torch, name)}
 
 
 def _is_cuda(value: Any) -> bool:
     if isinstance(value, torch.device):
         return value.type == "cuda"
     return isinstance(value, str) and (value == "cuda" or value.startswith("cuda:"))
+
+
+def _is_cpu(value: Any) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, torch.device):
+        return value.type == "cpu"
+    return isinstance(value, str) and (value == "cpu" or value.startswith("cpu:"))
 
 
 def _map(value: Any) -> Any:
@@ -63,21 +88,47 @@ def _readback(func: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:
     return func(host, *args[1:], **kwargs)
 
 
+def _nbytes(t: Any) -> int:
+    return t.untyped_storage().nbytes() if isinstance(t, torch.Tensor) else 0
+
+
 class CudaOnMeta(TorchFunctionMode):
-    """The torch-function half of the mapping: device arguments, CUDA kernels' choices, read-backs."""
+    """The torch-function half of the mapping: device arguments, host tensors, CUDA kernels' choices, read-backs."""
+
+    def __init__(self, tracker: StorageTracker):
+        super().__init__()
+        self.tracker = tracker
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
-        if "device" in kwargs:
-            kwargs["device"] = _map(kwargs["device"])
+        tracker = self.tracker
         self_t = args[0] if args and isinstance(args[0], torch.Tensor) else None
         on_meta = self_t is not None and self_t.device.type == CAPTURE_DEVICE
-        if func is torch.Tensor.cuda:
-            return self_t.to(_META, **{k: v for k, v in kwargs.items() if k == "non_blocking"})
-        if on_meta and func in _READBACK:
-            return _readback(func, self_t, args, kwargs)
-        if on_meta and (func is torch.Tensor.cpu or (func is torch.Tensor.to and _to_host(args, kwargs))):
-            return _host_zeros(self_t)
+        if self_t is not None:
+            if func is torch.Tensor.to:
+                target = self._to_target(args, kwargs)
+                if _is_cuda(target):
+                    return self._to_device(self_t, _to_options(args, kwargs))
+                if on_meta and target is not None and _is_cpu(target):
+                    return self_t if tracker.is_host(self_t) else self._to_host(self_t, _to_options(args, kwargs))
+            elif func is torch.Tensor.cuda:
+                return self._to_device(self_t, {k: v for k, v in kwargs.items() if k == "non_blocking"})
+            elif on_meta and func is torch.Tensor.cpu:
+                return self_t if tracker.is_host(self_t) else self._to_host(self_t, {})
+            elif on_meta and func in _READBACK:
+                return _readback(func, self_t, args, kwargs)
+            elif func is torch.Tensor.record_stream:
+                return None
+        if func is _PARSE_TO:           # Module.to's parser: the module moves through Tensor.to below
+            return func(*args, **kwargs)
+        device_arg = kwargs.get("device")
+        if func in _FACTORIES and _is_cpu(device_arg):
+            return self._host_factory(func, args, kwargs)
+        if device_arg is not None:
+            if not _is_cuda(device_arg) and str(device_arg).startswith(CAPTURE_DEVICE):
+                with tracker.host():     # the script's own meta tensors: no memory on any device
+                    return func(*args, **kwargs)
+            kwargs["device"] = _map(device_arg)
         if func is F.dropout and args and _dropout_fused(args, kwargs):
             return _native_dropout(args, kwargs)
         if func is F.scaled_dot_product_attention:
@@ -87,14 +138,56 @@ class CudaOnMeta(TorchFunctionMode):
         args = tuple(_map(a) for a in args)
         return func(*args, **kwargs)
 
+    def _to_target(self, args: tuple, kwargs: dict) -> Any:
+        """Where ``Tensor.to(...)`` sends the tensor (None: it stays where it is)."""
+        target = kwargs.get("device", kwargs.get("other"))
+        if target is None and len(args) > 1 and not isinstance(args[1], (torch.dtype, bool)):
+            target = args[1]
+        if isinstance(target, torch.Tensor):
+            if target.device.type != CAPTURE_DEVICE:
+                return target.device
+            return "cpu" if self.tracker.is_host(target) else "cuda"
+        return target
 
-def _to_host(args: tuple, kwargs: dict) -> bool:
-    target = kwargs.get("device", args[1] if len(args) > 1 else None)
-    if isinstance(target, torch.Tensor):
-        target = target.device
-    if isinstance(target, str):
-        target = torch.device(target)
-    return isinstance(target, torch.device) and target.type == "cpu"
+    def _host_factory(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A CPU factory: abstract on meta when large, a real CPU tensor when small."""
+        meta_kwargs = dict(kwargs, device=_META)
+        meta_kwargs.pop("pin_memory", None)
+        with self.tracker.host():
+            out = func(*args, **meta_kwargs)
+        if isinstance(out, torch.Tensor) and _nbytes(out) < HOST_ABSTRACT_BYTES:
+            return func(*args, **kwargs)
+        return out
+
+    def _to_device(self, t: torch.Tensor, options: dict) -> torch.Tensor:
+        """``t`` (host, abstract or real) copied to the device: always a new device storage."""
+        if t.device.type == CAPTURE_DEVICE and not self.tracker.is_host(t):
+            dtype = options.get("dtype")
+            return t if dtype is None or dtype == t.dtype else t.to(dtype)
+        with self.tracker.to_device():
+            return torch.ops.aten._to_copy.default(
+                t, dtype=options.get("dtype"), device=_META, non_blocking=bool(options.get("non_blocking", False)),
+                memory_format=options.get("memory_format", torch.preserve_format))
+
+    def _to_host(self, t: torch.Tensor, options: dict) -> torch.Tensor:
+        """A device tensor brought to the CPU: abstract when large, zeros when small."""
+        dtype = options.get("dtype") or t.dtype
+        if t.numel() * dtype.itemsize < HOST_ABSTRACT_BYTES:
+            return torch.zeros(t.shape, dtype=dtype)
+        with self.tracker.host():
+            return torch.empty_strided(t.shape, t.stride(), dtype=dtype, device=_META)
+
+
+def _to_options(args: tuple, kwargs: dict) -> dict:
+    options = {k: kwargs[k] for k in ("dtype", "non_blocking", "memory_format") if k in kwargs}
+    for value in args[1:]:
+        if isinstance(value, torch.dtype):
+            options.setdefault("dtype", value)
+        elif isinstance(value, torch.Tensor):
+            options.setdefault("dtype", value.dtype)
+        elif isinstance(value, bool):
+            options.setdefault("non_blocking", value)
+    return options
 
 
 def _dropout_fused(args: tuple, kwargs: dict) -> bool:
@@ -128,6 +221,12 @@ def _fused_attention(args: tuple, kwargs: dict) -> Any:
         return None
     dropout_p, is_causal, scale = given.get("dropout_p", 0.0), given.get("is_causal", False), given.get("scale")
     aten = torch.ops.aten
+    if torch.is_autocast_enabled("cuda") and q.dtype == torch.float32:
+        # autocast casts SDPA's inputs to its dtype before the kernel is chosen
+        low = torch.get_autocast_dtype("cuda")
+        q, k, v = (t.to(low) for t in (q, k, v))
+        if isinstance(mask, torch.Tensor) and mask.is_floating_point():
+            mask = mask.to(low)
     if mask is None and q.dtype in (torch.float16, torch.bfloat16):
         return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
     if mask is None or (isinstance(mask, torch.Tensor) and mask.dtype == q.dtype):
@@ -139,12 +238,16 @@ def _fused_attention(args: tuple, kwargs: dict) -> Any:
 
 @contextlib.contextmanager
 def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
-    old = getattr(owner, name)
+    missing = object()
+    old = owner.__dict__.get(name, missing) if isinstance(owner, type) else getattr(owner, name, missing)
     setattr(owner, name, value)
     try:
         yield
     finally:
-        setattr(owner, name, old)
+        if old is missing:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, old)
 
 
 def _foreach_devices_with_meta(original):
@@ -153,44 +256,66 @@ def _foreach_devices_with_meta(original):
     return supported
 
 
+class ThreadModes:
+    """The modes a thread runs the script under: the function mode, the recorder, and autocast's key."""
+
+    def __init__(self, tracker: StorageTracker, autocast: CudaAutocast):
+        self.tracker = tracker
+        self.autocast = autocast
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        """Enter the capture in the calling thread (the main thread, or a thread the script started)."""
+        self.autocast.enable_thread()
+        with Recorder(self.tracker), CudaOnMeta(self.tracker):
+            yield
+
+
+def _threads_captured(modes: ThreadModes) -> Any:
+    """``Thread._bootstrap_inner`` that runs every new thread under the capture (a GPU sees every thread's work)."""
+    original = threading.Thread._bootstrap_inner
+
+    def bootstrap_inner(self: threading.Thread) -> None:
+        with modes.entered():
+            original(self)
+    return bootstrap_inner
+
+
 @contextlib.contextmanager
-def cuda_on_meta(tracker: StorageTracker, total_bytes: int = 80 << 30) -> Iterator[None]:
-    """Map ``cuda`` to ``meta`` and answer ``torch.cuda`` as one GPU of ``total_bytes`` would, inside the block."""
+def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> Iterator[CudaAutocast]:
+    """Map ``cuda`` to ``meta`` and answer ``torch.cuda`` as ``gpu`` would, inside the block (this thread and those it starts)."""
     import torch.optim.optimizer as optimizer_mod   # noqa: PLC0415
 
-    cuda = torch.cuda
-    shims = {
-        "is_available": lambda: True,
-        "device_count": lambda: 1,
-        "current_device": lambda: 0,
-        "set_device": lambda device: None,
-        "synchronize": lambda device=None: None,
-        "empty_cache": tracker.empty_cache,
-        "memory_allocated": lambda device=None: tracker.live_bytes,
-        "max_memory_allocated": lambda device=None: tracker.peak_bytes,
-        "reset_peak_memory_stats": lambda device=None: setattr(tracker, "peak_bytes", tracker.live_bytes),
-        "mem_get_info": lambda device=None: (total_bytes - tracker.live_bytes, total_bytes),
-        "get_device_name": lambda device=None: "allocsim capture (cuda on meta)",
-        "manual_seed": lambda seed: None,
-        "manual_seed_all": lambda seed: None,
-    }
+    gpu = dict(gpu or {})
+    autocast = CudaAutocast(tracker.is_device)
+    autocast.install()
+    modes = ThreadModes(tracker, autocast)
+    clear_autocast_cache = torch.clear_autocast_cache
+
+    def clear_both() -> None:
+        clear_autocast_cache()
+        autocast.clear_cache()
+
     # torch.accelerator is what the DataLoader's pin-memory thread and newer code ask instead
     accelerator_shims = {"is_available": lambda: True, "device_count": lambda: 1,
                          "current_device_index": lambda: 0, "set_device_index": lambda device: None,
                          "synchronize": lambda device=None: None}
     accelerator = getattr(torch, "accelerator", None)
     with contextlib.ExitStack() as stack:
-        for name, fn in shims.items():
-            stack.enter_context(_patched(cuda, name, fn))
+        for (owner, name), fn in cuda_api.shims(tracker, gpu).items():
+            stack.enter_context(_patched(owner, name, fn))
         for name, fn in accelerator_shims.items():
             if accelerator is not None and hasattr(accelerator, name):
                 stack.enter_context(_patched(accelerator, name, fn))
+        stack.enter_context(_patched(torch, "clear_autocast_cache", clear_both))
         stack.enter_context(_patched(torch.Tensor, "pin_memory", lambda self, *a, **k: self))
+        stack.enter_context(_patched(torch.Tensor, "is_pinned", lambda self, *a, **k: False))
+        stack.enter_context(_patched(torch.Tensor, "is_cuda", property(tracker.is_device)))
         stack.enter_context(_patched(optimizer_mod, "_get_foreach_kernels_supported_devices",
                                      _foreach_devices_with_meta(optimizer_mod._get_foreach_kernels_supported_devices)))
         for name in ("_accelerator_graph_capture_health_check", "_cuda_graph_capture_health_check"):
             if hasattr(torch.optim.Optimizer, name):   # asks the driver whether a graph is being captured
                 stack.enter_context(_patched(torch.optim.Optimizer, name, lambda self: None))
-        stack.enter_context(tracker)
-        stack.enter_context(CudaOnMeta())
-        yield
+        stack.enter_context(_patched(threading.Thread, "_bootstrap_inner", _threads_captured(modes)))
+        stack.enter_context(modes.entered())
+        yield autocast

@@ -1,14 +1,26 @@
-"""Record the device storages ATen operators create and release; ``StorageTracker(builder)`` as a dispatch mode.
+"""Record the device storages ATen operators create and release: ``StorageTracker(channel, gpu)`` plus a ``Recorder`` per thread.
 
-A dispatch mode sees each ATen operator below autograd, where the CUDA backend would run it: a new
-storage in an output is a request to the caching allocator of exactly ``storage.nbytes()`` bytes
-(the allocator rounds it, the simulator applies that rule). Views share their base's storage and are
-not requests; zero-byte storages are never requested (the allocator returns a null pointer). PyTorch
-keeps a storage's Python object alive as long as the storage itself, so a weak reference's callback
-is the moment the CUDA run would hand the block back to the allocator. A storage that an ``out=``
-or ``resize_`` operator grows is a free of the old block followed by a request for the new size, as
-the CUDA resize does. Each request carries the Python stack of the script (innermost first) below a
-frame naming the operator; operators the autograd engine runs have only that frame.
+A dispatch mode (``Recorder``) sees each ATen operator below autograd, where the CUDA backend would
+run it: a new storage in an output is a request to the caching allocator of exactly
+``storage.nbytes()`` bytes (the allocator rounds it, the simulator applies that rule). Views share
+their base's storage and are not requests; zero-byte storages are never requested (the allocator
+returns a null pointer). PyTorch keeps a storage's Python object alive as long as the storage
+itself, so a weak reference's callback is the moment the CUDA run would hand the block back. A
+storage that an ``out=`` or ``resize_`` operator grows is a free of the old block followed by a
+request for the new size, as the CUDA resize does.
+
+Two kinds of ``meta`` storage live side by side (see ``devicemap``): *device* storages, which a CUDA
+run would hold in GPU memory (recorded), and *host* storages, the abstract stand-ins for large CPU
+tensors a script builds before moving them to ``cuda`` (never recorded: they cost the capture no
+memory, and the GPU run holds them on the host). An operator's outputs are host storages when it
+runs under ``host()`` (a CPU factory, ``.cpu()``) or when every meta tensor it reads is one; a copy
+under ``to_device()`` is always a device request.
+
+Beside the operators' own outputs the tracker inserts the requests CUDA libraries make through the
+caching allocator: cuDNN convolution workspaces (``cudnn``), one cuBLAS workspace per (handle,
+stream) kept for the life of the process (``cublas``), and the scratch buffers of kernels such as
+reductions (``cuda_scratch``). Each request carries the Python stack of the script (innermost
+first) below a frame naming the operator; operators the autograd engine runs name their node.
 """
 
 from __future__ import annotations
@@ -18,15 +30,16 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, Iterator
+
+import contextlib
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ..trace.reading.builder import TraceBuilder
-from ..trace.reading.frames import FrameTable
-from . import cudnn
+from . import cublas, cudnn
+from .channel import Channel
 
 #: The device the script's ``cuda`` tensors live on during a capture.
 CAPTURE_DEVICE = "meta"
@@ -39,67 +52,114 @@ _CONV = torch.ops.aten.convolution.default
 _CONV_BACKWARD = torch.ops.aten.convolution_backward.default
 #: Synthetic addresses are spaced by the allocator's smallest block so no two live blocks overlap.
 _ADDR_STEP = 512
+#: Phases a request is made in (the parent names categories from them): forward or other code, the
+#: autograd engine's backward, an optimizer's step.
+PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = "f", "b", "o"
 
 
-def _on_capture_device(t: Any) -> bool:
+def _tensors(args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
+    """The tensors among an operator's arguments (and in their lists), without pytree's cost."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, torch.Tensor):
+                    yield item
+
+
+def _on_meta(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == CAPTURE_DEVICE
 
 
-class StorageTracker(TorchDispatchMode):
-    """Turn the script's device storages into alloc/free events of ``builder`` (device 0, stream 0)."""
+class _ThreadFlags(threading.local):
+    host = 0            # > 0: outputs are host storages (a CPU factory, .cpu())
+    device_copy = 0     # > 0: outputs are device storages whatever the inputs (host -> cuda copies)
+    optimizer = 0       # > 0: inside an optimizer's step
 
-    def __init__(self, builder: TraceBuilder, frames: FrameTable):
-        super().__init__()
-        self.builder = builder
-        self.frames = frames
+
+class StorageTracker:
+    """The capture's state: live device storages, host storages, stacks; sends records on ``channel``."""
+
+    def __init__(self, channel: Channel, gpu: dict[str, Any] | None = None):
+        self.channel = channel
+        self.gpu = dict(gpu or {})
         self._lock = threading.RLock()
         self._t0 = time.perf_counter_ns()
         self._last_t_ns = 0
-        self._record = 0
         self._next_addr = _ADDR_STEP
-        # id(storage) -> (weakref, addr, size_bytes); the weakref's callback is the free
-        self._live: dict[int, tuple[weakref.ref, int, int]] = {}
+        # id(storage) -> [weakref, addr, size_bytes, stream, category]; the weakref's callback is the free
+        self._live: dict[int, list[Any]] = {}
+        # id(storage) -> weakref of host (abstract CPU) storages
+        self._host: dict[int, weakref.ref] = {}
+        self._stacks: dict[tuple, int] = {}
+        self.flags = _ThreadFlags()
         self.active = True
         self.live_bytes = 0
         self.peak_bytes = 0
         self.n_allocs = 0
         self.n_frees = 0
+        self.n_workspaces = 0
+        self.n_scratch = 0
+        self.stream_of_thread: dict[int, int] = {}
         self.workspace_ratio = cudnn.workspace_ratio()
         #: Bytes a convolution workspace may take beside the live tensors: a larger one does not fit
-        #: and PyTorch falls back to an engine that needs none. The capture does not know the target
-        #: GPU, so this is the largest memory of a common training card (80 GiB).
-        self.workspace_limit_bytes = 80 << 30
-        self.n_workspaces = 0
+        #: and PyTorch falls back to an engine that needs none.
+        self.workspace_limit_bytes = int(self.gpu.get("total_bytes") or (80 << 30))
+        self.cublas = cublas.Workspaces(self.gpu)
 
-    # ----------------------------------------------------------------- clock and records
+    # ----------------------------------------------------------------- clock, stacks, streams
     def now_ns(self) -> int:
-        # Callbacks come from the autograd engine's threads too: time never goes back in the trace.
+        # Callbacks come from other threads too: time never goes back in the trace.
         t_ns = max(time.perf_counter_ns() - self._t0, self._last_t_ns)
         self._last_t_ns = t_ns
         return t_ns
 
-    def next_record(self) -> int:
-        self._record += 1
-        return self._record
+    def current_stream(self) -> int:
+        """The stream the calling thread issues work on (0 unless the script entered a side stream)."""
+        return self.stream_of_thread.get(threading.get_ident(), 0)
 
-    def _stack_id(self, op_name: str) -> int:
-        frames: list[dict[str, Any]] = [{"filename": "aten", "line": 0, "name": op_name}]
-        frame = sys._getframe(2)
-        while frame is not None and len(frames) <= MAX_FRAMES:
-            filename = frame.f_code.co_filename
-            if not filename.startswith(_SKIP_DIRS):
-                frames.append({"filename": filename, "line": frame.f_lineno, "name": frame.f_code.co_name})
-            frame = frame.f_back
-        return self.frames.stack_id(frames, f"op {op_name}")
+    def phase(self) -> str:
+        if torch._C._current_graph_task_id() != -1:
+            return PHASE_BACKWARD
+        return PHASE_OPTIMIZER if self.flags.optimizer else PHASE_FORWARD
 
-    def _alloc(self, storage: Any, size_bytes: int, op_name: str) -> None:
+    def stack_id(self, first: tuple[str, int, str], with_python: bool = True) -> int:
+        """The id of the stack ``first`` + the script's Python frames (innermost first), sent once."""
+        frames = [first]
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            # the autograd engine runs this: name the node as a GPU snapshot's C++ frames do
+            frames.append(("autograd", 0, f"autograd::engine::evaluate_function: {node.name()}"))
+            frames.append(("autograd", 0, "torch::autograd::Engine::thread_main"))
+        elif with_python:
+            frame = sys._getframe(1)
+            while frame is not None and len(frames) <= MAX_FRAMES:
+                filename = frame.f_code.co_filename
+                if not filename.startswith(_SKIP_DIRS):
+                    frames.append((filename, frame.f_lineno, frame.f_code.co_name))
+                frame = frame.f_back
+        key = tuple(frames)
+        stack_id = self._stacks.get(key)
+        if stack_id is None:
+            stack_id = self._stacks[key] = len(self._stacks)
+            self.channel.send(["S", stack_id, [list(f) for f in frames]])
+        return stack_id
+
+    # ----------------------------------------------------------------- requests
+    def _new_addr(self, size_bytes: int) -> int:
         addr = self._next_addr
         self._next_addr += (size_bytes + _ADDR_STEP - 1) // _ADDR_STEP * _ADDR_STEP
+        return addr
+
+    def _alloc(self, storage: Any, size_bytes: int, op_name: str) -> None:
+        addr = self._new_addr(size_bytes)
         key = id(storage)
+        stream = self.current_stream()
         ref = weakref.ref(storage, lambda _ref, key=key: self._released(key))
-        self._live[key] = (ref, addr, size_bytes)
-        self.builder.alloc(self.next_record(), self.now_ns(), 0, 0, addr, size_bytes,
-                           stack_id=self._stack_id(op_name))
+        self._live[key] = [ref, addr, size_bytes, stream, None]
+        self.channel.send(["A", self.now_ns(), addr, size_bytes, stream, self.stack_id(("aten", 0, op_name)),
+                           self.phase()])
         self.n_allocs += 1
         self.live_bytes += size_bytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
@@ -108,8 +168,8 @@ class StorageTracker(TorchDispatchMode):
         entry = self._live.pop(key, None)
         if entry is None:
             return
-        _ref, addr, size_bytes = entry
-        self.builder.free(self.next_record(), self.now_ns(), 0, 0, addr)
+        _ref, addr, size_bytes, stream, _category = entry
+        self.channel.send(["F", self.now_ns(), addr, stream])
         self.n_frees += 1
         self.live_bytes -= size_bytes
 
@@ -118,6 +178,114 @@ class StorageTracker(TorchDispatchMode):
             if self.active:
                 self._free(key)
 
+    def _host_released(self, key: int) -> None:
+        self._host.pop(key, None)
+
+    def scratch(self, size_bytes: int, name: str, source: str = "cuda", *, category: str = "workspace",
+                keep: bool = False) -> int:
+        """A request a CUDA library or kernel (``source``) makes beside an operator's outputs; freed at once unless ``keep``.
+
+        Its stack's first frame is ``name`` in ``source``. Returns the block's address (kept blocks
+        stay live to the end of the trace).
+        """
+        addr = self._new_addr(size_bytes)
+        stream = self.current_stream()
+        stack_id = self.stack_id((source, 0, name), with_python=keep)
+        self.channel.send(["A", self.now_ns(), addr, size_bytes, stream, stack_id, self.phase()])
+        self.channel.send(["C", addr, category])
+        self.n_allocs += 1
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes + size_bytes)
+        if keep:
+            self.live_bytes += size_bytes
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        else:
+            self.channel.send(["F", self.now_ns(), addr, stream])
+            self.n_frees += 1
+        return addr
+
+    def categorize(self, tensor: Any, category: str) -> None:
+        """Say that ``tensor``'s device storage is a ``parameter``, ``gradient``, ``optimizer_state``, ..."""
+        if not _on_meta(tensor):
+            return
+        with self._lock:
+            entry = self._live.get(id(tensor.untyped_storage()))
+            if entry is not None and entry[4] != category:
+                entry[4] = category
+                self.channel.send(["C", entry[1], category])
+
+    # ----------------------------------------------------------------- host and device storages
+    def is_host(self, t: Any) -> bool:
+        """Whether ``t`` is an abstract host tensor (a large CPU tensor the capture keeps on meta)."""
+        return _on_meta(t) and id(t.untyped_storage()) in self._host
+
+    def is_device(self, t: Any) -> bool:
+        """Whether ``t`` stands for a CUDA tensor."""
+        return _on_meta(t) and id(t.untyped_storage()) not in self._host
+
+    def mark_host(self, t: Any) -> None:
+        storage = t.untyped_storage()
+        key = id(storage)
+        if key not in self._host:
+            self._host[key] = weakref.ref(storage, lambda _ref, key=key: self._host_released(key))
+
+    @contextlib.contextmanager
+    def host(self) -> Iterator[None]:
+        """Outputs made inside the block are host storages (not recorded)."""
+        self.flags.host += 1
+        try:
+            yield
+        finally:
+            self.flags.host -= 1
+
+    @contextlib.contextmanager
+    def to_device(self) -> Iterator[None]:
+        """Outputs made inside the block are device storages (a copy of a host tensor to ``cuda``)."""
+        self.flags.device_copy += 1
+        try:
+            yield
+        finally:
+            self.flags.device_copy -= 1
+
+    def _outputs_on_host(self, args: tuple, kwargs: dict) -> bool:
+        if self.flags.device_copy:
+            return False
+        if self.flags.host:
+            return True
+        seen_meta = False
+        for t in _tensors(args, kwargs):
+            if t.device.type == CAPTURE_DEVICE:
+                if id(t.untyped_storage()) not in self._host:
+                    return False
+                seen_meta = True
+        return seen_meta
+
+    # ----------------------------------------------------------------- operators
+    def on_operator(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """Record what ``func`` created (called by the dispatch mode after the operator ran)."""
+        with self._lock:
+            if not self.active:
+                return
+            if self._outputs_on_host(args, kwargs):
+                for t in tree_flatten(out)[0]:
+                    if _on_meta(t):
+                        self.mark_host(t)
+                return
+            # Positional arguments only (how autograd calls them); anything else is recorded plainly.
+            if func is _CONV and len(args) == 9 and not kwargs and _on_meta(args[0]):
+                self._record_convolution(args, out)
+            elif func is _CONV_BACKWARD and len(args) == 11 and not kwargs and _on_meta(args[0]):
+                self._record_convolution_backward(args, out)
+            else:
+                self._record_outputs(func, out)
+            if func in cublas.OPERATORS:
+                self._cublas_workspace()
+
+    def _cublas_workspace(self) -> None:
+        handle = "autograd" if torch._C._current_graph_task_id() != -1 else threading.get_ident()
+        size_bytes = self.cublas.needed(handle, self.current_stream())
+        if size_bytes:
+            self.scratch(size_bytes, cublas.LABEL, "cublas", keep=True)
+
     def _workspace(self, phase: str, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, groups: int) -> None:
         """A cuDNN workspace of this convolution phase: requested and handed back around the kernel."""
         dtype_bytes = x.element_size()
@@ -125,31 +293,8 @@ class StorageTracker(TorchDispatchMode):
                                            self.workspace_ratio)
         if size_bytes <= 0 or size_bytes > self.workspace_limit_bytes - self.live_bytes:
             return
-        addr = self._next_addr
-        self._next_addr += (size_bytes + _ADDR_STEP - 1) // _ADDR_STEP * _ADDR_STEP
-        frames = [{"filename": "cudnn", "line": 0,
-                   "name": cudnn.label(phase, x.shape, w.shape, y.shape, groups, dtype_bytes)}]
-        stack_id = self.frames.stack_id(frames, frames[0]["name"])
-        self.builder.alloc(self.next_record(), self.now_ns(), 0, 0, addr, size_bytes, stack_id=stack_id)
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes + size_bytes)
-        self.builder.free(self.next_record(), self.now_ns(), 0, 0, addr)
-        self.n_allocs += 1
-        self.n_frees += 1
+        self.scratch(size_bytes, cudnn.label(phase, x.shape, w.shape, y.shape, groups, dtype_bytes), "cudnn")
         self.n_workspaces += 1
-
-    # ----------------------------------------------------------------- the dispatch mode
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        with self._lock:
-            if self.active:
-                # Positional arguments only (how autograd calls them); anything else is recorded plainly.
-                if func is _CONV and len(args) == 9 and not kwargs and _on_capture_device(args[0]):
-                    self._record_convolution(args, out)
-                elif func is _CONV_BACKWARD and len(args) == 11 and not kwargs and _on_capture_device(args[0]):
-                    self._record_convolution_backward(args, out)
-                else:
-                    self._record_outputs(func, out)
-        return out
 
     def _record_convolution(self, args: tuple, out: torch.Tensor) -> None:
         # aten.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
@@ -183,31 +328,54 @@ class StorageTracker(TorchDispatchMode):
 
     def _record_outputs(self, func: Any, out: Any) -> None:
         for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor) or t.device.type != CAPTURE_DEVICE:
+            if not _on_meta(t):
                 continue
             storage = t.untyped_storage()
+            key = id(storage)
+            if key in self._host:
+                continue
             size_bytes = int(storage.nbytes())
-            entry = self._live.get(id(storage))
+            entry = self._live.get(key)
             if entry is not None and entry[0]() is storage:
                 if entry[2] == size_bytes:
                     continue
-                self._free(id(storage))        # grown by resize_ or out=: the old block goes back
+                self._free(key)        # grown by resize_ or out=: the old block goes back
             if size_bytes > 0:
                 self._alloc(storage, size_bytes, func.name())
 
+    # ----------------------------------------------------------------- program events
     def marker(self, label: str) -> None:
-        """Record ``label`` (a step boundary) at the current time."""
+        """Record ``label`` (a step boundary, a memory-history call) at the current time."""
         with self._lock:
             if self.active:
-                self.builder.marker(self.next_record(), self.now_ns(), label)
+                self.channel.send(["M", self.now_ns(), label])
+                self.channel.flush()
 
     def empty_cache(self) -> None:
         """Record the script's ``torch.cuda.empty_cache()``."""
         with self._lock:
             if self.active:
-                self.builder.empty_cache(self.next_record(), self.now_ns(), 0)
+                self.channel.send(["E", self.now_ns()])
+
+    def note(self, text: str) -> None:
+        """A fact the trace should carry (something the capture answered differently from a GPU)."""
+        self.channel.send(["N", text])
 
     def stop(self) -> None:
         """Stop recording; storages still alive stay live in the trace (the script ended with them)."""
         with self._lock:
             self.active = False
+
+
+class Recorder(TorchDispatchMode):
+    """The dispatch mode of one thread: every operator's outputs go to the shared ``StorageTracker``."""
+
+    def __init__(self, tracker: StorageTracker):
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.tracker.on_operator(func, args, kwargs, out)
+        return out

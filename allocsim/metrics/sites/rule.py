@@ -280,10 +280,12 @@ class SiteIndex:
             ops = [n for n, f in zip(names, files) if not f and not n.startswith("<built-in")]
             real = [n for n in ops if not _STEP.match(n)]
             return (real or ops or [None])[-1]
-        for n in reversed(names):
+        for n, f in zip(reversed(names), reversed(files)):
             m = _AT_OP.search(n)
             if m:
                 return f"aten::{m.group(1)}"
+            if f == "aten" and n.startswith("aten::"):      # an allocsim capture's operator frame
+                return n
         return None
 
     # ------------------------------------------------------------------ lookups

@@ -283,6 +283,10 @@ class TraceBuilder:
         """Time of the latest event so far (0 before any)."""
         return self._last_t_ns or 0
 
+    def set_stack_id(self, event_index: int, stack_id: int) -> None:
+        """Give event ``event_index`` another stack (a reader that learns more about an allocation later)."""
+        self._cols["stack_id"][event_index] = stack_id
+
     def live_items(self):
         """(device, addr) -> (alloc_id, size_bytes, pending) for allocations alive now."""
         return {_unkey(key): (v[0], v[1], v[2] == _PENDING) for key, v in self._live.items()}
