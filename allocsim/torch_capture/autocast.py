@@ -218,6 +218,33 @@ class CudaAutocast:
         return current
 
     def _kernel(self, overload: Any, policy: str) -> Callable[..., Any]:
+        """The Python kernel of one op: its autocast policy, and the CUDA code path where meta's differs."""
+        if overload in _HALF_TO_FLOAT:
+            return self._softmax_kernel(overload, self._policy_kernel(overload, policy))
+        return self._policy_kernel(overload, policy)
+
+    def _softmax_kernel(self, overload: Any, inner: Callable[..., Any]) -> Callable[..., Any]:
+        """``softmax(x_half, dim, dtype=float32)``: CUDA's fused half-to-float kernel, no float copy of the input.
+
+        ``aten/src/ATen/native/SoftMax.cpp``: a CUDA float16 input asked for float32 output runs
+        ``_softmax(input, dim, half_to_float=True)``; every other case (bfloat16 included, and
+        every tensor on meta) converts the input first. Applied after autocast's own casting.
+        """
+        fused = _HALF_TO_FLOAT[overload]
+        autocast = self
+
+        def kernel(x: Any, dim: int, dtype: Any = None) -> Any:
+            with torch._C._ExcludeDispatchKeyGuard(_KEYSET):
+                if torch.is_autocast_enabled("cuda") and dtype is None and autocast._eligible(x):
+                    dtype = torch.float32          # fp32_set_opt_dtype
+                if dtype == torch.float32 and isinstance(x, torch.Tensor) and x.dtype == torch.float16 \
+                        and autocast.is_device(x):
+                    return fused(x, dim, True)
+            return inner(x, dim, dtype)
+
+        return kernel
+
+    def _policy_kernel(self, overload: Any, policy: str) -> Callable[..., Any]:
         arguments = overload._schema.arguments
         names = [a.name for a in arguments]
         kinds = [_tensor_kind(str(a.type)) for a in arguments]
@@ -261,6 +288,11 @@ class CudaAutocast:
                 return overload(*args, **kwargs)
 
         return kernel
+
+
+#: softmax and log_softmax with a dtype, and the kernels that take half and give float on CUDA.
+_HALF_TO_FLOAT = {torch.ops.aten.softmax.int: torch.ops.aten._softmax.default,
+                  torch.ops.aten.log_softmax.int: torch.ops.aten._log_softmax.default}
 
 
 def _append_dtype_target(overload: Any) -> Any:

@@ -119,7 +119,8 @@ class CudaOnMeta(TorchFunctionMode):
                 return _readback(func, self_t, args, kwargs)
             elif func is torch.Tensor.record_stream:
                 return None
-        if func is _PARSE_TO:           # Module.to's parser: the module moves through Tensor.to below
+        if func is _PARSE_TO or func is torch.device:
+            # a device object stays "cuda" (the script sees its GPU); Module.to moves through Tensor.to above
             return func(*args, **kwargs)
         device_arg = kwargs.get("device")
         if func in _FACTORIES and _is_cpu(device_arg):
