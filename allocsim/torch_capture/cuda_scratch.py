@@ -969,6 +969,12 @@ def scratch_requests(op_name: str, args_meta: Mapping[str, Any], gpu: GpuProps |
             return mse_loss_scratch(inp, target, int(a.get("reduction", 1)), gpu=gpu,
                                     torch_version=torch_version, label=base)
         return []
+    if base == "nll_loss_forward":
+        # NLLLoss.cu nll_loss_forward_out_cuda_template: input/target expect_contiguous, weight.contiguous()
+        _contiguous_copy(reqs, a.get("self"), "nll_loss input")
+        _contiguous_copy(reqs, a.get("target"), "nll_loss target")
+        _contiguous_copy(reqs, a.get("weight"), "nll_loss weight")
+        return reqs.items
     if base == "native_layer_norm":
         _contiguous_copy(reqs, a.get("input"), "layer_norm input")
         _contiguous_copy(reqs, a.get("weight"), "layer_norm weight")
