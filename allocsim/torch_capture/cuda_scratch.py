@@ -26,7 +26,6 @@ turns a list into the alloc/free sequence the CUDA run makes.
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 # ----------------------------------------------------------------------------- dtypes
@@ -845,44 +844,6 @@ def mse_loss_scratch(inp: TensorMeta, target: TensorMeta, reduction: int, *, gpu
     return reqs.items
 
 
-def cublas_workspace_bytes(gpu: GpuProps | str, config: str | None = None,
-                           torch_version: tuple[int, int] = (2, 13)) -> int:
-    """Give the cuBLAS workspace PyTorch allocates per (handle, stream): CublasHandlePool.cpp ``parseChosenWorkspaceSize``.
-
-    ``config`` is ``CUBLAS_WORKSPACE_CONFIG`` (``":4096:8"``: 8 chunks of 4096 KiB). Unset: 32 MiB on
-    compute capability 9.0 (and, in newer PyTorch, 10.x and 12.x), else ``:4096:2:16:8`` = 8,519,680 bytes.
-    """
-    gpu = gpu_props(gpu)
-    if config:
-        import re
-
-        pairs = re.findall(r":([0-9]+):([0-9]+)", config)
-        if pairs:
-            return sum(int(size) * 1024 * int(count) for size, count in pairs)
-    major, minor = gpu.compute_capability
-    big = (major, minor) == (9, 0) or (tuple(torch_version) >= (2, 8) and major in (9, 10, 12))
-    return 4096 * 8 * 1024 if big else 4096 * 1024 * 2 + 16 * 1024 * 8
-
-
-#: Operators that run cuBLAS (through at::cuda::blas), and so take the workspace of their thread's handle.
-CUBLAS_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "_addmm_activation"})
-
-
-class CaptureState:
-    """Remember which (thread, stream) pairs already hold a cuBLAS workspace; pass one per capture."""
-
-    def __init__(self) -> None:
-        self.cublas_keys: set[Any] = set()
-        self._lock = threading.Lock()
-
-    def new_cublas_key(self, key: Any) -> bool:
-        with self._lock:
-            if key in self.cublas_keys:
-                return False
-            self.cublas_keys.add(key)
-            return True
-
-
 # ----------------------------------------------------------------------------- entry point
 
 
@@ -899,9 +860,21 @@ def _tensor_outputs(args: Mapping[str, Any]) -> list[TensorMeta]:
     return [r for r in result if isinstance(r, TensorMeta)]
 
 
+#: Operators other than the reductions whose CUDA kernels may ask for scratch (``scratch_requests``).
+_OTHER_SCRATCH_OPS = frozenset({
+    "count_nonzero", "mse_loss", "smooth_l1_loss", "nll_loss_forward", "native_layer_norm", "_fused_rms_norm",
+    "native_layer_norm_backward", "_fused_rms_norm_backward", "embedding_dense_backward",
+    "_scaled_dot_product_flash_attention_backward", "_flash_attention_backward"})
+
+
+def may_need_scratch(op_name: str) -> bool:
+    """Whether ``scratch_requests`` can give anything for ``op_name`` (``"aten::sum.dim_IntList"``): a cheap filter."""
+    base, _overload = _split_name(op_name)
+    return base in ATEN_REDUCTIONS or base in _OTHER_SCRATCH_OPS
+
+
 def scratch_requests(op_name: str, args_meta: Mapping[str, Any], gpu: GpuProps | str = "H100", *,
-                     torch_version: tuple[int, int] = (2, 13), state: CaptureState | None = None,
-                     thread_key: Any = None) -> list[ScratchRequest]:
+                     torch_version: tuple[int, int] = (2, 13)) -> list[ScratchRequest]:
     """List the caching-allocator requests a CUDA run of one ATen call makes that its meta kernel does not.
 
     ``op_name`` is ``func.name()`` (``"aten::sum.dim_IntList"``); ``args_meta`` maps the schema's
@@ -911,8 +884,8 @@ def scratch_requests(op_name: str, args_meta: Mapping[str, Any], gpu: GpuProps |
         scratch_requests("aten::max.dim", {"self": TensorMeta((512, 10000), (1, 512), "float32"),
                                            "dim": -1, "keepdim": True}, "H100")
 
-    Operators without hidden requests give ``[]``. cuBLAS workspaces need ``state`` (one per capture)
-    and ``thread_key`` (the calling thread): the first matmul of each thread gets one, kept.
+    Operators without hidden requests give ``[]``. cuBLAS workspaces (one per thread and stream, kept)
+    are the capture's ``allocsim.torch_capture.cublas``.
     """
     gpu = gpu_props(gpu)
     base, overload = _split_name(op_name)
@@ -1005,11 +978,6 @@ def scratch_requests(op_name: str, args_meta: Mapping[str, Any], gpu: GpuProps |
             return []
         layout = "bhsd" if base.startswith("_scaled") else "bshd"
         return flash_attention_backward_scratch(q, k, layout=layout, gpu=gpu)
-    if base in CUBLAS_OPS and state is not None:
-        if state.new_cublas_key(thread_key):
-            reqs.kept(cublas_workspace_bytes(gpu, torch_version=torch_version),
-                      "cuBLAS workspace (at::cuda::getNewWorkspace, one per handle and stream)")
-        return reqs.items
     return []
 
 
@@ -1033,12 +1001,12 @@ def _to_meta(value: Any) -> Any:
 
 
 def requests_for_call(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None, out: Any,
-                      gpu: GpuProps | str = "H100", *, torch_version: tuple[int, int] = (2, 13),
-                      state: CaptureState | None = None) -> list[ScratchRequest]:
+                      gpu: GpuProps | str = "H100", *, torch_version: tuple[int, int] = (2, 13)
+                      ) -> list[ScratchRequest]:
     """Call from a TorchDispatchMode after ``out = func(*args, **kwargs)``: the call's hidden CUDA requests.
 
     Binds the arguments to ``func._schema``'s names, describes tensors as ``TensorMeta`` and asks
-    ``scratch_requests``; the thread that runs the call keys the cuBLAS workspace.
+    ``scratch_requests``.
     """
     kwargs = dict(kwargs or {})
     named: dict[str, Any] = {}
@@ -1053,21 +1021,4 @@ def requests_for_call(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any] 
                 named[arg.name] = _to_meta(arg.default_value)
     results = out if isinstance(out, (list, tuple)) else (out,)
     named["result"] = tuple(_to_meta(r) for r in results if hasattr(r, "stride"))
-    return scratch_requests(func.name(), named, gpu, torch_version=torch_version, state=state,
-                            thread_key=_cublas_thread_key())
-
-
-def _cublas_thread_key() -> Any:
-    """The CUDA run's cuBLAS handle owner: the autograd engine's device thread inside backward, else this thread.
-
-    On ``meta`` the engine runs backward in the calling thread; on CUDA it runs it in its device
-    thread, whose cuBLAS handle (and so workspace) is not the forward's.
-    """
-    try:
-        import torch  # noqa: PLC0415
-
-        if torch._C._current_graph_task_id() != -1:
-            return "autograd device thread"
-    except (ImportError, AttributeError):
-        pass
-    return ("thread", threading.get_ident())
+    return scratch_requests(func.name(), named, gpu, torch_version=torch_version)

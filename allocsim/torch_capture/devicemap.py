@@ -27,7 +27,9 @@ What the mapping does, each because the CUDA run does it:
   generic path;
 * ``torch.cuda`` answers as the capture's GPU would (``cuda_api``); ``torch.autocast("cuda")``
   casts as CUDA's autocast does (``autocast``); pinned memory is ordinary host memory;
-  ``Tensor.record_stream`` is a no-op; ``Tensor.is_cuda`` is True for device tensors.
+  ``Tensor.record_stream`` is a no-op; ``Tensor.is_cuda`` is True for device tensors;
+* a tensor the script makes on ``meta`` itself is taken for a CUDA tensor: ``device=x.device`` of a
+  CUDA tensor names ``meta`` during a capture, and the two cannot be told apart.
 """
 
 from __future__ import annotations
@@ -126,9 +128,7 @@ class CudaOnMeta(TorchFunctionMode):
         if func in _FACTORIES and _is_cpu(device_arg):
             return self._host_factory(func, args, kwargs)
         if device_arg is not None:
-            if not _is_cuda(device_arg) and str(device_arg).startswith(CAPTURE_DEVICE):
-                with tracker.host():     # the script's own meta tensors: no memory on any device
-                    return func(*args, **kwargs)
+            # ``device=x.device`` of a CUDA tensor names ``meta`` here: a tensor made on ``meta`` is a CUDA one
             kwargs["device"] = _map(device_arg)
         if func is F.dropout and args and _dropout_fused(args, kwargs):
             return _native_dropout(args, kwargs)

@@ -38,7 +38,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from . import cublas, cudnn
+from . import cublas, cuda_scratch, cudnn
 from .channel import Channel
 
 #: The device the script's ``cuda`` tensors live on during a capture.
@@ -107,6 +107,12 @@ class StorageTracker:
         #: and PyTorch falls back to an engine that needs none.
         self.workspace_limit_bytes = int(self.gpu.get("total_bytes") or (80 << 30))
         self.cublas = cublas.Workspaces(self.gpu)
+        self.scratch_gpu = cuda_scratch.GpuProps(
+            str(self.gpu.get("name", "GPU")), int(self.gpu.get("sm_count") or 108),
+            int(self.gpu.get("max_threads_per_sm") or 2048),
+            compute_capability=(int(self.gpu.get("major", 8)), int(self.gpu.get("minor", 0))))
+        self.torch_version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+        self._scratch_ops: dict[Any, bool] = {}
 
     # ----------------------------------------------------------------- clock, stacks, streams
     def now_ns(self) -> int:
@@ -279,6 +285,32 @@ class StorageTracker:
                 self._record_outputs(func, out)
             if func in cublas.OPERATORS:
                 self._cublas_workspace()
+            elif self._has_scratch(func):
+                self._kernel_scratch(func, args, kwargs, out)
+
+    def _has_scratch(self, func: Any) -> bool:
+        known = self._scratch_ops.get(func)
+        if known is None:
+            known = self._scratch_ops[func] = cuda_scratch.may_need_scratch(func.name())
+        return known
+
+    def _kernel_scratch(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """The requests a CUDA kernel makes beside its outputs (reduction buffers, ...), in the kernel's order."""
+        requests = cuda_scratch.requests_for_call(func, args, kwargs, out, self.scratch_gpu,
+                                                  torch_version=self.torch_version)
+        if not requests:
+            return
+        addrs: dict[int, tuple[int, int]] = {}
+        for action, i in cuda_scratch.scratch_events(requests):
+            request = requests[i]
+            if action == "alloc":
+                addrs[i] = (self.scratch(request.size_bytes, request.label, "cuda", keep=True), request.size_bytes)
+                self.n_scratch += 1
+            else:
+                addr, size_bytes = addrs.pop(i)
+                self.channel.send(["F", self.now_ns(), addr, self.current_stream()])
+                self.n_frees += 1
+                self.live_bytes -= size_bytes
 
     def _cublas_workspace(self) -> None:
         handle = "autograd" if torch._C._current_graph_task_id() != -1 else threading.get_ident()
