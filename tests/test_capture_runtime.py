@@ -121,11 +121,10 @@ def test_a_profiling_script_runs_in_an_interpreter_with_torch_and_nothing_else(t
     figures = json.loads((tmp_path / "figures.json").read_text())
     assert figures["name"] == "H100" and figures["total"] == 85018279936 and figures["sm"] == 132
     assert figures["dtype"] == "torch.bfloat16"                     # autocast ran the linear in bf16
-    # block bytes, as the GPU reports them: every request rounded up to 512 B, here all live
+    # block bytes, as the GPU reports them: the requests live when the script asked, each rounded up to 512 B
     sizes = _allocs(trace)
     assert CUBLAS_HOPPER_BYTES in sizes                             # Hopper's workspace for the forward thread
-    live = sum(-(-s // 512) * 512 for s in sizes) - sum(
-        -(-s // 512) * 512 for s in _freed_sizes(trace))
+    live = sum(-(-s // 512) * 512 for s in _live_sizes_at(trace, "memory snapshot snap.pickle"))
     assert figures["allocated"] == live and figures["peak"] >= live
     assert figures["reserved"] >= figures["allocated"] and figures["reserved"] % (2 << 20) == 0
     labels = [trace.labels[int(i)] for i, k in zip(trace.events["alloc_id"], trace.events["kind"])
@@ -137,10 +136,18 @@ def test_a_profiling_script_runs_in_an_interpreter_with_torch_and_nothing_else(t
     assert int(ev[(ev["kind"] == int(EventKind.ALLOC)) & (ev["size_bytes"] == 4000)]["stream"].iloc[0]) != 0
 
 
-def _freed_sizes(trace) -> list[int]:
+def _live_sizes_at(trace, label: str) -> list[int]:
+    """Sizes of the requests live when the marker ``label`` was recorded."""
+    live: dict[int, int] = {}
     ev = trace.events
-    size_of = dict(zip(ev[ev["kind"] == int(EventKind.ALLOC)]["alloc_id"], ev[ev["kind"] == int(EventKind.ALLOC)]["size_bytes"]))
-    return [size_of[a] for a in ev[ev["kind"] == int(EventKind.FREE_REQUESTED)]["alloc_id"]]
+    for kind, alloc_id, size in zip(ev["kind"], ev["alloc_id"], ev["size_bytes"]):
+        if kind == int(EventKind.ALLOC):
+            live[int(alloc_id)] = int(size)
+        elif kind == int(EventKind.FREE_REQUESTED):
+            live.pop(int(alloc_id), None)
+        elif kind == int(EventKind.MARKER) and trace.labels[int(alloc_id)] == label:
+            return list(live.values())
+    raise AssertionError(f"no marker {label!r}")
 
 
 def test_autocast_casts_inputs_caches_the_weight_copy_and_frees_it_when_the_block_ends(tmp_path):
