@@ -1,0 +1,94 @@
+"""Hostile files and settings of round 3 that gave wrong numbers with a normal exit (issue 33, items 4-7).
+
+Each trace generator writes a file into a folder and returns ``(path, expected)`` as the attack
+suite's generators do (``tests/attack_files.py``): ``expected`` holds what an independent recount of
+the events gives (``allocs``, ``frees``, ``peak_live_with_baseline_bytes``), which ``allocsim info
+--json`` must match, or None where the file must be refused. The recount here follows the running
+total the file itself records, not the reader's inference.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Callable
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+Generator = Callable[[Path, random.Random], tuple[Path, dict | None]]
+
+
+# ------------------------------------------------------------------ item 4: start bytes from one event
+def _paddle_event(ts: int, tid: int, addr: int, inc: int, total: int) -> dict:
+    return {"name": "[memory]", "pid": 7, "tid": f"{tid}(C++)", "ts": ts, "ph": "i",
+            "cat": "Allocate" if inc > 0 else "Free",
+            "args": {"place": "Place(gpu:0)", "addr": str(addr), "increase_bytes": inc, "current_allocated": total,
+                     "current_reserved": 32 * GiB, "peak_allocated": 0, "peak_reserved": 0}}
+
+
+def _kineto_event(ts: int, tid: int, addr: int, nbytes: int, total: int) -> dict:
+    return {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": tid, "ts": ts,
+            "args": {"Addr": addr, "Bytes": nbytes, "Total Allocated": total, "Total Reserved": 32 * GiB,
+                     "Device Type": 1, "Device Id": 0}}
+
+
+def _write(folder: Path, name: str, fmt: str, rows: list[tuple[int, int, int, int, int]]) -> Path:
+    """A Paddle or Kineto file of ``(ts, tid, addr, bytes, total after)`` rows, in the order given."""
+    if fmt == "paddle":
+        events = [_paddle_event(*r) for r in rows]
+        doc = {"schemaVersion": "1.0.2", "span_index": "0", "traceEvents": events, "ExtraInfo": {}}
+    else:
+        doc = {"schemaVersion": 1, "traceEvents": [_kineto_event(*r) for r in rows]}
+    path = folder / f"{name}_{fmt}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _first_total_too_high(fmt: str) -> Generator:
+    def gen(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+        """The first event's total says 30 GiB more than the rest allow: the true peak is 4 MiB."""
+        extra = 30 * GiB + rng.randrange(1 << 20) * 512
+        a, b, c = 0x7F00_0000_0000, 0x7F00_1000_0000, 0x7F00_2000_0000
+        rows = [(10, 1, a, MiB, MiB + extra), (11, 1, b, MiB, 2 * MiB), (12, 1, c, 2 * MiB, 4 * MiB),
+                (13, 1, a, -MiB, 3 * MiB), (14, 1, b, -MiB, 2 * MiB), (15, 1, c, -2 * MiB, 0)]
+        return _write(folder, "first_total_too_high", fmt, rows), {
+            "allocs": 3, "frees": 3, "peak_live_with_baseline_bytes": 4 * MiB, "baseline_live_bytes": 0}
+    gen.__name__ = f"first_total_too_high_{fmt}"
+    return gen
+
+
+def _swapped_threads(fmt: str) -> Generator:
+    def gen(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+        """Two threads' events swapped in time, every total right: the trace peaks at 1 GiB over its start.
+
+        Thread 1 allocates and frees A, then thread 2 allocates B; B's timestamp comes before A's free,
+        while the totals record the order the allocator saw (A freed first).
+        """
+        start = rng.choice([0, 256 * MiB])
+        a, b = 0x7F00_0000_0000, 0x7F00_4000_0000
+        rows = [(10, 1, a, GiB, start + GiB), (11, 2, b, GiB, start + GiB), (12, 1, a, -GiB, start),
+                (13, 2, b, -GiB, start)]
+        expected = {"allocs": 2, "frees": 2, "peak_live_with_baseline_bytes": start + GiB,
+                    "baseline_live_bytes": start}
+        return _write(folder, "swapped_threads", fmt, rows), expected
+    gen.__name__ = f"swapped_threads_{fmt}"
+    return gen
+
+
+def _contradicting_totals(fmt: str) -> Generator:
+    def gen(folder: Path, rng: random.Random) -> tuple[Path, None]:
+        """Totals no start and no swap explain: the window's own events hold 3 GiB where the total says 1 GiB."""
+        a, b, c = 0x7F00_0000_0000, 0x7F00_4000_0000, 0x7F00_8000_0000
+        rows = [(10, 1, a, GiB, GiB), (11, 1, b, GiB, GiB), (12, 1, c, GiB, GiB), (13, 1, a, -GiB, 0)]
+        return _write(folder, "contradicting_totals", fmt, rows), None
+    gen.__name__ = f"contradicting_totals_{fmt}"
+    return gen
+
+
+START_BYTES: dict[str, Generator] = {
+    f"{kind} ({fmt})": make(fmt)
+    for kind, make in (("first total too high", _first_total_too_high), ("swapped threads", _swapped_threads),
+                       ("contradicting totals", _contradicting_totals))
+    for fmt in ("paddle", "kineto")}

@@ -1,0 +1,80 @@
+"""Round 3's wrong numbers with a normal exit (issue 33, items 4-7): each case must give the exact figure or one line."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from allocsim.cli import main
+from allocsim.errors import TraceFormatError
+from allocsim.policies import kernel
+from allocsim.trace import read_trace
+from allocsim.trace.reading import compiled
+from tests.attack_files_round3_numbers import GiB, START_BYTES
+
+ROUTES = ["reference"] + (["compiled"] if compiled.ext is not None else [])
+
+
+def info_json(path, capsys, *extra: str) -> dict:
+    assert main(["info", str(path), "--json", *extra]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+# ------------------------------------------------------------------ item 4: start bytes from one event
+READ_CASES = [name for name in START_BYTES if not name.startswith("contradicting")]
+REFUSED_CASES = [name for name in START_BYTES if name.startswith("contradicting")]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("name", READ_CASES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_start_bytes_are_the_largest_every_event_allows(tmp_path, capsys, name, route, seed):
+    path, expected = START_BYTES[name](tmp_path, random.Random(seed))
+    with kernel.route(route):
+        info = info_json(path, capsys)
+    assert {key: info[key] for key in expected} == expected
+
+
+@pytest.mark.parametrize("fmt", ["paddle", "kineto"])
+def test_swapped_threads_fit_where_the_trace_fits(tmp_path, capsys, fmt):
+    """The issue's realistic case: exit 3 "peak live 2.00 GiB > 1.50 GiB" although the trace peaks at 1 GiB."""
+    path, expected = START_BYTES[f"swapped threads ({fmt})"](tmp_path, random.Random(0))
+    policy = "paddle" if fmt == "paddle" else "pytorch"
+    assert main(["run", str(path), "--policy", policy, "--capacity", "1.5GiB", "--fast", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["verdict"]["fits"] is True
+    assert data["peak_live_lower_bound_bytes"] == expected["peak_live_with_baseline_bytes"]
+    trace = read_trace(path)
+    assert any("pairs of neighbouring events fed in the order" in note for note in trace.meta.notes)
+    assert trace.events["t_ns"].is_monotonic_increasing      # times keep their order; the events moved
+
+
+@pytest.mark.parametrize("fmt", ["paddle", "kineto"])
+def test_a_first_total_no_later_event_allows_is_named_in_a_note(tmp_path, capsys, fmt):
+    path, _ = START_BYTES[f"first total too high ({fmt})"](tmp_path, random.Random(0))
+    assert main(["run", str(path), "--policy", "paddle" if fmt == "paddle" else "pytorch", "--fast", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["peak_live_lower_bound_bytes"] == 4 << 20          # not 30 GiB
+    notes = read_trace(path).meta.notes
+    assert any("the first event's" in n and "the start is 0 bytes" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("name", REFUSED_CASES)
+def test_totals_no_start_explains_are_refused_in_one_line_on_both_routes(tmp_path, capsys, name):
+    path, _ = START_BYTES[name](tmp_path, random.Random(0))
+    lines = []
+    for route in ROUTES:
+        with kernel.route(route), pytest.raises(TraceFormatError) as err:
+            read_trace(path)
+        lines.append(str(err.value))
+        with kernel.route(route):
+            assert main(["info", str(path)]) == 2
+        err_lines = capsys.readouterr().err.strip().splitlines()
+        assert len(err_lines) == 1 and path.name in err_lines[0] and "traceEvents[1]" in err_lines[0]
+    assert len(set(lines)) == 1 and "no start explains the totals" in lines[0]
+    # --lenient replays the events in timestamp order from a start of 0 bytes, and says so.
+    info = info_json(path, capsys, "--lenient")
+    assert info["baseline_live_bytes"] == 0 and info["peak_live_with_baseline_bytes"] == 3 * GiB
+    assert any("no start explains the totals" in r for r in read_trace(path, lenient=True).meta.repairs)
