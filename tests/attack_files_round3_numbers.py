@@ -92,3 +92,57 @@ START_BYTES: dict[str, Generator] = {
     for kind, make in (("first total too high", _first_total_too_high), ("swapped threads", _swapped_threads),
                        ("contradicting totals", _contradicting_totals))
     for fmt in ("paddle", "kineto")}
+
+
+# ------------------------------------------------------------------ item 5: numbers outside ASCII digits
+#: Digits Python's ``int`` / ``float`` read but no setting or trace writes: Arabic-Indic, fullwidth,
+#: a superscript, an underscore.
+ODD_DIGITS = {"arabic-indic": "١٠", "fullwidth": "１０", "superscript": "2²", "underscore": "1_0"}
+
+
+def paddle_odd_number(folder: Path, rng: random.Random, field: str, digits: str) -> tuple[Path, None]:
+    """A Paddle trace whose second event writes ``field`` (increase_bytes, addr or the place's index) in ``digits``."""
+    rows = [(10, 1, 0x1000, MiB, MiB), (11, 1, 0x2000, MiB, 2 * MiB), (12, 1, 0x1000, -MiB, MiB)]
+    events = [_paddle_event(*r) for r in rows]
+    args = events[1]["args"]
+    if field == "place":
+        args["place"] = f"Place(gpu:{digits})"
+    else:
+        args[field] = digits + "48576" if field == "increase_bytes" else digits
+    doc = {"schemaVersion": "1.0.2", "span_index": "0", "traceEvents": events, "ExtraInfo": {}}
+    path = folder / f"odd_number_{field}_{rng.randrange(1 << 20)}.json"
+    path.write_text(json.dumps(doc, ensure_ascii=rng.random() < 0.5))
+    return path, None
+
+
+#: Hostile numeric settings: (command-line options, what the one-line error must say). Each names the setting.
+HOSTILE_SETTINGS: dict[str, tuple[list[str], str]] = {
+    "flags limit past any device": (["--policy", "paddle", "--flags", "FLAGS_gpu_memory_limit_mb=" + "9" * 23],
+                                    "FLAGS_gpu_memory_limit_mb must be in [0, 1,073,741,824]"),
+    "flags gb 1e300": (["--policy", "paddle", "--flags", "FLAGS_eager_delete_tensor_gb=1e300"],
+                       "FLAGS_eager_delete_tensor_gb must be <= 1,048,576"),
+    "flags gb 1e400": (["--policy", "paddle", "--flags", "FLAGS_eager_delete_tensor_gb=1e400"],
+                       "FLAGS_eager_delete_tensor_gb: '1e400' is past the range of a number"),
+    "flags 5000 digits": (["--policy", "paddle", "--flags", "FLAGS_initial_gpu_memory_in_mb=" + "9" * 5000],
+                          "FLAGS_initial_gpu_memory_in_mb must be in"),
+    "policy threshold past any device": (["--policy", "deferred-gc:threshold:" + "9" * 23],
+                                         "parameter threshold='" + "9" * 23 + "': must be <= 1,125,899,906,842,624"),
+    "policy threshold 5000 digits": (["--policy", "deferred-gc:threshold:" + "9" * 5000], "parameter threshold="),
+    "alloc-conf mb past any device": (["--policy", "pytorch", "--alloc-conf", "max_split_size_mb:" + "9" * 20],
+                                      "max_split_size_mb must be in [0, 1,073,741,824]"),
+    "alloc-conf fraction 1e400": (["--policy", "pytorch", "--alloc-conf", "per_process_memory_fraction:1e400"],
+                                  "per_process_memory_fraction: '1e400' is past the range of a number"),
+    **{f"flags {kind} mb": (["--policy", "paddle", "--flags", f"FLAGS_auto_growth_chunk_size_in_mb={d}"],
+                            "FLAGS_auto_growth_chunk_size_in_mb takes a whole number of MB (MiB) in ASCII digits")
+       for kind, d in ODD_DIGITS.items()},
+    **{f"flags {kind} gb": (["--policy", "paddle", "--flags", f"FLAGS_eager_delete_tensor_gb={d}"],
+                            "FLAGS_eager_delete_tensor_gb takes a number in ASCII digits")
+       for kind, d in ODD_DIGITS.items()},
+    **{f"alloc-conf {kind}": (["--policy", "pytorch", "--alloc-conf", f"garbage_collection_threshold:0.{d}"],
+                              "garbage_collection_threshold takes a number in ASCII digits")
+       for kind, d in ODD_DIGITS.items()},
+    **{f"policy {kind} size": (["--policy", f"paddle:chunk_size:{d}MiB"], "parameter chunk_size=")
+       for kind, d in ODD_DIGITS.items()},
+    **{f"set {kind} size": (["--policy", "paddle", "--set", f"chunk_size={d}MiB"], "parameter chunk_size=")
+       for kind, d in ODD_DIGITS.items()},
+}

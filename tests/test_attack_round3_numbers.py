@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -12,8 +13,10 @@ from allocsim.errors import TraceFormatError
 from allocsim.policies import kernel
 from allocsim.trace import read_trace
 from allocsim.trace.reading import compiled
-from tests.attack_files_round3_numbers import GiB, START_BYTES
+from tests.attack_files_round3_numbers import GiB, HOSTILE_SETTINGS, ODD_DIGITS, START_BYTES, paddle_odd_number
 
+ROOT = Path(__file__).resolve().parents[1]
+SMALL_PADDLE = ROOT / "traces" / "paddle" / "resnet_fp32.json.gz"
 ROUTES = ["reference"] + (["compiled"] if compiled.ext is not None else [])
 
 
@@ -78,3 +81,45 @@ def test_totals_no_start_explains_are_refused_in_one_line_on_both_routes(tmp_pat
     info = info_json(path, capsys, "--lenient")
     assert info["baseline_live_bytes"] == 0 and info["peak_live_with_baseline_bytes"] == 3 * GiB
     assert any("no start explains the totals" in r for r in read_trace(path, lenient=True).meta.repairs)
+
+
+# ------------------------------------------------------------------ item 5: one number syntax for settings
+@pytest.mark.parametrize("name", sorted(HOSTILE_SETTINGS))
+def test_hostile_numeric_settings_are_refused_in_one_line_naming_them(capsys, monkeypatch, name):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    argv, message = HOSTILE_SETTINGS[name]
+    assert main(["run", str(SMALL_PADDLE), *argv, "--fast"]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], err[-600:]
+    assert len(lines[0]) < 400 and "Traceback" not in err
+    # Python's own wording never reaches the user.
+    assert not any(s in err for s in ("invalid literal", "could not convert", "OverflowError", "Exceeds the limit"))
+
+
+def test_settings_in_range_still_read():
+    from allocsim.settings.alloc_conf import parse_alloc_conf
+    from allocsim.settings.paddle_flags import parse_flags
+    from allocsim.policies.registry import accepted_params, parse_param
+
+    flags = parse_flags("FLAGS_gpu_memory_limit_mb=1073741824,FLAGS_eager_delete_tensor_gb=+1e-3")
+    assert flags.limit_bytes == 1 << 50 and flags.params["threshold"] == int(1e-3 * GiB)
+    assert parse_flags("FLAGS_eager_delete_tensor_gb=1048576").params["threshold"] == 1 << 50
+    assert parse_alloc_conf("max_split_size_mb:+0256,garbage_collection_threshold:.5").params == {
+        "max_split_size": 256 << 20, "garbage_collection_threshold": 0.5}
+    threshold = next(p for p in accepted_params("deferred-gc") if p.name == "threshold")
+    assert parse_param(threshold, "1024TiB") == 1 << 50 and parse_param(threshold, 1 << 50) == 1 << 50
+    with pytest.raises(ValueError, match="parameter threshold=1125899906842625: must be <= 1,125,899,906,842,624"):
+        parse_param(threshold, (1 << 50) + 1)
+
+
+@pytest.mark.parametrize("field", ["increase_bytes", "addr", "place"])
+@pytest.mark.parametrize("kind", sorted(ODD_DIGITS))
+def test_paddle_numbers_take_ascii_digits_only(tmp_path, field, kind):
+    path, _ = paddle_odd_number(tmp_path, random.Random(0), field, ODD_DIGITS[kind])
+    with pytest.raises(TraceFormatError) as err:
+        read_trace(path)
+    said = str(err.value)
+    assert path.name in said and "traceEvents[1]" in said and "\n" not in said
+    assert {"increase_bytes": "increase_bytes is not an integer", "addr": "addr is not a 64-bit integer",
+            "place": "is not modelled"}[field] in said

@@ -75,7 +75,7 @@ FRAME_CATEGORIES = frozenset({"Operator", "OperatorInner", "UserDefined", "Pytho
 PADDLE_MEMORY_KEYS = ("increase_bytes", "current_allocated", "place")
 PINNED_DEVICE = -2
 XPU_TYPE = 12
-_PLACE = re.compile(r"Place\(([a-z_]{1,32})(?::(\d{1,3}))?\)")
+_PLACE = re.compile(r"Place\(([a-z_]{1,32})(?::([0-9]{1,3}))?\)")      # ASCII digits: not Place(gpu:٠)
 _DURATION_SUFFIX = re.compile(r"\[[0-9.]{1,32} ?(?:ns|us|ms|s)\]$")
 _RESERVED = 3          # a ReservedAllocate / ReservedFree record: series only, never fed
 
