@@ -146,3 +146,25 @@ HOSTILE_SETTINGS: dict[str, tuple[list[str], str]] = {
     **{f"set {kind} size": (["--policy", "paddle", "--set", f"chunk_size={d}MiB"], "parameter chunk_size=")
        for kind, d in ODD_DIGITS.items()},
 }
+
+
+# ------------------------------------------------------------------ item 6: scale given one recording twice
+def same_recording_twice(folder: Path, rng: random.Random) -> tuple[list[str], None]:
+    """``scale`` specs naming one Kineto recording twice: once as written, once as a gzipped copy at another value."""
+    import gzip
+
+    rows, t, live = [], 10, []
+    for i in range(rng.randint(4, 12)):
+        addr = 0x7F00_0000_0000 + i * 0x100_0000
+        size = rng.choice([512, 4096, MiB])
+        live.append((addr, size))
+        rows.append((t, 1, addr, size, sum(s for _, s in live)))
+        t += 1
+    while live:
+        addr, size = live.pop()
+        rows.append((t, 1, addr, -size, sum(s for _, s in live)))
+        t += 1
+    path = _write(folder, "one_recording", "kineto", rows)
+    copy = folder / "renamed_copy.json.gz"
+    copy.write_bytes(gzip.compress(path.read_bytes()))
+    return [f"{path}@2", f"{copy}@4"], None

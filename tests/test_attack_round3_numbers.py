@@ -13,7 +13,9 @@ from allocsim.errors import TraceFormatError
 from allocsim.policies import kernel
 from allocsim.trace import read_trace
 from allocsim.trace.reading import compiled
-from tests.attack_files_round3_numbers import GiB, HOSTILE_SETTINGS, ODD_DIGITS, START_BYTES, paddle_odd_number
+from tests.attack_files_round3_numbers import (
+    GiB, HOSTILE_SETTINGS, ODD_DIGITS, START_BYTES, paddle_odd_number, same_recording_twice,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_PADDLE = ROOT / "traces" / "paddle" / "resnet_fp32.json.gz"
@@ -123,3 +125,34 @@ def test_paddle_numbers_take_ascii_digits_only(tmp_path, field, kind):
     assert path.name in said and "traceEvents[1]" in said and "\n" not in said
     assert {"increase_bytes": "increase_bytes is not an integer", "addr": "addr is not a 64-bit integer",
             "place": "is not modelled"}[field] in said
+
+
+# ------------------------------------------------------------------ item 6: scale given one recording twice
+def test_scale_refuses_one_recording_at_two_values(tmp_path, capsys):
+    specs, _ = same_recording_twice(tmp_path, random.Random(0))
+    first = specs[0].rsplit("@", 1)[0]
+    for pair in (specs, [specs[0], f"{first}@3"]):       # a renamed gzipped copy, and the same path twice
+        assert main(["scale", *pair, "--to", "8", "-o", str(tmp_path / "out.parquet")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "hold the same events" in err[0], err
+        assert "record the program once per value" in err[0] and "TRACE@VALUE" in err[0]
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_scale_compares_content_not_paths(tmp_path):
+    """A Parquet conversion of a recording is the same recording; two recordings that differ only in time are not."""
+    from allocsim.scale import load_input
+    from allocsim.scale.inputs import recording_digest
+    from allocsim.trace import write_trace
+
+    specs, _ = same_recording_twice(tmp_path, random.Random(1))
+    path = specs[0].rsplit("@", 1)[0]
+    trace = read_trace(path)
+    write_trace(trace, tmp_path / "converted.parquet")
+    assert recording_digest(read_trace(tmp_path / "converted.parquet")) == recording_digest(trace)
+    rerun = read_trace(path)
+    rerun.events = trace.events.assign(t_ns=trace.events["t_ns"] + 1000)     # the same sizes, another run
+    assert recording_digest(rerun) != recording_digest(trace)
+    with pytest.raises(Exception, match="hold the same events"):
+        from allocsim.scale.build import Scaler
+        Scaler([load_input(path, 2), load_input(str(tmp_path / "converted.parquet"), 4)], "batch")
