@@ -168,3 +168,27 @@ def same_recording_twice(folder: Path, rng: random.Random) -> tuple[list[str], N
     copy = folder / "renamed_copy.json.gz"
     copy.write_bytes(gzip.compress(path.read_bytes()))
     return [f"{path}@2", f"{copy}@4"], None
+
+
+# ------------------------------------------------------------------ item 7: byte counts past 2**53 in the report
+#: Nine live allocations of 2**50 - 1 bytes: 10,133,099,161,583,607 bytes live, a JavaScript Number reads ...608.
+HUGE_ALLOCATIONS = 9
+HUGE_SIZE_BYTES = (1 << 50) - 1
+
+
+def huge_live_bytes_trace(folder: Path, rng: random.Random) -> tuple[Path, dict]:
+    """An allocsim Parquet trace whose peak live bytes (and sums of them) are past 2**53, each exact in the file."""
+    from allocsim.trace import write_trace
+    from allocsim.trace.reading.builder import TraceBuilder
+
+    builder = TraceBuilder("huge", "test")
+    base = 1 << 52
+    for i in range(HUGE_ALLOCATIONS):
+        builder.alloc(i, 1000 * (i + 1), 0, 0, base + i * (1 << 51), HUGE_SIZE_BYTES - rng.randrange(2) * 512)
+    for i in range(HUGE_ALLOCATIONS):
+        builder.free(HUGE_ALLOCATIONS + i, 1000 * (HUGE_ALLOCATIONS + i + 1), 0, 0, base + i * (1 << 51))
+    trace = builder.finish()
+    path = folder / f"huge_live_{rng.randrange(1 << 20)}.parquet"
+    write_trace(trace, path)
+    sizes = trace.events.query("kind == 1")["size_bytes"].tolist()
+    return path, {"allocs": HUGE_ALLOCATIONS, "frees": HUGE_ALLOCATIONS, "peak_live_bytes": sum(sizes)}

@@ -14,7 +14,7 @@ from allocsim.policies import kernel
 from allocsim.trace import read_trace
 from allocsim.trace.reading import compiled
 from tests.attack_files_round3_numbers import (
-    GiB, HOSTILE_SETTINGS, ODD_DIGITS, START_BYTES, paddle_odd_number, same_recording_twice,
+    GiB, HOSTILE_SETTINGS, ODD_DIGITS, START_BYTES, huge_live_bytes_trace, paddle_odd_number, same_recording_twice,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,3 +156,68 @@ def test_scale_compares_content_not_paths(tmp_path):
     with pytest.raises(Exception, match="hold the same events"):
         from allocsim.scale.build import Scaler
         Scaler([load_input(path, 2), load_input(str(tmp_path / "converted.parquet"), 4)], "batch")
+
+
+# ------------------------------------------------------------------ item 7: the report's byte counts past 2**53
+JS_SAFE = (1 << 53) - 1
+
+
+def _numbers(value):
+    """Every int and numeric string in the page's data, walked plainly."""
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _numbers(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _numbers(v)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        yield value
+
+
+@pytest.fixture(scope="module")
+def huge_report(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("huge")
+    path, expected = huge_live_bytes_trace(folder, random.Random(0))
+    out = folder / "report.html"
+    assert main(["report", str(path), "--policy", "pytorch", "-o", str(out)]) == 0
+    return out, expected["peak_live_bytes"], read_trace(path)
+
+
+def test_report_data_carries_byte_counts_past_2_53_exactly(huge_report):
+    from tests.test_report import page_data
+
+    out, peak, trace = huge_report
+    assert peak > JS_SAFE and peak % 2 == 1          # a JavaScript Number would round it
+    data = page_data(out.read_text(encoding="utf-8"))
+    assert all(abs(n) <= JS_SAFE for n in _numbers(data)), "a JSON number past 2**53 loses digits in the page"
+    run = data["runs"][0]
+    assert run["peak_requested_bytes"] == run["lower_bound_bytes"] == str(peak)
+    assert sum(int(v) for v in run["categories"]["at_peak"].values()) == peak
+    sizes = sorted(int(row[1]) for row in data["allocs"])
+    assert sizes == sorted(trace.events.query("kind == 1")["size_bytes"].tolist())
+    assert max(int(v) for v in data["timelines"]["live"]) == peak
+
+
+@pytest.mark.full
+def test_report_shows_exact_byte_counts_in_chromium(huge_report):
+    from tests.test_report import _chrome
+
+    out, peak, _ = huge_report
+    browser = _chrome()
+    try:
+        browser.get(out.as_uri())
+        assert browser.execute_script("return document.body.dataset.ready") == "1"
+        assert [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")] == []
+        shown = f"{peak:,}"
+        assert shown in browser.execute_script("return document.getElementById('summary').innerText")
+        assert shown in browser.execute_script("return document.getElementById('cats').innerText")
+        # The tooltips: an allocation's size, and the timeline's value at the peak column.
+        rows = browser.execute_script("return D.allocs.map((a, i) => [String(a[1]), allocText(i)])")
+        assert rows and all(f"({int(size):,} bytes)" in text for size, text in rows)
+        tips = browser.execute_script(
+            "const j = TL.series.findIndex(s => s.name.startsWith('live')); const col = TL.cols[j];"
+            "const p = col.indexOf(Math.max(...col)); return both(TL.series[j].v[TL.ats[j][p]]);")
+        assert tips.endswith(f"({shown} bytes)")
+        assert browser.execute_script("return exact('" + str(peak) + "')") == shown
+    finally:
+        browser.quit()
