@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from .errors import quote
+
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
@@ -21,6 +23,8 @@ _UNITS = {
 #: A bare prefix is ambiguous: nvidia-smi, PyTorch (``_mb``) and most people mean 1024-based units
 #: by it, disk vendors 1000-based ones; one GiB versus one GB is a 7 % error in a capacity.
 _AMBIGUOUS = {"k": "K", "m": "M", "g": "G", "t": "T"}
+#: Characters a size may take: more is never a size (and ``int`` refuses past 4,300 digits).
+_SIZE_CHARS = 64
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -34,6 +38,8 @@ def parse_bytes(text: str | int) -> int:
         if text < 0:
             raise ValueError(f"size must be >= 0, got {text}")
         return text
+    if not str(text).isascii() or len(str(text)) > _SIZE_CHARS:
+        raise ValueError(f"not a size: {quote(str(text))} (ASCII digits and a unit, such as 4096, 512MiB, 80GiB)")
     match = _SIZE_RE.match(str(text))
     if match and match.group(2).lower() in _AMBIGUOUS:
         number, prefix = match.group(1), _AMBIGUOUS[match.group(2).lower()]

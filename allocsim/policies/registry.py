@@ -18,8 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+import math
+
 from .adaptors import DeferredGC
+from ..errors import quote
 from ..units import MiB, parse_bytes
+from ..settings.values import finite_number, size_in_range, whole_number
 from ..settings.divisions import parse_roundup_power2_divisions
 from ..settings.recorded import allocator_settings_to_kwargs
 from .base import Policy
@@ -129,6 +133,7 @@ _register(CudaAsyncPolicy, "cudaMallocAsync pool: memory above the release thres
           _bytes("alignment", 512, "requests round up to a multiple of this"),
           _bytes("growth_granularity", 32 * MiB, "the pool grows in multiples of this"))
 
+_INT64_MAX = (1 << 63) - 1
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
 _FALSE = {"0", "false", "no", "off", "n", "f"}
 _NONE = {"none", "unlimited", "null", "-1", "inf", "off", ""}
@@ -156,7 +161,11 @@ def accepted_params(name: str, params: Mapping[str, Any] | None = None) -> tuple
 
 
 def parse_param(spec: ParamSpec, value: Any) -> Any:
-    """Turn a typed or string value into what the constructor takes; raise ValueError naming the parameter."""
+    """Turn a typed or string value into what the constructor takes; raise ValueError naming the parameter.
+
+    Numbers go through the settings' one number syntax (``settings.values``: ASCII digits, finite):
+    sizes up to 1 PiB here; each policy checks its own narrower ranges (fractions) in its allocator's words.
+    """
     try:
         if spec.name in _CUSTOM:
             return _CUSTOM[spec.name](value)
@@ -170,7 +179,8 @@ def parse_param(spec: ParamSpec, value: Any) -> Any:
                 value = int(value)
             if isinstance(value, bool):
                 raise ValueError("a size cannot be a bool")
-            return parse_bytes(value)
+            size = parse_bytes(value)
+            return size_in_range(spec.name, size, quote(value) if isinstance(value, str) else f"{size:,}")
         if spec.type is bool:
             if isinstance(value, bool):
                 return value
@@ -179,13 +189,21 @@ def parse_param(spec: ParamSpec, value: Any) -> Any:
             if isinstance(value, int) and value in (0, 1):
                 return bool(value)
             raise ValueError("expected true or false")
-        if spec.type is float:
-            return float(value)
+        if spec.type is float:        # each policy checks its fraction's range, in its allocator's words
+            if isinstance(value, str):
+                return finite_number(spec.name, value)
+            number = float(value)
+            if not math.isfinite(number):
+                raise ValueError(f"{spec.name} takes a finite number, got {number}")
+            return number
         if spec.type is int:
-            return int(value)
+            return whole_number(spec.name, value, high=_INT64_MAX) if isinstance(value, str) else int(value)
         return str(value)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"parameter {spec.name}={value!r}: {exc}") from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        said = str(exc)
+        if said.startswith(spec.name + " ") or said.startswith(spec.name + ":"):
+            said = said[len(spec.name):].lstrip(": ")        # the shared parsers name it already
+        raise ValueError(f"parameter {spec.name}={quote(value)}: {said}") from None
 
 
 def _kwarg_name(spec: ParamSpec) -> str:

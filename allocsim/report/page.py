@@ -3,12 +3,19 @@
 No library and no network: the viewer is about 300 lines of plain JavaScript drawing on ``<canvas>``
 (a timeline that zooms, re-bucketing per pixel column by maximum so no peak is lost, and a segment
 map with hover), and the data is one JSON object in the page. Why not Plotly or Bokeh: see docs/report.md.
+
+Every byte count the page shows is the exact integer: a JSON number past 2**53 would lose its last
+digits in JavaScript, so ``_js_safe`` writes such integers as decimal strings and the viewer formats
+byte counts with ``BigInt`` (``exact``, ``fmt``); ``Number`` only positions what it draws (``num``).
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+#: The largest integer a JavaScript Number holds exactly (``Number.MAX_SAFE_INTEGER``).
+JS_SAFE_INTEGER = (1 << 53) - 1
 
 _STYLE = """
 body{font:14px/1.4 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d1d1f;background:#fafafa}
@@ -20,7 +27,7 @@ main{padding:0 20px 40px;max-width:1400px}
 .verdict small{display:block;font-weight:400;color:#555}
 table{border-collapse:collapse;margin:6px 0;background:#fff}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:right;font-variant-numeric:tabular-nums}
-th{background:#f0f0f0} td.l,th.l{text-align:left}
+th{background:#f0f0f0} td.l,th.l{text-align:left} small.exact{display:block;color:#666;font-size:11px}
 canvas{display:block;background:#fff;border:1px solid #ddd}
 .controls{margin:6px 0} .controls button,.controls select{margin-right:6px}
 #tip{position:fixed;pointer-events:none;background:#fff;border:1px solid #888;border-radius:4px;padding:6px 8px;
@@ -43,8 +50,20 @@ const STATE_COLORS = {requested:null,rounding:"#cfe3f5",pending_free:"#b59bd0",g
   stranded:"#c8323c",device_rounding:"#6b4f3a"};
 const RUN_COLORS = ["#1f5fa8","#c8323c","#7b4fa0","#e08a1e","#2ca58d","#555555"];
 const tip = document.getElementById("tip");
-function fmt(b){ if(b===null||b===undefined) return "-"; const u=["B","KiB","MiB","GiB","TiB"]; let v=Number(b),i=0;
-  while(Math.abs(v)>=1024&&i<u.length-1){v/=1024;i++;} return (i?v.toFixed(2):String(v))+" "+u[i]; }
+// Byte counts past 2**53 come as decimal strings (a JSON number would lose digits): shown through BigInt, exactly;
+// num() is for positions and proportions only.
+function big(b){ return typeof b==="bigint"?b:(typeof b==="string"?BigInt(b):BigInt(Math.round(b))); }
+function num(b){ return typeof b==="number"?b:Number(b); }
+function exact(b){ if(b===null||b===undefined) return "-"; const s=big(b).toString(), neg=s[0]==="-";
+  return (neg?"-":"")+(neg?s.slice(1):s).replace(/\B(?=(\d{3})+(?!\d))/g,","); }
+function fmt(b){ if(b===null||b===undefined) return "-"; const u=["B","KiB","MiB","GiB","TiB","PiB","EiB"];
+  const v=big(b), a=v<0n?-v:v, sign=v<0n?"-":""; let i=0; while(i<u.length-1&&a>=(1n<<BigInt(10*(i+1)))) i++;
+  if(!i) return sign+a.toString()+" B"; const scale=1n<<BigInt(10*i), h=(a*100n+scale/2n)/scale;   // hundredths, half up
+  return sign+(h/100n).toString()+"."+(h%100n).toString().padStart(2,"0")+" "+u[i]; }
+function both(b){ return (b===null||b===undefined)?"-":fmt(b)+" ("+exact(b)+" bytes)"; }
+function total(values){ return values.reduce((a,v)=>a+big(v),0n); }
+function bytesTd(b){ const td=el("td",{},fmt(b)); if(b!==null&&b!==undefined) td.appendChild(el("small",{"class":"exact"},exact(b)+" bytes"));
+  return td; }
 function el(tag, attrs, text){ const e=document.createElement(tag); for(const k in (attrs||{})) e.setAttribute(k, attrs[k]);
   if(text!==undefined) e.textContent=text; return e; }
 function showTip(ev, text){ tip.textContent=text; tip.style.display="block";
@@ -54,9 +73,9 @@ function hideTip(){ tip.style.display="none"; }
 function stackText(s){ if(s<0) return "  (no frames recorded)"; const fr=D.stacks[s]; if(!fr||!fr.length) return "  (no frames)";
   return fr.map(f=>"  "+D.frames[f]).join("\n"); }
 function allocText(row){ const a=D.allocs[row]; if(!a) return "";
-  const born=a[3]<0?"before the trace began":"event "+a[3].toLocaleString();
-  const died=a[4]<0?"still live at the end":"event "+a[4].toLocaleString();
-  return "allocation "+a[0]+": "+fmt(a[1])+" ("+a[1].toLocaleString()+" bytes)\ncategory: "+D.categories[a[2]]+
+  const born=num(a[3])<0?"before the trace began":"event "+exact(a[3]);
+  const died=num(a[4])<0?"still live at the end":"event "+exact(a[4]);
+  return "allocation "+a[0]+": "+both(a[1])+"\ncategory: "+D.categories[a[2]]+
     "\nlifetime: from "+born+" to "+died+"\nstack (program frames first, marked *):\n"+stackText(a[5]); }
 
 // ------------------------------------------------------------------ verdicts and summary
@@ -70,25 +89,25 @@ function verdicts(){
   t.appendChild(head);
   D.runs.forEach(r=>{ const tr=el("tr"); tr.appendChild(el("td",{"class":"l"},r.label));
     [r.peak_requested_bytes,r.peak_allocated_bytes,r.peak_reserved_bytes,r.lower_bound_bytes,r.capacity_bytes]
-      .forEach(v=>tr.appendChild(el("td",{},fmt(v)))); tr.appendChild(el("td",{},String(r.oom_count))); t.appendChild(tr); });
+      .forEach(v=>tr.appendChild(bytesTd(v))); tr.appendChild(el("td",{},String(r.oom_count))); t.appendChild(tr); });
 }
 
 // ------------------------------------------------------------------ categories
 function categories(){
   const box=document.getElementById("cats");
   D.runs.forEach(r=>{ if(!r.categories) return; ["at_peak","at_oom"].forEach(m=>{ const split=r.categories[m]; if(!split) return;
-    const total=Object.values(split).reduce((a,b)=>a+b,0); const wrap=el("div");
-    wrap.appendChild(el("div",{},r.label+" — "+(m==="at_peak"?"at the peak of requested memory":"at the first out-of-memory")+": "+fmt(total)));
+    const all=total(Object.values(split)), whole=num(all); const wrap=el("div");
+    wrap.appendChild(el("div",{},r.label+" — "+(m==="at_peak"?"at the peak of requested memory":"at the first out-of-memory")+": "+both(all)));
     const c=el("canvas",{width:600,height:22}); wrap.appendChild(c); const g=c.getContext("2d"); let x=0;
-    const parts=[]; D.categories.forEach(k=>{ const v=split[k]||0; if(!v) return; const w=total?v/total*600:0;
+    const parts=[]; D.categories.forEach(k=>{ const v=split[k]||0; if(!num(v)) return; const w=whole?num(v)/whole*600:0;
       g.fillStyle=CAT_COLORS[k]; g.fillRect(x,0,Math.max(w,1),22); parts.push([x,x+Math.max(w,1),k,v]); x+=w; });
     c.addEventListener("mousemove",ev=>{ const px=ev.offsetX; const p=parts.find(q=>px>=q[0]&&px<q[1]);
-      if(p) showTip(ev, p[2]+": "+fmt(p[3])+" ("+p[3].toLocaleString()+" bytes, "+(100*p[3]/total).toFixed(1)+"%)"); else hideTip(); });
+      if(p) showTip(ev, p[2]+": "+both(p[3])+", "+(100*num(p[3])/whole).toFixed(1)+"%"); else hideTip(); });
     c.addEventListener("mouseleave",hideTip);
-    const tb=el("table"); D.categories.forEach(k=>{ const v=split[k]||0; if(!v) return; const tr=el("tr");
+    const tb=el("table"); D.categories.forEach(k=>{ const v=split[k]||0; if(!num(v)) return; const tr=el("tr");
       const td=el("td",{"class":"l"}); const sw=el("i"); sw.style.cssText="display:inline-block;width:10px;height:10px;margin-right:5px;background:"+CAT_COLORS[k];
       td.appendChild(sw); td.appendChild(document.createTextNode(k.replace("_"," "))); tr.appendChild(td);
-      tr.appendChild(el("td",{},fmt(v))); tr.appendChild(el("td",{},(100*v/total).toFixed(1)+"%")); tb.appendChild(tr); });
+      tr.appendChild(bytesTd(v)); tr.appendChild(el("td",{},(100*num(v)/whole).toFixed(1)+"%")); tb.appendChild(tr); });
     wrap.appendChild(tb); box.appendChild(wrap); }); });
 }
 
@@ -106,16 +125,18 @@ function tlSeries(){
 function drawTimeline(){
   const c=document.getElementById("timeline"), g=c.getContext("2d"), W=c.width, H=c.height, L=70, R=10, T=10, B=30;
   g.clearRect(0,0,W,H); const xs=D.timelines.x, series=tlSeries(); const pw=W-L-R, ph=H-T-B;
-  // Per pixel column: the maximum of every bucket that starts in it (or the bucket in force there).
-  const cols=[]; let ymax=1;
-  series.forEach(s=>{ const col=new Array(pw).fill(-1);
+  // Per pixel column: the maximum of every bucket that starts in it (or the bucket in force there), and which
+  // bucket holds it (its exact value is shown on hover).
+  const cols=[], ats=[]; let ymax=1;
+  series.forEach(s=>{ const col=new Array(pw).fill(-1), at=new Array(pw).fill(-1);
     for(let i=0;i<xs.length;i++){ const a=xs[i], b=(i+1<xs.length?xs[i+1]:D.timelines.events);
       if(b<=TL.lo||a>=TL.hi) continue;
       let p0=Math.floor((Math.max(a,TL.lo)-TL.lo)/(TL.hi-TL.lo)*pw), p1=Math.ceil((Math.min(b,TL.hi)-TL.lo)/(TL.hi-TL.lo)*pw)-1;
       p0=Math.max(0,Math.min(pw-1,p0)); p1=Math.max(p0,Math.min(pw-1,p1));
-      for(let p=p0;p<=p1;p++) if(s.v[i]>col[p]) col[p]=s.v[i]; }
-    col.forEach(v=>{ if(v>ymax) ymax=v; }); cols.push(col); });
-  TL.cols=cols; TL.ymax=ymax; TL.series=series;
+      const v=num(s.v[i]);
+      for(let p=p0;p<=p1;p++) if(v>col[p]||(v===col[p]&&big(s.v[i])>big(s.v[at[p]]))){ col[p]=v; at[p]=i; } }
+    col.forEach(v=>{ if(v>ymax) ymax=v; }); cols.push(col); ats.push(at); });
+  TL.cols=cols; TL.ats=ats; TL.ymax=ymax; TL.series=series;
   g.strokeStyle="#ddd"; g.fillStyle="#333"; g.font="11px sans-serif";
   for(let k=0;k<=4;k++){ const y=T+ph-k/4*ph; g.beginPath(); g.moveTo(L,y); g.lineTo(W-R,y); g.stroke(); g.fillText(fmt(ymax*k/4),4,y+4); }
   for(let k=0;k<=5;k++){ const x=L+k/5*pw; g.fillText(Math.round(TL.lo+k/5*(TL.hi-TL.lo)).toLocaleString(),x-10,H-12); }
@@ -135,7 +156,7 @@ function timelineEvents(){
   c.addEventListener("mousemove",ev=>{ if(TL.sel){ TL.sel[1]=ev.offsetX; drawTimeline(); return; }
     const p=ev.offsetX-L; if(!TL.cols||p<0||p>=TL.cols[0].length){ hideTip(); return; }
     const lines=["around event "+Math.round(toEvent(ev.offsetX)).toLocaleString()+" (max over this pixel column)"];
-    TL.series.forEach((s,j)=>{ const v=TL.cols[j][p]; if(v>=0) lines.push(s.name+": "+fmt(v)); }); showTip(ev, lines.join("\n")); });
+    TL.series.forEach((s,j)=>{ const i=TL.ats[j][p]; if(i>=0) lines.push(s.name+": "+both(s.v[i])); }); showTip(ev, lines.join("\n")); });
   c.addEventListener("mouseup",ev=>{ if(!TL.sel) return; const a=Math.min(TL.sel[0],TL.sel[1]), b=Math.max(TL.sel[0],TL.sel[1]); TL.sel=null;
     if(b-a>3){ const lo=toEvent(a), hi=toEvent(b); TL.lo=Math.max(0,lo); TL.hi=Math.max(TL.lo+1,hi); } drawTimeline(); });
   c.addEventListener("mouseleave",()=>{ TL.sel=null; hideTip(); });
@@ -149,14 +170,14 @@ function drawCatTimeline(){
   const c=document.getElementById("cattimeline"), g=c.getContext("2d"), W=c.width, H=c.height, L=70, R=10, T=10, B=24;
   const ct=D.category_timeline; g.clearRect(0,0,W,H); if(!ct||!ct.x.length) return; const pw=W-L-R, ph=H-T-B, n=D.timelines.events||1;
   // Per pixel column: the bucket of largest total that starts in it, its categories stacked.
-  const totals=ct.x.map((_,i)=>D.categories.reduce((a,k)=>a+ct.bytes[k][i],0)); const best=new Array(pw).fill(-1);
+  const totals=ct.x.map((_,i)=>D.categories.reduce((a,k)=>a+num(ct.bytes[k][i]),0)); const best=new Array(pw).fill(-1);
   ct.x.forEach((a,i)=>{ const b=(i+1<ct.x.length?ct.x[i+1]:n); if(b<=TL.lo||a>=TL.hi) return;
     let p0=Math.floor((Math.max(a,TL.lo)-TL.lo)/(TL.hi-TL.lo)*pw), p1=Math.ceil((Math.min(b,TL.hi)-TL.lo)/(TL.hi-TL.lo)*pw)-1;
     p0=Math.max(0,Math.min(pw-1,p0)); p1=Math.max(p0,Math.min(pw-1,p1));
     for(let p=p0;p<=p1;p++) if(best[p]<0||totals[i]>totals[best[p]]) best[p]=i; });
   let ymax=1; best.forEach(i=>{ if(i>=0&&totals[i]>ymax) ymax=totals[i]; });
   g.fillStyle="#333"; g.font="11px sans-serif"; for(let k=0;k<=2;k++){ const y=T+ph-k/2*ph; g.fillText(fmt(ymax*k/2),4,y+4); }
-  best.forEach((i,p)=>{ if(i<0) return; let y=T+ph; D.categories.forEach(k=>{ const v=ct.bytes[k][i]; if(!v) return; const h=v/ymax*ph;
+  best.forEach((i,p)=>{ if(i<0) return; let y=T+ph; D.categories.forEach(k=>{ const v=num(ct.bytes[k][i]); if(!v) return; const h=v/ymax*ph;
     g.fillStyle=CAT_COLORS[k]; g.fillRect(L+p,y-h,1,h); y-=h; }); });
   CT.best=best; CT.totals=totals;
 }
@@ -164,8 +185,9 @@ const CT={};
 function catTimelineEvents(){
   const c=document.getElementById("cattimeline"), L=70;
   c.addEventListener("mousemove",ev=>{ const p=ev.offsetX-L; if(!CT.best||p<0||p>=CT.best.length||CT.best[p]<0){ hideTip(); return; }
-    const i=CT.best[p], ct=D.category_timeline; const lines=["after event "+ct.event_index[i].toLocaleString()+" (the largest total in this column): "+fmt(CT.totals[i])];
-    D.categories.forEach(k=>{ if(ct.bytes[k][i]) lines.push(k.replace("_"," ")+": "+fmt(ct.bytes[k][i])); }); showTip(ev, lines.join("\n")); });
+    const i=CT.best[p], ct=D.category_timeline;
+    const lines=["after event "+exact(ct.event_index[i])+" (the largest total in this column): "+both(total(D.categories.map(k=>ct.bytes[k][i])))];
+    D.categories.forEach(k=>{ if(num(ct.bytes[k][i])) lines.push(k.replace("_"," ")+": "+both(ct.bytes[k][i])); }); showTip(ev, lines.join("\n")); });
   c.addEventListener("mouseleave",hideTip);
 }
 
@@ -196,7 +218,7 @@ function drawMap(){
   MAP.hit=[];
   for(let s=first;s<last;s++){ const seg=MAP.m.segments[s], y=s*MAP.row-top+2; g.fillStyle="#333";
     g.fillText(fmt(seg[1])+" "+seg[2],4,y+11); g.fillStyle="#f4f4f4"; g.fillRect(L,y,W,MAP.row-3);
-    MAP.bySeg[s].forEach(k=>{ const p=MAP.m.pieces[k]; const x=L+p[1]/seg[1]*W, w=Math.max(1,p[2]/seg[1]*W);
+    MAP.bySeg[s].forEach(k=>{ const p=MAP.m.pieces[k]; const x=L+num(p[1])/num(seg[1])*W, w=Math.max(1,num(p[2])/num(seg[1])*W);
       g.fillStyle=pieceColor(p); g.fillRect(x,y,w,MAP.row-3); MAP.hit.push([x,y,w,k,s]); }); }
 }
 function mapEvents(){
@@ -205,7 +227,7 @@ function mapEvents(){
   c.addEventListener("mousemove",ev=>{ if(!MAP.hit) return; const x=ev.offsetX, y=ev.offsetY;
     let best=null; for(const h of MAP.hit){ if(y>=h[1]&&y<h[1]+MAP.row-3&&x>=h[0]-1&&x<=h[0]+h[2]+1){ best=h; if(x>=h[0]&&x<h[0]+h[2]) break; } }
     if(!best){ hideTip(); return; } const p=MAP.m.pieces[best[3]], seg=MAP.m.segments[best[4]], st=D.states[p[3]];
-    let text=st.replace("_"," ")+": "+fmt(p[2])+" at offset "+fmt(p[1])+" of a "+fmt(seg[1])+" "+seg[2]+"-pool segment (stream "+seg[3]+")";
+    let text=st.replace("_"," ")+": "+both(p[2])+" at offset "+both(p[1])+" of a "+both(seg[1])+" "+seg[2]+"-pool segment (stream "+seg[3]+")";
     if(p[4]>=0) text+="\n"+allocText(p[4]); showTip(ev,text); c.dataset.hovered=String(best[3]); });
   c.addEventListener("mouseleave",hideTip); window.addEventListener("resize",drawMap);
   const lg=document.getElementById("maplegend");
@@ -221,10 +243,10 @@ function sites(){
     ["waste","waste at the peak of reserved memory (reserved - live requested)"]].forEach(([k,title])=>{
     const rows=r.sites[k]; if(!rows||!rows.length) return; box.appendChild(el("h3",{},r.label+": "+title));
     const t=el("table"); const h=el("tr"); ["bytes","allocations","site (innermost program frame)","category"].forEach((x,i)=>h.appendChild(el("th",i>1?{"class":"l"}:{},x))); t.appendChild(h);
-    rows.forEach(row=>{ const tr=el("tr"); tr.appendChild(el("td",{},fmt(row.bytes))); tr.appendChild(el("td",{},row.count.toLocaleString()));
+    rows.forEach(row=>{ const tr=el("tr"); tr.appendChild(bytesTd(row.bytes)); tr.appendChild(el("td",{},exact(row.count)));
       const td=el("td",{"class":"l"}); if(row.frames&&row.frames.length){ const d=el("details"); d.appendChild(el("summary",{},row.site));
         d.appendChild(el("div",{"class":"frames"},row.frames.join("\n"))); td.appendChild(d); } else td.textContent=row.site;
-      if(row.causes) td.appendChild(el("div",{"class":"frames"},Object.entries(row.causes).map(([c,v])=>c.replace(/_/g," ")+" "+fmt(v)).join(", ")));
+      if(row.causes) td.appendChild(el("div",{"class":"frames"},Object.entries(row.causes).map(([c,v])=>c.replace(/_/g," ")+" "+both(v)).join(", ")));
       tr.appendChild(td); tr.appendChild(el("td",{"class":"l"},(row.category||"").replace("_"," "))); t.appendChild(tr); });
     box.appendChild(t); }); });
 }
@@ -233,7 +255,7 @@ function sites(){
 function advice(){
   const box=document.getElementById("advice"); if(!D.advice){ box.parentNode.removeChild(document.getElementById("advice-title")); box.parentNode.removeChild(box); return; }
   const a=D.advice; box.appendChild(el("p",{},a.fits_any?"Settings that fit, best first: paste the line into your job's environment.":"No setting fits at this capacity."));
-  (a.recommendations||[]).forEach((r,i)=>{ box.appendChild(el("div",{},(i+1)+". peak reserved "+fmt(r.peak_reserved_bytes)+", headroom "+fmt(r.headroom_bytes)));
+  (a.recommendations||[]).forEach((r,i)=>{ box.appendChild(el("div",{},(i+1)+". peak reserved "+both(r.peak_reserved_bytes)+", headroom "+both(r.headroom_bytes)));
     box.appendChild(el("pre",{"class":"paste"},r.line)); });
   if(D.advice_text){ const d=el("details"); d.appendChild(el("summary",{},"the whole advice, as allocsim advise prints it")); d.appendChild(el("pre",{},D.advice_text)); box.appendChild(d); }
 }
@@ -243,9 +265,23 @@ document.body.dataset.ready="1";
 """
 
 
+def _js_safe(value: Any) -> Any:
+    """``value`` with every integer past ``JS_SAFE_INTEGER`` as its decimal string (the viewer reads it with BigInt)."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return value if -JS_SAFE_INTEGER <= value <= JS_SAFE_INTEGER else str(value)
+    if isinstance(value, dict):
+        return {k: _js_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_js_safe(v) for v in value]
+    return value
+
+
 def _json_for_html(data: Any) -> str:
-    """JSON that cannot end its ``<script>`` element early (``</`` and ``<!--`` escaped)."""
-    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    """JSON that cannot end its ``<script>`` element early (``</`` and ``<!--`` escaped), every number exact in
+    JavaScript (``_js_safe``)."""
+    text = json.dumps(_js_safe(data), separators=(",", ":"), ensure_ascii=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 

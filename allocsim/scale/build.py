@@ -19,6 +19,7 @@ tie) with every size replaced by its fitted law evaluated at the target:
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import Counter
 from fractions import Fraction
 from typing import Sequence
@@ -31,7 +32,7 @@ from ..trace.schema import Trace, TraceMeta, check_schema, empty_frame, INITIAL_
 from .align import Alignment, align, choose_keyer, for_keyer
 from .initial import initial_partners
 from .consistency import MixedInputs, fit_differences, input_differences
-from .inputs import ScaleInput
+from .inputs import ScaleInput, recording_digest
 from .laws import LAW_KINDS, SizeLaw, fit_law
 from .ranges import encode_range, layout_miss_bytes, new_sizes, prediction_range, widen_by_layout
 from .report import InputSummary, ScaleReport
@@ -90,13 +91,29 @@ def pick_reference(inputs: Sequence[ScaleInput], target: Fraction) -> int:
     return min(range(len(inputs)), key=lambda i: (abs(inputs[i].value - target), -inputs[i].value))
 
 
-def _check(inputs: Sequence[ScaleInput]) -> None:
+def _check(inputs: Sequence[ScaleInput], scale_name: str) -> None:
     if len(inputs) < 2:
         raise AllocsimError("scale needs at least two traces at different values (TRACE@VALUE TRACE@VALUE)")
     values = [item.value for item in inputs]
     if len(set(values)) != len(values):
         dup = sorted(v for v, c in Counter(values).items() if c > 1)
         raise AllocsimError(f"two inputs have the same scale value {dup[0]}")
+    # The same recording at two values (one file twice, a copy, a conversion) would make every size look
+    # constant: "the range is the point", whatever the program does at other values.
+    seen: dict[str, ScaleInput] = {}
+    for item in inputs:
+        first = seen.setdefault(recording_digest(item.trace), item)
+        if first is not item:
+            raise AllocsimError(
+                f"{_said(first)} and {_said(item)} hold the same events (one recording given twice, or a copy of "
+                f"it), so nothing tells how memory grows with {scale_name}: record the program once per value (run "
+                f"it at {scale_name} {first.value} and again at {scale_name} {item.value}) and give each recording "
+                "as TRACE@VALUE")
+
+
+def _said(item: ScaleInput) -> str:
+    """``name@value`` of an input, for messages."""
+    return f"{os.path.basename(item.path) or item.path}@{item.value}"
 
 
 def _fit_sizes(points_per_alloc: list[list[tuple[Fraction, int]]], scale_name: str, target: Fraction) -> _Fits:
@@ -224,7 +241,7 @@ class Scaler:
     """
 
     def __init__(self, inputs: Sequence[ScaleInput], scale_name: str = "batch", *, allow_mixed: bool = False):
-        _check(inputs)
+        _check(inputs, scale_name)
         self.inputs = for_keyer(inputs, choose_keyer(inputs))
         self.scale_name = scale_name
         self.allow_mixed = allow_mixed

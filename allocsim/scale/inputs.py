@@ -8,6 +8,7 @@ when the trace's frames tell them (``sites``).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from fractions import Fraction
 from typing import Any
@@ -67,6 +68,27 @@ class ScaleInput:
         if not spans:
             spans = [int(t[s.end - 1]) - int(t[s.first]) for s in self.steps.steps if len(s) > 1]
         return float(np.mean(spans)) if spans else None
+
+
+#: The columns that make two recordings the same one: every event's time, kind, id, size and stream, and the
+#: allocations alive at the start. Two runs of a program differ in their times even where sizes agree.
+_SAME_RECORDING_COLUMNS = (("events", ("t_ns", "kind", "alloc_id", "size_bytes", "stream")),
+                           ("initial_allocs", ("alloc_id", "size_bytes")))
+
+
+def recording_digest(trace: Trace) -> str:
+    """A digest of the trace's events and start allocations: equal digests mean the same recording (or a copy).
+
+    Paths and formats do not count (a copy, a conversion to Parquet, a renamed file are the same recording);
+    one pass over the columns, memory for one column at a time.
+    """
+    digest = hashlib.sha256()
+    for table_name, columns in _SAME_RECORDING_COLUMNS:
+        table = trace.table(table_name)
+        digest.update(f"{table_name}:{len(table)}".encode())
+        for name in columns:
+            digest.update(np.ascontiguousarray(table[name]).astype("<i8", copy=False).tobytes())
+    return digest.hexdigest()
 
 
 def parse_value(text: str) -> Fraction:

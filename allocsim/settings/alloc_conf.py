@@ -24,7 +24,7 @@ from ..errors import QUOTE_CHARS, quote
 from ..units import MiB
 from .divisions import K_ROUNDUP_POWER2_INTERVALS
 from .pytorch_sizes import K_LARGE_BUFFER
-from .values import finite_number
+from .values import LARGEST_SETTING_BYTES, LARGEST_WHY, finite_number, whole_number
 
 #: PyTorch's kLargeBuffer in MB: the smallest max_split_size_mb / max_non_split_rounding_mb it accepts.
 MIN_SPLIT_MB = K_LARGE_BUFFER // MiB
@@ -42,11 +42,7 @@ class AllocConf:
 
 # ----------------------------------------------------------------------------- value readers
 def _whole_mb(key: str, token: str) -> int:
-    if not token.isascii() or not token.isdigit():
-        raise ValueError(f"{key} takes a whole number of MB (MiB), got {quote(token)}")
-    if len(token.lstrip("0")) > 18:   # past any device's memory, and past int()'s digit limit
-        raise ValueError(f"{key}: {quote(token)} is too large")
-    value = int(token)
+    value = whole_number(key, token, high=LARGEST_SETTING_BYTES // MiB, unit="MB (MiB)", why=LARGEST_WHY)
     if value < MIN_SPLIT_MB:
         raise ValueError(f"{key} must be >= {MIN_SPLIT_MB} (PyTorch refuses smaller values), got {value}")
     return value * MiB
@@ -59,16 +55,11 @@ def _true_false(key: str, token: str) -> bool:
 
 
 def _gc_threshold(key: str, token: str) -> float:
-    value = finite_number(key, token)
-    if not 0.0 < value < 1.0:
-        raise ValueError(f"{key} must be in (0.0, 1.0) as in PyTorch, got {token}")
-    return value
+    return finite_number(key, token, low=0.0, high=1.0, low_open=True, high_open=True, why="as in PyTorch")
 
 
 def _memory_fraction(key: str, token: str) -> float | None:
-    value = finite_number(key, token)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{key} must be in [0.0, 1.0] as in PyTorch, got {token}")
+    value = finite_number(key, token, low=0.0, high=1.0, why="as in PyTorch")
     # PyTorch's setMemoryFraction keeps no cap at 1.0 (and then garbage collection stays off too).
     return None if value == 1.0 else value
 

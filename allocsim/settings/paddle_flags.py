@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..units import GiB, MiB
-from .values import finite_number
+from .values import LARGEST_SETTING_BYTES, LARGEST_WHY, finite_number, whole_number
 
 PREFIX = "FLAGS_"
 STRATEGIES = {"auto_growth": "paddle", "naive_best_fit": "paddle-naive"}
@@ -83,9 +83,21 @@ def _bool(name: str, text: str) -> bool:
 
 
 def _uint_mb(name: str, text: str) -> int:
-    if not text.strip().isdigit():
-        raise ValueError(f"{name} takes a whole number of MB (MiB), got {text!r}")
-    return int(text.strip())
+    return whole_number(name, text, high=LARGEST_SETTING_BYTES // MiB, unit="MB (MiB)", why=LARGEST_WHY)
+
+
+def _fraction(name: str, text: str) -> float:
+    """FLAGS_fraction_of_gpu_memory_to_use: a share of free memory, in (0, 1]."""
+    return finite_number(name, text, low=0.0, high=1.0, low_open=True)
+
+
+def _gb(name: str, text: str) -> float:
+    """FLAGS_eager_delete_tensor_gb: GB (GiB) up to 1 PiB; negative values are read (and refused later)."""
+    return finite_number(name, text, high=LARGEST_SETTING_BYTES // GiB, why=LARGEST_WHY)
+
+
+def _share(name: str, text: str) -> float:
+    return finite_number(name, text, low=0.0, high=1.0)
 
 
 @dataclass(frozen=True)
@@ -101,16 +113,16 @@ class Flag:
 _MODELLED = (
     Flag("FLAGS_allocator_strategy", "auto_growth", lambda n, t: t.strip()),
     Flag("FLAGS_auto_growth_chunk_size_in_mb", 0, _uint_mb),
-    Flag("FLAGS_fraction_of_gpu_memory_to_use", 0.92, finite_number),
+    Flag("FLAGS_fraction_of_gpu_memory_to_use", 0.92, _fraction),
     Flag("FLAGS_initial_gpu_memory_in_mb", 0, _uint_mb),
     Flag("FLAGS_reallocate_gpu_memory_in_mb", 0, _uint_mb),
     Flag("FLAGS_gpu_memory_limit_mb", 0, _uint_mb),
     Flag("FLAGS_free_idle_chunk", False, _bool),
     Flag("FLAGS_free_when_no_cache_hit", False, _bool),
     Flag("FLAGS_use_stream_safe_cuda_allocator", True, _bool),
-    Flag("FLAGS_eager_delete_tensor_gb", 0.0, finite_number),
+    Flag("FLAGS_eager_delete_tensor_gb", 0.0, _gb),
     Flag("FLAGS_fast_eager_deletion_mode", True, _bool),
-    Flag("FLAGS_memory_fraction_of_eager_deletion", 1.0, finite_number),
+    Flag("FLAGS_memory_fraction_of_eager_deletion", 1.0, _share),
     Flag("FLAGS_use_virtual_memory_auto_growth", False, _bool),
 )
 _HOST = "concerns host (CPU or pinned) memory, which the paddle presets do not simulate"
@@ -211,8 +223,6 @@ def _to_policy(values: dict[str, Any], where: str, items: list[tuple[str, str]])
         raise ValueError(f"{where}: FLAGS_eager_delete_tensor_gb={gb:g} disables the garbage collector: tensors "
                          "then live until their scope ends, which a trace does not record")
     fraction = get("FLAGS_fraction_of_gpu_memory_to_use")
-    if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"{where}: FLAGS_fraction_of_gpu_memory_to_use must be in (0, 1], got {fraction:g}")
     params: dict[str, Any] = {}
     ignored = tuple(n for n in values if n in (NAIVE_ONLY if policy == "paddle" else AUTO_GROWTH_ONLY))
     if policy == "paddle":

@@ -20,10 +20,13 @@ What is read:
   place's largest ``current_allocated`` (and, on GPU places, ``current_reserved``) is stored as a
   ``RecordedRun`` with ``allocator="paddle"`` (host places: ``"paddle-host"``; their
   ``current_reserved`` counts only what Paddle's host allocator caches, so it is not a peak).
-* What a place held before the window (``current_allocated - increase_bytes`` at its first event)
-  becomes start-of-window allocations, as for Kineto: frees of blocks allocated before the window
-  take their own size, the rest is one allocation never freed, so the replay's peak live bytes
-  equal the trace's largest ``current_allocated``.
+* What a place held before the window (the largest value every event's ``current_allocated``
+  allows, ``reading.running_total``: never the first event's alone) becomes start-of-window
+  allocations, as for Kineto: frees of blocks allocated before the window take their own size, the
+  rest is one allocation never freed, so the replay's peak live bytes equal the trace's largest
+  ``current_allocated`` where the totals agree with the events. Two neighbouring events whose
+  timestamps came out swapped are fed in the order the totals prove; totals no start explains are
+  refused (``docs/formats.md``).
 * ``ProfileStep#N[...]`` events are step markers; the enclosing ops (``Forward`` layers,
   ``UserDefined`` Python API calls, ``Operator`` / ``OperatorInner`` / kernel launches) on the
   same thread (Paddle writes a thread's Python and C++ sides as ``tid(Python)`` / ``tid(C++)``:
@@ -53,8 +56,9 @@ from ..reading.builder import MAX_SIZE_BYTES, TraceBuilder
 from ..reading.json_numbers import INT64_MAX, INT64_MIN, as_int, ts_to_ns
 from ..reading.limits import DEFAULT_LIMITS, Limits, check_count, read_bytes
 from ..reading.timeline import (
-    MEM, STEP, OpColumns, Rec, RecColumns, Threads, feed_records, op_frames, total_allocated_check,
+    MEM, STEP, OpColumns, Rec, RecColumns, Threads, feed_records, op_frames,
 )
+from ..reading.running_total import running_total_notes, settle_running_total
 from ..schema import (
     FRAME_DTYPES, INITIAL_ALLOC_DTYPES, RECORDED_SERIES_DTYPES, STACK_DTYPES, Trace, check_schema, table_from_columns,
 )
@@ -71,7 +75,7 @@ FRAME_CATEGORIES = frozenset({"Operator", "OperatorInner", "UserDefined", "Pytho
 PADDLE_MEMORY_KEYS = ("increase_bytes", "current_allocated", "place")
 PINNED_DEVICE = -2
 XPU_TYPE = 12
-_PLACE = re.compile(r"Place\(([a-z_]{1,32})(?::(\d{1,3}))?\)")
+_PLACE = re.compile(r"Place\(([a-z_]{1,32})(?::([0-9]{1,3}))?\)")      # ASCII digits: not Place(gpu:٠)
 _DURATION_SUFFIX = re.compile(r"\[[0-9.]{1,32} ?(?:ns|us|ms|s)\]$")
 _RESERVED = 3          # a ReservedAllocate / ReservedFree record: series only, never fed
 
@@ -261,6 +265,7 @@ def _finish(path: str, builder: TraceBuilder, recs: list[Rec], ops: list, places
     gpus = [d for d in devices if d >= 0]
     marker_device = gpus[0] if gpus else (devices[0] if devices else -1)
     stack_ids, tables, n_stacks = op_frames(path, cols, op_cols, threads.names, limits)
+    cols, stack_ids, check = settle_running_total(builder, cols, stack_ids, where, "current_allocated")
     event_index, built = feed_records(builder, cols, where, marker_device, stack_ids)
     series = _series(cols, event_index, reserved)
     meta = builder.meta
@@ -269,7 +274,6 @@ def _finish(path: str, builder: TraceBuilder, recs: list[Rec], ops: list, places
     hints["places"] = {place: device for device, place in sorted(places.items())}
     hints["stream"] = "Paddle's profiler records no stream; every event has stream 0"
     hints["marker_device"] = marker_device
-    check = total_allocated_check(cols)
     hints["current_allocated_check"] = {str(d): s for d, s in sorted(check.items())}
     meta.notes.append("PaddlePaddle's profiler records no stream: all events are on stream 0")
     meta.notes.append("sizes are Paddle's allocation sizes (increase_bytes), as its allocator counted them")
@@ -291,6 +295,7 @@ def _finish(path: str, builder: TraceBuilder, recs: list[Rec], ops: list, places
         if s["checked"] and s["mismatched"]:
             meta.notes.append(f"device {d}: current_allocated changed by a different amount than increase_bytes "
                               f"at {s['mismatched']} of {s['checked']} events (events reported out of order)")
+    meta.notes.extend(running_total_notes(check, "current_allocated"))
     meta.devices = sorted(set(devices) | ({marker_device} if (cols.kind == STEP).any() else set()))
     trace = built if built is not None else builder.finish()
     _start_of_window(trace, check)
@@ -336,8 +341,8 @@ def _series(cols: RecColumns, index: np.ndarray, reserved: list[Rec]) -> dict[st
 def _start_of_window(trace: Trace, check: dict[int, dict[str, int]]) -> None:
     """What each place held before its first event and the window never frees: one allocation alive from the start.
 
-    ``current_allocated - increase_bytes`` at a place's first event is what Paddle's allocator
-    held when recording began; the window's frees of older blocks (already initial allocations)
+    ``baseline_bytes`` (``reading.running_total``: the largest start every event's ``current_allocated``
+    allows) is what Paddle's allocator held when recording began; the window's frees of older blocks (already initial allocations)
     are part of it, the rest is never freed in the window. With it the replay's live bytes follow
     ``current_allocated`` exactly, on every place (Paddle counts host memory with the same stats).
     """

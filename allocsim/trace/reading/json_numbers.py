@@ -2,7 +2,7 @@
 
 Chrome traces (Kineto, Paddle) write sizes and addresses as JSON integers or as text, and times in
 microseconds as integers, floats or decimal text; these read each exactly, never through binary
-floating point, and answer None for anything that is not such a number.
+floating point, and answer None for anything that is not such a number (ASCII digits only).
 """
 
 from __future__ import annotations
@@ -12,9 +12,15 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-_INT_RE = re.compile(r"[+-]?\d+")
+_INT_RE = re.compile(r"[+-]?[0-9]+")
 _HEX_RE = re.compile(r"[+-]?0[xX][0-9a-fA-F]+")
-_DEC_RE = re.compile(r"([+-]?)(\d*)(?:\.(\d*))?")
+_DEC_RE = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?")
+
+
+def _plain_ascii(text: str) -> bool:
+    """Whether number text is ASCII without ``_``: ``int`` and ``Decimal`` would read Arabic-Indic or
+    fullwidth digits and ``1_0``, which no JSON writer produces and the compiled scanners refuse."""
+    return text.isascii() and "_" not in text
 
 
 def as_int(value: Any) -> int | None:
@@ -25,7 +31,7 @@ def as_int(value: Any) -> int | None:
         return value
     if isinstance(value, str):
         text = value.strip()
-        if len(text) > 40:
+        if len(text) > 40 or not _plain_ascii(text):
             return None
         if _INT_RE.fullmatch(text):
             return int(text)
@@ -55,7 +61,7 @@ def ts_to_ns(value: Any) -> int | None:
     if not isinstance(value, str):
         return None
     text = value.strip()
-    if len(text) > 60:
+    if len(text) > 60 or not _plain_ascii(text):
         return None
     m = _DEC_RE.fullmatch(text)
     if m and (m.group(2) or m.group(3)):

@@ -3,9 +3,8 @@
 The Kineto and the Paddle readers share this back half: ``Rec`` (one record as it is read),
 ``RecColumns`` and ``OpColumns`` (the records and the CPU ops that may frame them, as columns),
 ``op_frames`` (each record's pseudo-frames: the ops that enclose it in time on its thread,
-innermost first, on either route), ``feed_records`` (the records into the builder, vectorised
-when they are clean) and ``total_allocated_check`` (the allocator's running total against the
-records' sizes).
+innermost first, on either route) and ``feed_records`` (the records into the builder, vectorised
+when they are clean); ``running_total`` checks them against the allocator's running total first.
 """
 
 from __future__ import annotations
@@ -321,23 +320,3 @@ def feed_records(builder: TraceBuilder, cols: RecColumns, where: str, marker_dev
         else:
             builder.marker(where_, t, cols.labels[cols.label[i]], device=marker_device)
     return index, None
-
-
-def total_allocated_check(cols: RecColumns) -> dict[int, dict[str, int]]:
-    """Per device: consecutive changes of Total Allocated must equal Bytes."""
-    rows = np.flatnonzero((cols.kind == MEM) & (cols.total >= 0))
-    device = cols.device[rows]
-    order = np.argsort(device, kind="stable")
-    d, total, nbytes = device[order], cols.total[rows][order], cols.nbytes[rows][order]
-    first = np.ones(len(d), dtype=bool)
-    first[1:] = d[1:] != d[:-1]
-    mismatch = np.zeros(len(d), dtype=bool)
-    mismatch[1:] = (total[1:] - total[:-1]) != nbytes[1:]
-    mismatch &= ~first
-    check: dict[int, dict[str, int]] = {}
-    starts = np.flatnonzero(first)
-    ends = np.append(starts[1:], len(d))
-    for a, b in zip(starts.tolist(), ends.tolist()):
-        check[int(d[a])] = {"checked": b - a - 1, "mismatched": int(mismatch[a:b].sum()),
-                            "baseline_bytes": int(total[a]) - int(nbytes[a])}
-    return check

@@ -46,7 +46,7 @@ class DeviceWindow:
 
     device: int
     start_reserved_bytes: int               #: Total Reserved after the first event
-    baseline_bytes: int                     #: Total Allocated - Bytes at the first event
+    baseline_bytes: int                     #: held before the window (``reading.running_total``)
     addr: list[int]                         #: per [memory] event
     nbytes: list[int]                       #: per [memory] event: > 0 alloc, < 0 free
     reserved: list[int]                     #: per [memory] event: Total Reserved after it (-1: none)

@@ -68,9 +68,8 @@ from ...reading.builder import MAX_SIZE_BYTES, TraceBuilder
 from ...reading.json_numbers import INT64_MAX, INT64_MIN, as_int, ts_to_ns
 from ...reading.headroom import headroom, over_room
 from ...reading.limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, read_bytes
-from ...reading.timeline import (
-    MEM, STEP, OpColumns, Rec, RecColumns, Threads, feed_records, op_frames, total_allocated_check,
-)
+from ...reading.running_total import running_total_notes, settle_running_total
+from ...reading.timeline import MEM, STEP, OpColumns, Rec, RecColumns, Threads, feed_records, op_frames
 from ...schema import (
     BLOCK_DTYPES,
     FRAME_DTYPES,
@@ -539,6 +538,7 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: RecColumn
     gpu_devices = [d for d in mem_devices if d >= 0]
     marker_device = gpu_devices[0] if gpu_devices else (mem_devices[0] if mem_devices else -1)
     stack_ids, frame_tables, n_stacks = op_frames(path, cols, ops, thread_names, limits)
+    cols, stack_ids, check = settle_running_total(builder, cols, stack_ids, where, "Total Allocated")
 
     event_index, built_trace = feed_records(builder, cols, where, marker_device, stack_ids)
     series = _recorded_series(cols, event_index)
@@ -555,7 +555,6 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: RecColumn
         for t, idx in sorted(device_types.items()) for i in sorted(idx)}
     hints["stream"] = "Kineto records no stream; every event has stream 0"
     hints["marker_device"] = marker_device
-    check = total_allocated_check(cols)
     hints["total_allocated_check"] = {str(d): s for d, s in sorted(check.items())}
     meta.notes.append("Kineto records no stream: all events are on stream 0")
     meta.notes.append("sizes are the allocator's block sizes (Bytes), not the requested sizes")
@@ -585,7 +584,8 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: RecColumn
         if s["baseline_bytes"] > 0:
             meta.notes.append(
                 f"device {d}: {s['baseline_bytes']} bytes were allocated before the first recorded event "
-                "(Total Allocated - Bytes at that event)")
+                "(the largest start every event's Total Allocated allows)")
+    meta.notes.extend(running_total_notes(check, "Total Allocated"))
     meta.devices = sorted(set(mem_devices) | ({marker_device} if state.step_seen else set()))
     meta.device_properties, unusable = recorded_devices(top_keys.get("deviceProperties"))
     if unusable:
@@ -604,8 +604,9 @@ def _start_of_window_allocations(trace: Trace, check: dict[int, dict[str, int]],
     """What a GPU device held before the first recorded event: start allocations and, where the
     addresses tell it, the segments and blocks they and the cached free memory lay in.
 
-    ``Total Allocated`` at a device's first event minus that event's own ``Bytes`` is what the
-    allocator held when recording began. The window's orphan frees (already initial allocations)
+    ``baseline_bytes`` (``reading.running_total``: the largest start every event's ``Total
+    Allocated`` allows, never the first event's figure alone) is what the allocator held when
+    recording began. The window's orphan frees (already initial allocations)
     account for part of it; the rest was never freed in the window, so it becomes one allocation
     alive from the start (never freed): peaks, the lower bound and the verdict count it.
     ``Total Reserved`` minus that is memory the allocator had cached free; ``layout`` lays
