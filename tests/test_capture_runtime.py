@@ -231,6 +231,22 @@ def test_a_forward_only_run_binds_one_cublas_workspace(tmp_path):
     assert _allocs(trace).count(CUBLAS_BYTES) == 1
 
 
+def test_a_checkpoint_loaded_to_cuda_is_copied_to_the_device(tmp_path):
+    import torch
+
+    torch.save({"w": torch.zeros(1024, 2048), "step": torch.tensor(3)}, tmp_path / "ckpt.pt")
+    script = _write(tmp_path, "load.py", f"""
+        import torch
+        sd = torch.load({str(tmp_path / "ckpt.pt")!r}, map_location="cuda")
+        assert sd["w"].is_cuda and sd["w"].shape == (1024, 2048)
+        host = torch.load({str(tmp_path / "ckpt.pt")!r}, map_location="cpu")
+        assert not host["w"].is_cuda
+        """)
+    result, trace = _capture(script, tmp_path / "load.parquet")
+    assert result.status == 0, result.message
+    assert _allocs(trace) == [1024 * 2048 * 4, 8]      # each tensor once, to the device; the host load takes none
+
+
 def test_cuda_work_in_a_thread_is_captured(tmp_path):
     script = _write(tmp_path, "thread.py", """
         import threading, torch

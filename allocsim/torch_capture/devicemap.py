@@ -35,12 +35,14 @@ What the mapping does, each because the CUDA run does it:
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
 
 from . import cuda_api
 from .autocast import CudaAutocast
@@ -282,6 +284,51 @@ def _threads_captured(modes: ThreadModes) -> Any:
     return bootstrap_inner
 
 
+def _wants_cuda(location: Any) -> bool:
+    if isinstance(location, dict):
+        return any(_is_cuda(v) for v in location.values())
+    return _is_cuda(location)
+
+
+def _load_to_device(original_load: Any) -> Any:
+    """``torch.load`` for a capture: storages load memory-mapped on the host, the ones bound for ``cuda`` are copied there.
+
+    A checkpoint saved from CUDA tensors (or loaded with ``map_location="cuda"``) would ask a
+    CPU-only torch for CUDA storages; here every storage is restored on the host, memory-mapped
+    when the file allows it (so the bytes are never read), and the tensors the GPU run would hold on
+    the device are copied to it (device requests in the trace), as ``torch.load`` does on a GPU.
+    """
+    def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if callable(map_location) and not isinstance(map_location, (str, torch.device, dict)):
+            return original_load(f, map_location, *args, **kwargs)      # the script's own rule
+        to_device: set[int] = set()
+
+        def restore(storage: Any, location: str) -> Any:
+            target = map_location.get(location, location) if isinstance(map_location, dict) else (
+                map_location if map_location is not None else location)
+            if _wants_cuda(target) or (isinstance(target, str) and target.startswith(CAPTURE_DEVICE)):
+                to_device.add(id(storage))
+            return storage
+
+        if isinstance(f, (str, os.PathLike)) and "mmap" not in kwargs:
+            try:
+                loaded = original_load(f, restore, *args, mmap=True, **kwargs)
+            except (RuntimeError, ValueError):       # not a zip checkpoint: read it as it is
+                loaded = original_load(f, restore, *args, **kwargs)
+        else:
+            loaded = original_load(f, restore, *args, **kwargs)
+        if isinstance(loaded, torch.nn.Module):
+            return loaded.to("cuda") if to_device else loaded
+
+        def move(value: Any) -> Any:
+            if isinstance(value, torch.Tensor) and id(value.untyped_storage()) in to_device:
+                return value.to("cuda")
+            return value
+        return tree_map(move, loaded)
+
+    return load
+
+
 @contextlib.contextmanager
 def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> Iterator[CudaAutocast]:
     """Map ``cuda`` to ``meta`` and answer ``torch.cuda`` as ``gpu`` would, inside the block (this thread and those it starts)."""
@@ -309,6 +356,7 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
             if accelerator is not None and hasattr(accelerator, name):
                 stack.enter_context(_patched(accelerator, name, fn))
         stack.enter_context(_patched(torch, "clear_autocast_cache", clear_both))
+        stack.enter_context(_patched(torch, "load", _load_to_device(torch.load)))
         stack.enter_context(_patched(torch.Tensor, "pin_memory", lambda self, *a, **k: self))
         stack.enter_context(_patched(torch.Tensor, "is_pinned", lambda self, *a, **k: False))
         stack.enter_context(_patched(torch.Tensor, "is_cuda", property(tracker.is_device)))
