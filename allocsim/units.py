@@ -24,16 +24,50 @@ _AMBIGUOUS = {"k": "K", "m": "M", "g": "G", "t": "T"}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_bytes(text: str | int) -> int:
+def parse_bytes(text: str | int, *, round_down: bool = False) -> int:
     """Turn ``"80GiB"``, ``"512MB"``, ``"1.5GiB"`` or ``4096`` into an integer byte count.
 
     ``KiB``/``MiB``/``GiB``/``TiB`` are 1024-based, ``KB``/``MB``/``GB``/``TB`` 1000-based (case is
-    ignored); a bare ``16G`` is refused as ambiguous rather than guessed.
+    ignored); a bare ``16G`` is refused as ambiguous rather than guessed. A decimal that does not land
+    on a whole byte is refused, or with ``round_down`` (a device's capacity: ``11.7GiB``) rounded
+    down to the whole bytes below it (``bytes_rounding_note`` says so to a user).
     """
+    size_bytes, exact = _parse_bytes(text)
+    if exact != size_bytes and not round_down:
+        raise ValueError(f"{str(text).strip()!r} is not a whole number of bytes")
+    return size_bytes
+
+
+def bytes_rounding_note(text: str | int) -> str | None:
+    """What rounding ``parse_bytes(text, round_down=True)`` did, in words (None: it was a whole number of bytes).
+
+    ``"11.7GiB"`` is 12,562,779,340.8 bytes, a device capacity has whole bytes: rounded down (a
+    device never has the part of a byte that a decimal asks for), and the command says so.
+    """
+    size_bytes, exact = _parse_bytes(text)
+    if exact == size_bytes:
+        return None
+    return (f"{str(text).strip()} is {_decimal_text(exact)} bytes: rounded down to a whole number of bytes, "
+            f"{size_bytes:,}")
+
+
+def _decimal_text(value) -> str:
+    """A positive fraction with a power-of-ten denominator (a decimal times a unit) as decimal text with separators."""
+    whole, rest = divmod(value.numerator, value.denominator)
+    digits = ""
+    while rest and len(digits) < 30:
+        rest *= 10
+        digit, rest = divmod(rest, value.denominator)
+        digits += str(digit)
+    return f"{whole:,}" + (f".{digits}" if digits else "")
+
+
+def _parse_bytes(text: str | int):
+    """``(size_bytes, exact)``: the byte count rounded down, and the exact value (an int or a Fraction)."""
     if isinstance(text, int):
         if text < 0:
             raise ValueError(f"size must be >= 0, got {text}")
-        return text
+        return text, text
     match = _SIZE_RE.match(str(text))
     if match and match.group(2).lower() in _AMBIGUOUS:
         number, prefix = match.group(1), _AMBIGUOUS[match.group(2).lower()]
@@ -44,14 +78,11 @@ def parse_bytes(text: str | int) -> int:
     number, unit = match.groups()
     scale = _UNITS[unit.lower()]
     if "." in number:
-        # Fractions are exact in decimal units only when they land on whole bytes.
         from fractions import Fraction
 
-        value = Fraction(number) * scale
-        if value.denominator != 1:
-            raise ValueError(f"{text!r} is not a whole number of bytes")
-        return int(value)
-    return int(number) * scale
+        value = Fraction(number) * scale          # exact: 11.7GiB is 12,562,779,340.8 bytes
+        return value.numerator // value.denominator, value
+    return int(number) * scale, int(number) * scale
 
 
 def format_bytes(size_bytes: int) -> str:

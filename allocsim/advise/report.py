@@ -80,7 +80,7 @@ def replay_under_recorded(row: dict[str, Any]) -> int | None:
 def advice_to_dict(advice: Advice) -> dict[str, Any]:
     """The JSON object of ``allocsim advise --json``."""
     out: dict[str, Any] = {
-        "trace": advice.trace, "device": advice.device, "policy": advice.policy,
+        "trace": advice.trace, "device": advice.device, "device_note": advice.device_note, "policy": advice.policy,
         "capacity_bytes": advice.capacity_bytes, "capacity_source": advice.capacity_source,
         "capacity_note": advice.capacity_note or None,
         "capacity_range": list(advice.capacity_range) if advice.capacity_range is not None else None,
@@ -125,6 +125,8 @@ def _head(advice: Advice) -> list[str]:
     capacity = f"capacity {format_bytes(advice.capacity_bytes)} ({advice.capacity_bytes:,} bytes, {advice.capacity_source}"
     capacity += f": {advice.capacity_note})" if advice.capacity_note else ")"
     lines = [f"allocsim advise: {where}, policy {advice.policy}", capacity]
+    if advice.device_note:
+        lines.insert(1, advice.device_note)
     if advice.assumption:
         lines.append(advice.assumption)
     words, held = peak_words(advice.lower_bound_bytes, advice.granted_bytes)

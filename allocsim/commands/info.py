@@ -67,8 +67,8 @@ def state_options(args: argparse.Namespace) -> dict:
     """``request_bytes``, ``capacity_bytes`` (and the site options) for ``state_report`` from the command line."""
     request = getattr(args, "request", None)
     capacity = getattr(args, "capacity", None)
-    out = {"request_bytes": parse_bytes(request) if request is not None else None,
-           "capacity_bytes": parse_bytes(capacity) if capacity is not None else None}
+    out = {"request_bytes": parse_bytes(request, round_down=True) if request is not None else None,
+           "capacity_bytes": parse_bytes(capacity, round_down=True) if capacity is not None else None}
     if hasattr(args, "sites"):
         out["site_filter"], out["top_sites"] = site_options(args)
     return out
