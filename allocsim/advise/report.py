@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..metrics.reproduction import start_state_dropped
 from ..metrics.sites.report import format_rows
 from ..metrics.sites.rule import SiteFilter
 from ..metrics.verdict import format_duration_ns, peak_words
@@ -68,7 +69,8 @@ def _baseline_dict(advice: Advice) -> dict[str, Any] | None:
     return {"fits": fits(row, advice.capacity_bytes), "peak_reserved_bytes": row.get("peak_reserved_bytes"),
             "verdict": verdict_text(row, advice.capacity_bytes), "alloc_latency_ns": _latency(row),
             "line": advice.preset.paste_line({}), "flags": advice.preset.flags({}),
-            "replay_under_recorded_bytes": replay_under_recorded(row)}
+            "replay_under_recorded_bytes": replay_under_recorded(row),
+            "start_state_dropped": start_state_dropped(row.get("reproduction.line"))}
 
 
 def replay_under_recorded(row: dict[str, Any]) -> int | None:
@@ -215,6 +217,9 @@ def format_advice(advice: Advice) -> str:
         return "\n".join(lines)
     base = advice.grid.baseline
     lines.append(f"recorded settings ({advice.preset.describe({})}): {verdict_text(base.row, advice.capacity_bytes)}")
+    dropped = start_state_dropped(base.row.get("reproduction.line"))
+    if dropped:        # run's own line: why this replay is not the recorded run (the same for every setting)
+        lines.append(f"   {dropped}")
     lines += _grid_lines(advice)
     if advice.recommendations:
         lines += _recommendation_lines(advice)
