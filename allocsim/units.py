@@ -32,23 +32,46 @@ def parse_bytes(text: str | int, *, round_down: bool = False) -> int:
     on a whole byte is refused, or with ``round_down`` (a device's capacity: ``11.7GiB``) rounded
     down to the whole bytes below it (``bytes_rounding_note`` says so to a user).
     """
-    size_bytes, exact = _parse_bytes(text)
-    if exact != size_bytes and not round_down:
-        raise ValueError(f"{str(text).strip()!r} is not a whole number of bytes")
-    return size_bytes
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"size must be >= 0, got {text}")
+        return text
+    match = _SIZE_RE.match(str(text))
+    if match and match.group(2).lower() in _AMBIGUOUS:
+        number, prefix = match.group(1), _AMBIGUOUS[match.group(2).lower()]
+        raise ValueError(f"{str(text).strip()!r} is ambiguous: say {number}{prefix}iB (1024-based) "
+                         f"or {number}{prefix}B (1000-based)")
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (examples: 4096, 512MiB, 80GiB)")
+    number, unit = match.groups()
+    scale = _UNITS[unit.lower()]
+    if "." in number:
+        # A decimal is a whole number of bytes only when it lands on one: refused, or rounded down for a device.
+        from fractions import Fraction
+
+        value = Fraction(number) * scale          # exact: 11.7GiB is 12,562,779,340.8 bytes
+        if value.denominator != 1 and not round_down:
+            raise ValueError(f"{text!r} is not a whole number of bytes")
+        return value.numerator // value.denominator
+    return int(number) * scale
 
 
 def bytes_rounding_note(text: str | int) -> str | None:
-    """What rounding ``parse_bytes(text, round_down=True)`` did, in words (None: it was a whole number of bytes).
+    """What ``parse_bytes(text, round_down=True)`` rounded away, in words (None: a whole number of bytes).
 
-    ``"11.7GiB"`` is 12,562,779,340.8 bytes, a device capacity has whole bytes: rounded down (a
-    device never has the part of a byte that a decimal asks for), and the command says so.
+    ``"11.7GiB"`` is 12,562,779,340.8 bytes; a device has whole bytes, so it is rounded down, and the
+    command says so.
     """
-    size_bytes, exact = _parse_bytes(text)
+    from fractions import Fraction
+
+    size_bytes = parse_bytes(text, round_down=True)          # refuses what is not a size
+    if isinstance(text, int) or "." not in str(text):
+        return None
+    number, unit = _SIZE_RE.match(str(text)).groups()
+    exact = Fraction(number) * _UNITS[unit.lower()]
     if exact == size_bytes:
         return None
-    return (f"{str(text).strip()} is {_decimal_text(exact)} bytes: rounded down to a whole number of bytes, "
-            f"{size_bytes:,}")
+    return f"{str(text).strip()} is {_decimal_text(exact)} bytes: rounded down to a whole number of bytes, {size_bytes:,}"
 
 
 def _decimal_text(value) -> str:
@@ -60,29 +83,6 @@ def _decimal_text(value) -> str:
         digit, rest = divmod(rest, value.denominator)
         digits += str(digit)
     return f"{whole:,}" + (f".{digits}" if digits else "")
-
-
-def _parse_bytes(text: str | int):
-    """``(size_bytes, exact)``: the byte count rounded down, and the exact value (an int or a Fraction)."""
-    if isinstance(text, int):
-        if text < 0:
-            raise ValueError(f"size must be >= 0, got {text}")
-        return text, text
-    match = _SIZE_RE.match(str(text))
-    if match and match.group(2).lower() in _AMBIGUOUS:
-        number, prefix = match.group(1), _AMBIGUOUS[match.group(2).lower()]
-        raise ValueError(f"{str(text).strip()!r} is ambiguous: say {number}{prefix}iB (1024-based) "
-                         f"or {number}{prefix}B (1000-based)")
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (examples: 4096, 512MiB, 80GiB)")
-    number, unit = match.groups()
-    scale = _UNITS[unit.lower()]
-    if "." in number:
-        from fractions import Fraction
-
-        value = Fraction(number) * scale          # exact: 11.7GiB is 12,562,779,340.8 bytes
-        return value.numerator // value.denominator, value
-    return int(number) * scale, int(number) * scale
 
 
 def format_bytes(size_bytes: int) -> str:
