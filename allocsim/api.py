@@ -49,7 +49,7 @@ def _prepare(trace: Trace | str | os.PathLike, policy: str, params: Mapping[str,
     name, merged = resolve_policy(policy, [], alloc_conf)
     merged.update(params or {})
     trace = select_device(trace if isinstance(trace, Trace) else read_trace(os.fspath(trace)), device)
-    given = parse_bytes(capacity) if capacity is not None else None
+    given = parse_bytes(capacity, round_down=True) if capacity is not None else None
     resolved = resolve_capacity(trace, given)
     check_capacity(trace, resolved)
     return trace, name, merged, resolved
@@ -97,7 +97,7 @@ def advise(trace_path: str, *, policy: str = "pytorch", capacity: int | str | No
     """
     from .advise.advice import advise as _advise
 
-    return _advise(trace_path, policy=policy, capacity_bytes=parse_bytes(capacity) if capacity is not None else None,
+    return _advise(trace_path, policy=policy, capacity_bytes=parse_bytes(capacity, round_down=True) if capacity is not None else None,
                    device=device, fast=fast, top=top, output=output)
 
 
@@ -157,7 +157,7 @@ def sweep(traces: Sequence[str | os.PathLike] | str | os.PathLike, policies: Seq
 
     paths = [os.fspath(traces)] if isinstance(traces, (str, os.PathLike)) else [os.fspath(t) for t in traces]
     configs = build_configs(list(policies), list(grid), list(sets))
-    given = parse_bytes(capacity) if capacity is not None else None
+    given = parse_bytes(capacity, round_down=True) if capacity is not None else None
     with tempfile.TemporaryDirectory(prefix="allocsim-sweep-") as tmp:
         out = Path(output) if output is not None else Path(tmp) / "results.parquet"
         run_sweep(paths, configs, output=out, capacity_bytes=given, device=device, fast=fast,
@@ -174,7 +174,7 @@ def winners(rows: pd.DataFrame, minimise: Sequence[str] = ("peak_reserved_bytes"
     """
     from .sweep.pareto import select
 
-    return select(rows, list(minimise), parse_bytes(capacity) if capacity is not None else None)
+    return select(rows, list(minimise), parse_bytes(capacity, round_down=True) if capacity is not None else None)
 
 
 def scale(inputs: Mapping[Any, str | os.PathLike] | Sequence[tuple[str | os.PathLike, Any]], name: str = "batch", *,
@@ -211,7 +211,7 @@ def find_max(scaler: Any, capacity: int | str, *, policy: str = "pytorch", advis
     """
     from .scale.findmax import find_max as _find_max
 
-    return _find_max(scaler, parse_bytes(capacity), policy=policy, advise=advise)
+    return _find_max(scaler, parse_bytes(capacity, round_down=True), policy=policy, advise=advise)
 
 
 __all__ = ["ATTRIBUTION_LABELS", "ATTRIBUTION_PARTS", "GiB", "MiB", "RecordedRun", "RunResult", "Trace", "advise",

@@ -73,10 +73,31 @@ def attach_dash_values(argv: list[str]) -> list[str]:
     return out
 
 
+#: Options that take a device's SIZE (``units.parse_bytes(..., round_down=True)``), by their argparse name.
+SIZE_OPTIONS = ("capacity", "request")
+
+
+def note_rounded_sizes(args: argparse.Namespace) -> None:
+    """Say on stderr when a SIZE option is rounded down to whole bytes (``--capacity 11.7GiB``)."""
+    from .units import bytes_rounding_note
+
+    for name in SIZE_OPTIONS:
+        value = getattr(args, name, None)
+        if not isinstance(value, str):
+            continue
+        try:
+            note = bytes_rounding_note(value)
+        except ValueError:
+            continue                  # not a size: the command refuses it in its own one line
+        if note:
+            print(f"allocsim {args.command}: note: --{name.replace('_', '-')} {note}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; bad input exits 2 with a one-line message, never a traceback."""
     parser = build_parser()
     args = parser.parse_args(attach_dash_values(sys.argv[1:] if argv is None else list(argv)))
+    note_rounded_sizes(args)
     try:
         return int(args.func(args) or 0)
     except (AllocsimError, ValueError) as exc:

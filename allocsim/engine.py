@@ -88,18 +88,35 @@ PolicyLike = Union[Policy, str, Callable[[SimulatedDevice], Policy]]
 Observer = Callable[[int, Policy], None]
 
 
+def only_gpu(devices: list[int]) -> int | None:
+    """The device to replay when none is given: the one GPU of a trace whose other devices are host memory.
+
+    Kineto and Paddle traces record host memory (device -1, -2) beside the GPU; with one GPU that is the
+    device a user means. None: a single device, or several GPUs (the user must choose).
+    """
+    gpus = [d for d in devices if d >= 0]
+    return gpus[0] if len(devices) > 1 and len(gpus) == 1 else None
+
+
+def picked_device_note(devices: list[int]) -> str | None:
+    """The one line that says ``select_device`` picked the GPU (None when it picked nothing)."""
+    gpu = only_gpu(devices)
+    if gpu is None:
+        return None
+    host = [d for d in devices if d < 0]
+    return (f"device {gpu} replayed, the trace's only GPU ({', '.join(map(str, host))} "
+            f"{'is' if len(host) == 1 else 'are'} host memory: --device {host[0]} replays it)")
+
+
 def select_device(trace: Trace, device: int | None = None) -> Trace:
-    """Return the part of ``trace`` on ``device``; None means the only device (an error if several)."""
+    """Return the part of ``trace`` on ``device``; None means the only device, or the only GPU beside host memory."""
     devices = trace.devices
     if device is None:
         if len(devices) > 1:
-            gpus = [d for d in devices if d >= 0]
-            # Kineto and Paddle traces hold host memory (-1, -2) beside the GPU: name the likely choice.
-            host = [str(d) for d in devices if d < 0]
-            hint = (f" (--device {gpus[0]} for the GPU; {', '.join(host)} {'is' if len(host) == 1 else 'are'} "
-                    "host memory)" if len(gpus) == 1 else "")
-            raise AllocsimError(f"{trace.meta.source or 'trace'} has devices {devices}; "
-                                f"choose one with --device N{hint}")
+            gpu = only_gpu(devices)
+            if gpu is not None:
+                return trace.for_device(gpu)
+            raise AllocsimError(f"{trace.meta.source or 'trace'} has devices {devices}; choose one with --device N")
         return trace
     if device not in devices:
         raise AllocsimError(f"{trace.meta.source or 'trace'}: no device {device} (devices: {devices})")

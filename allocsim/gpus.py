@@ -197,6 +197,9 @@ def _key(name: str) -> str:
 def find_gpu(name: str) -> GpuModel:
     """The GPU model named ``name`` (case, spaces and dashes ignored); ``AllocsimError`` lists the known ones."""
     wanted = _key(name)
+    if not wanted:                 # `--gpu ''`: no name at all, not an unknown one
+        raise AllocsimError(f"--gpu needs a GPU name, got {name!r}; known: {', '.join(g.name for g in GPUS)} "
+                            "(allocsim gpus)")
     for gpu in GPUS:
         if wanted in {_key(n) for n in (gpu.name, *gpu.aliases)}:
             return gpu

@@ -27,7 +27,7 @@ from .cost import CostModel
 from .device import SimulatedDevice
 from .engine import run_fast, run_simpy, select_device
 from .metrics.recorded_fit import recording_fit, unproven_fit
-from .metrics.reproduction import capacity_matches, recorded_figures, reproduction
+from .metrics.reproduction import START_NOT_LOADED, capacity_matches, recorded_figures, reproduction
 from .metrics.verdict import GIVEN, INFERRED, summary_verdict
 from .result import RunResult
 from .trace.inference.recorded import RecordedRun, recorded_run, start_layout_origin
@@ -211,7 +211,7 @@ def add_recording(result: RunResult, trace: Trace, policy: str, params: Mapping[
         what_if += [f"settings changed: {change}" for change in _settings_changes(trace, policy, build())]
     if len(trace.initial_segments) and summary["start_state"] == "allocated":
         note = summary.get("start_state_note")
-        what_if.append(f"the {start_layout_origin(trace)} start state was not loaded" + (f" ({note})" if note else ""))
+        what_if.append(f"the {start_layout_origin(trace)} {START_NOT_LOADED}" + (f" ({note})" if note else ""))
     elif not len(trace.initial_segments) and recorded.start_reserved_bytes:
         what_if.append(f"the recording began with {format_bytes(recorded.start_reserved_bytes)} reserved that the "
                        "trace does not lay out")

@@ -28,11 +28,13 @@ _SIZE_CHARS = 64
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_bytes(text: str | int) -> int:
+def parse_bytes(text: str | int, *, round_down: bool = False) -> int:
     """Turn ``"80GiB"``, ``"512MB"``, ``"1.5GiB"`` or ``4096`` into an integer byte count.
 
     ``KiB``/``MiB``/``GiB``/``TiB`` are 1024-based, ``KB``/``MB``/``GB``/``TB`` 1000-based (case is
-    ignored); a bare ``16G`` is refused as ambiguous rather than guessed.
+    ignored); a bare ``16G`` is refused as ambiguous rather than guessed. A decimal that does not land
+    on a whole byte is refused, or with ``round_down`` (a device's capacity: ``11.7GiB``) rounded
+    down to the whole bytes below it (``bytes_rounding_note`` says so to a user).
     """
     if isinstance(text, int):
         if text < 0:
@@ -50,14 +52,43 @@ def parse_bytes(text: str | int) -> int:
     number, unit = match.groups()
     scale = _UNITS[unit.lower()]
     if "." in number:
-        # Fractions are exact in decimal units only when they land on whole bytes.
+        # A decimal is a whole number of bytes only when it lands on one: refused, or rounded down for a device.
         from fractions import Fraction
 
-        value = Fraction(number) * scale
-        if value.denominator != 1:
+        value = Fraction(number) * scale          # exact: 11.7GiB is 12,562,779,340.8 bytes
+        if value.denominator != 1 and not round_down:
             raise ValueError(f"{text!r} is not a whole number of bytes")
-        return int(value)
+        return value.numerator // value.denominator
     return int(number) * scale
+
+
+def bytes_rounding_note(text: str | int) -> str | None:
+    """What ``parse_bytes(text, round_down=True)`` rounded away, in words (None: a whole number of bytes).
+
+    ``"11.7GiB"`` is 12,562,779,340.8 bytes; a device has whole bytes, so it is rounded down, and the
+    command says so.
+    """
+    from fractions import Fraction
+
+    size_bytes = parse_bytes(text, round_down=True)          # refuses what is not a size
+    if isinstance(text, int) or "." not in str(text):
+        return None
+    number, unit = _SIZE_RE.match(str(text)).groups()
+    exact = Fraction(number) * _UNITS[unit.lower()]
+    if exact == size_bytes:
+        return None
+    return f"{str(text).strip()} is {_decimal_text(exact)} bytes: rounded down to a whole number of bytes, {size_bytes:,}"
+
+
+def _decimal_text(value) -> str:
+    """A positive fraction with a power-of-ten denominator (a decimal times a unit) as decimal text with separators."""
+    whole, rest = divmod(value.numerator, value.denominator)
+    digits = ""
+    while rest and len(digits) < 30:
+        rest *= 10
+        digit, rest = divmod(rest, value.denominator)
+        digits += str(digit)
+    return f"{whole:,}" + (f".{digits}" if digits else "")
 
 
 def format_bytes(size_bytes: int) -> str:

@@ -18,6 +18,20 @@ settings.load_profile("explore" if os.environ.get("ALLOCSIM_HYPOTHESIS") == "exp
 SHARED_DIR = Path(__file__).resolve().parents[1].parent / "shared"
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Skip every test marked ``shared`` where ``../shared`` is absent, so a fresh clone passes on its own.
+
+    A test that opens a shared file by path (not through ``shared_dir``) would otherwise fail there
+    with the reader's "no such file" instead of skipping.
+    """
+    if SHARED_DIR.is_dir():
+        return
+    skip = pytest.mark.skip(reason=f"shared data folder {SHARED_DIR} is absent (real traces live there)")
+    for item in items:
+        if item.get_closest_marker("shared") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     """The ``../shared`` folder; tests that use it skip cleanly when it is absent."""

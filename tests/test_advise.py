@@ -435,3 +435,30 @@ def test_advice_on_a_replay_short_of_the_recording_is_not_proven(tmp_path, capsy
     code, out, _ = run_cli(capsys, *argv)
     assert code == 0 and out.strip().splitlines()[-1].startswith("FITS in 180.00 GiB: ")
     assert f"but not proven: the recorded settings' replay falls {format_bytes(under)} short" in out.strip().splitlines()[-1]
+
+
+# ----------------------------------------------------------------------------- a start layout the device cannot hold
+def test_advise_says_why_the_replay_is_not_the_recorded_run_when_the_start_layout_is_dropped(tmp_path, capsys):
+    """Below what the recorded start layout reserves, it is placed anew: advise prints run's own line for it."""
+    from .recorder import BASE, S1, Recorder
+
+    rec = Recorder()
+    rec.before(BASE, 64 * MiB, S1, blocks=[(BASE, 8 * MiB, 8 * MiB)])      # 64 MiB cached, 8 MiB of it live
+    for i in range(3):
+        rec.alloc(BASE + (8 + 4 * i) * MiB, 4 * MiB, S1)
+    for i in range(3):
+        rec.free(BASE + (8 + 4 * i) * MiB, S1)
+    path = rec.dump(tmp_path / "cached.pickle")
+    assert main(["run", str(path), "--policy", "pytorch", "--capacity", "32MiB", "--fast", "--sites", "0",
+                 "--json"]) == 0
+    ran = json.loads(capsys.readouterr().out)
+    why = ran["reproduction"]["line"]
+    assert ran["start_state"] == "allocated" and "the recorded start state was not loaded" in why
+    assert main(["advise", str(path), "--capacity", "32MiB", "--fast"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    [at] = [i for i, line in enumerate(lines) if line.startswith("recorded settings (")]
+    assert lines[at + 1] == f"   {why}"
+    assert main(["advise", str(path), "--capacity", "32MiB", "--fast", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["recorded"]["start_state_dropped"] == why
+    assert main(["advise", str(path), "--capacity", "80MiB", "--fast", "--json"]) == 0     # the layout fits: loaded
+    assert json.loads(capsys.readouterr().out)["recorded"]["start_state_dropped"] is None

@@ -125,6 +125,21 @@ def test_bare_size_prefixes_are_ambiguous():
     assert parse_bytes("16GiB") == 16 * GiB and parse_bytes("16GB") == 16 * 1000**3 and parse_bytes("512") == 512
 
 
+def test_a_decimal_capacity_is_rounded_down_to_whole_bytes_and_the_note_says_so():
+    """``--capacity 11.7GiB`` was refused ("not a whole number of bytes"): a device's size rounds down to whole bytes."""
+    from allocsim.units import bytes_rounding_note
+
+    assert parse_bytes("11.7GiB", round_down=True) == 12_562_779_340 and parse_bytes("2.5", round_down=True) == 2
+    assert parse_bytes("0.0001KiB", round_down=True) == 0 and parse_bytes("1.5GiB", round_down=True) == 3 * 2**29
+    with pytest.raises(ValueError, match="'11.7GiB' is not a whole number of bytes"):
+        parse_bytes("11.7GiB")          # a setting (--set chunk_size=...) stays exact or refused
+    assert bytes_rounding_note("11.7GiB") == ("11.7GiB is 12,562,779,340.8 bytes: rounded down to a whole number "
+                                              "of bytes, 12,562,779,340")
+    assert bytes_rounding_note(" 0.0001KiB ") == "0.0001KiB is 0.1024 bytes: rounded down to a whole number of bytes, 0"
+    for exact in ("1.5GiB", "0.5KB", "4096", 4096, "80GiB"):
+        assert bytes_rounding_note(exact) is None
+
+
 # ----------------------------------------------------------------------------- on the command line
 @pytest.fixture
 def small_trace(tmp_path):

@@ -137,3 +137,44 @@ def test_inference_kineto_trace_has_no_gradients(shared_dir):
     assert not np.isin(cats.codes, [CATEGORIES.index("gradient"), CATEGORIES.index("optimizer_state")]).any()
     split = trace_categories(one)["at_peak"]
     assert split["unknown"] == 0 and split["parameter"] > 0
+
+
+# ----------------------------------------------------------------------------- an inference engine's KV cache
+def write_inference_window(path: Path, function: str) -> Path:
+    """A Kineto inference window inside ``function`` (a Python frame), after 8 GiB were allocated before it."""
+    def mem(ts: float, addr: int, nbytes: int, total: int) -> dict:
+        return {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": ts,
+                "args": {"Addr": addr, "Bytes": nbytes, "Total Allocated": total, "Device Type": 1, "Device Id": 0}}
+
+    before = 8 << 30
+    events = [{"ph": "X", "cat": "python_function", "name": f"vllm/v1/engine/core.py(279): {function}", "pid": 1,
+               "tid": 1, "ts": 1, "dur": 100},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": 1, "tid": 1, "ts": 10, "dur": 10},
+              mem(11, 0x1000, 1 << 20, before + (1 << 20)),
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 30, "dur": 10},
+              mem(31, 0x200000, 2 << 20, before + (3 << 20)),
+              mem(50, 0x1000, -(1 << 20), before + (2 << 20)),
+              mem(60, 0x200000, -(2 << 20), before)]
+    path.write_text(json.dumps({"traceEvents": events}), encoding="utf-8")
+    return path
+
+
+def test_memory_from_before_an_inference_window_with_a_kv_cache_is_not_called_parameters(tmp_path):
+    """vLLM allocates its KV cache before the window beside the weights: the trace cannot split them."""
+    kv = trace_categories(read_trace(write_inference_window(tmp_path / "kv.json", "_initialize_kv_caches")))
+    assert kv["at_peak"]["preallocated"] == 8 << 30 and kv["at_peak"]["parameter"] == 0
+    [rule] = [r for r in kv["rules"] if r["category"] == "preallocated"]
+    assert rule["bytes"] == 8 << 30 and "KV cache" in rule["rule"]
+    plain = trace_categories(read_trace(write_inference_window(tmp_path / "plain.json", "_initialize_model")))
+    assert plain["at_peak"]["parameter"] == 8 << 30 and plain["at_peak"]["preallocated"] == 0
+
+
+@pytest.mark.shared
+def test_vllm_preallocated_kv_cache_is_not_called_parameters(shared_dir, capsys):
+    """vLLM's CUDA-graph capture on an MI300X: 178.45 GiB alive before the window (weights and KV cache)."""
+    path = shared_dir / "traces" / "kineto-gpu" / "AMD-AGI_TraceLens_vllm_piecewise_graph_capture.json.gz"
+    split = trace_categories(read_trace(path).for_device(0))["at_peak"]
+    assert split["preallocated"] == 191_610_968_064 and split["parameter"] == 0
+    code, out = run_cli(capsys, "info", path, "--device", "0", "--sites", "0")
+    assert code == 0 and "Memory by category at the peak of live bytes: preallocated before the window 178.45 GiB" in out
+    assert "parameters" not in out

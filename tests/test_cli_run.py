@@ -231,3 +231,55 @@ def test_python_dash_m_run_never_prints_a_traceback(tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- sizes, devices, GPUs (issue 33 #14)
+def test_a_decimal_capacity_is_rounded_down_to_whole_bytes_and_said(registry, trace_file, capsys):
+    """``--capacity 11.7GiB`` is 12,562,779,340.8 bytes: replayed on 12,562,779,340, with a note on stderr."""
+    code, out, err = run_cli(capsys, "run", str(trace_file), "--policy", "direct", "--capacity", "11.7GiB", "--json")
+    assert code == 0, err
+    assert json.loads(out)["verdict"]["capacity_bytes"] == 12_562_779_340
+    assert err.strip() == ("allocsim run: note: --capacity 11.7GiB is 12,562,779,340.8 bytes: rounded down to a "
+                           "whole number of bytes, 12,562,779,340")
+    code, out, err = run_cli(capsys, "run", str(trace_file), "--policy", "direct", "--capacity", "1.5GiB", "--json")
+    assert code == 0 and err == "" and json.loads(out)["verdict"]["capacity_bytes"] == 3 * 2**29   # exact: no note
+
+
+def write_kineto_gpu_and_host(path: Path) -> Path:
+    """A Kineto trace of one CUDA GPU (Device Type 1, id 0) and host memory (Device Type 0, id -1)."""
+    def mem(ts: int, addr: int, nbytes: int, device_type: int, device_id: int) -> dict:
+        return {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": ts,
+                "args": {"Addr": addr, "Bytes": nbytes, "Device Type": device_type, "Device Id": device_id}}
+
+    events = [mem(1, 0x1000, 4 * MiB, 1, 0), mem(2, 0x9000, 64, 0, -1), mem(3, 0x2000_0000, 2 * MiB, 1, 0),
+              mem(4, 0x1000, -4 * MiB, 1, 0), mem(5, 0x9000, -64, 0, -1), mem(6, 0x2000_0000, -2 * MiB, 1, 0)]
+    path.write_text(json.dumps({"traceEvents": events}), encoding="utf-8")
+    return path
+
+
+def test_a_kineto_trace_of_one_gpu_and_host_memory_replays_the_gpu_and_says_so(tmp_path, capsys):
+    path = write_kineto_gpu_and_host(tmp_path / "gpu_and_host.json")
+    note = ("allocsim run: note: device 0 replayed, the trace's only GPU (-1 is host memory: --device -1 replays "
+            "it)")
+    code, out, err = run_cli(capsys, "run", str(path), "--policy", "pytorch", "--fast", "--json")
+    assert code == 0 and err.strip() == note
+    data = json.loads(out)
+    assert data["device"] == 0 and data["trace"]["devices"] == [0] and data["peak_requested_bytes"] == 6 * MiB
+    code, out, err = run_cli(capsys, "run", str(path), "--policy", "pytorch", "--fast", "--device", "-1", "--json")
+    assert code == 0 and err == "" and json.loads(out)["peak_requested_bytes"] == 64
+    code, out, err = run_cli(capsys, "advise", str(path), "--capacity", "1GiB", "--fast")
+    assert code == 0 and out.splitlines()[1] == note.removeprefix("allocsim run: note: ")
+
+
+def test_several_gpus_still_need_a_device(registry, tmp_path, capsys):
+    path = write_synthetic(tmp_path / "two.parquet", devices=(0, 1))
+    code, out, err = run_cli(capsys, "run", str(path), "--policy", "direct")
+    assert code == 2 and "has devices [0, 1]; choose one with --device N" in err
+
+
+@pytest.mark.parametrize("command", [["run", "--policy", "pytorch"], ["advise"]])
+def test_an_empty_gpu_name_is_refused(command, trace_file, capsys):
+    """``--gpu ''`` was ignored silently (the run went on with no capacity): it names no GPU."""
+    code, out, err = run_cli(capsys, command[0], str(trace_file), *command[1:], "--gpu", "", "--fast")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"allocsim {command[0]}: error: --gpu needs a GPU name, got ''; known: RTX 3060" in err

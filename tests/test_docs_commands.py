@@ -158,6 +158,27 @@ def test_the_readme_opens_with_exactly_two_commands():
                      "pip install -e '.[test]' && python -m pytest -q"]
 
 
+def test_capture_is_installed_after_the_cpu_build_of_torch():
+    """`.[capture]` alone lets pip pick PyPI's CUDA build of torch (about 6 GB): the docs install the CPU build first."""
+    [(_, block), *_] = fenced((ROOT / "docs" / "capture.md").read_text(encoding="utf-8"), "bash")
+    lines = block.splitlines()
+    [extra] = [i for i, line in enumerate(lines) if line.startswith("pip install -e '.[capture]'")]
+    cpu = [i for i, line in enumerate(lines) if line.startswith("pip install torch")
+           and "--index-url https://download.pytorch.org/whl/cpu" in line]
+    assert cpu and cpu[0] < extra
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "--index-url\nhttps://download.pytorch.org/whl/cpu" in readme or "--index-url https://download.pytorch.org/whl/cpu" in readme
+
+
+def test_papermill_comes_with_an_extra_the_notebook_docs_install():
+    """The documented way to run a notebook on your own file (papermill) is installed by `.[notebooks]`."""
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    extra = re.search(r"^notebooks = \[(.*)\]", pyproject, re.M)
+    assert extra and '"papermill' in extra[1] and '"ipykernel' in extra[1]
+    api = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    assert "pip install -e '.[notebooks]'" in api and "papermill 04_fixing_an_oom.ipynb" in api
+
+
 def test_ci_runs_the_readme_test_command():
     """.ci/run runs the README's test command verbatim, and then the suites the default one leaves out."""
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")

@@ -277,3 +277,17 @@ def test_internal_fragmentation_of_a_trace_of_block_sizes_is_unknown(shared_dir,
     code, out, _ = run_cli(capsys, *argv)
     assert code == 0 and [line.split("|")[3].strip() for line in out.splitlines()
                           if "internal fragmentation" in line] == ["unknown"]
+
+
+@pytest.mark.shared
+def test_advise_explains_a_dropped_inferred_start_layout_as_run_does(shared_dir, capsys):
+    """Below the 116 MiB the inferred layout reserves, advise's recorded-settings line gets run's what-if line."""
+    path = _path(shared_dir, "AMD-AGI_TraceLens_h100_bert-small.json.gz")
+    code, out, _ = run_cli(capsys, "run", str(path), "--policy", "pytorch", "--capacity", "110MiB", "--fast",
+                           "--sites", "0", "--json")
+    why = json.loads(out)["reproduction"]["line"]
+    assert code == 0 and "the inferred start state was not loaded" in why
+    code, out, _ = run_cli(capsys, "advise", str(path), "--capacity", "110MiB", "--fast")
+    lines = out.splitlines()
+    [at] = [i for i, line in enumerate(lines) if line.startswith("recorded settings (")]
+    assert code == 0 and lines[at + 1] == f"   {why}"

@@ -282,3 +282,38 @@ def test_no_shared_or_shipped_kineto_trace_is_taken_for_paddle(shared_dir):
         assert detect_format(path) == "kineto" and chrome_framework(read_bytes(str(path), DEFAULT_LIMITS)) == "kineto"
     for path in PADDLE_TRACES:
         assert chrome_framework(read_bytes(str(path), DEFAULT_LIMITS)) == "paddle"
+
+
+# ----------------------------------------------------------------------------- what info and run say (issue 33 #15)
+def test_info_on_a_paddle_trace_with_history_uses_no_snapshot_wording(cli):
+    """A host place records no reserved bytes: not "no history ... when the snapshot was taken"."""
+    code, out, err = cli("info", REPO / "traces" / "paddle" / "resnet_fp32.json.gz")
+    assert code == 0, err
+    assert "  device -1: paddle-host allocator; reserved bytes not recorded; peak allocated 180.34 MiB\n" in out
+    assert "snapshot was taken" not in out and "no history" not in out
+
+
+def test_the_sites_header_on_a_paddle_trace_says_what_is_really_skipped(cli):
+    """Paddle's frames are operators, layers and API calls, never files: no path of the filter applies."""
+    path = REPO / "traces" / "paddle" / "resnet_fp32.json.gz"
+    header = "(no path skipped: Paddle records operators, layers and API calls, not source files)"
+    code, out, err = cli("info", path)
+    assert code == 0 and f"allocations by the innermost frame of the program {header}\n" in out
+    code, out, err = cli("run", path, "--policy", "paddle", "--fast")
+    assert code == 0 and f"Code sites: the innermost frame of the program {header}\n" in out
+    assert "torch/" not in out and "<stdlib>" not in out
+    code, out, err = cli("info", REPO / "traces" / "bert_fp32.json.gz")     # a Kineto trace keeps the filter's paths
+    assert "(skipped: <stdlib>, torch/; change with --site-filter)" in out
+
+
+def test_every_recorded_allocator_name_is_documented():
+    """`info` prints each RecordedRun's allocator name; a user must find what each one means."""
+    import re
+
+    given = re.compile(r'allocator="([\w-]+)"(?: if [^\n]* else "([\w-]+)")?')      # allocator="a" if ... else "b"
+    pairs = [m for path in (REPO / "allocsim").rglob("*.py") for m in given.findall(path.read_text(encoding="utf-8"))]
+    names = {name for pair in pairs for name in pair if name}
+    assert {"pytorch", "paddle", "paddle-host"} <= names
+    docs = (REPO / "docs" / "paddle.md").read_text() + (REPO / "docs" / "formats.md").read_text()
+    for name in names - {"pytorch"}:
+        assert f"`{name}`" in docs, name

@@ -85,10 +85,12 @@ def test_sweep_rows_name_the_device_they_replayed(cli, tmp_path):
 
 
 @pytest.mark.shared
-def test_a_gpu_trace_with_host_memory_names_the_gpu_to_choose(cli):
+def test_a_gpu_trace_with_host_memory_replays_the_gpu_and_says_so(cli):
     path = shared("kineto-gpu/AMD-AGI_TraceLens_normalization_layer_test.json.gz")
-    code, out, err = cli("run", path, "--policy", "pytorch", "--fast")
-    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
-    assert "has devices [-1, 0]; choose one with --device N (--device 0 for the GPU; -1 is host memory)" in err
+    code, out, err = cli("run", path, "--policy", "pytorch", "--fast", "--json")
+    assert code == 0 and err.strip() == ("allocsim run: note: device 0 replayed, the trace's only GPU (-1 is host "
+                                         "memory: --device -1 replays it)")
+    picked = json.loads(out)
     code, out, err = cli("run", path, "--policy", "pytorch", "--fast", "--device", "0", "--json")
-    assert code == 0 and json.loads(out)["device"] == 0
+    assert code == 0 and err == "" and json.loads(out)["device"] == picked["device"] == 0
+    assert json.loads(out)["peak_reserved_bytes"] == picked["peak_reserved_bytes"]

@@ -50,8 +50,11 @@ def step_ops(v: int, appear_from: int | None = None, appear_top: bool = False,
 
 def program_events(v: int, steps: int = 2, *, ops: bool = True, markers: bool = True,
                    appear_from: int | None = None, appear_top: bool = False,
-                   appear_op: str = "aten::empty") -> list[dict]:
-    """Kineto trace events of ``steps`` training steps at scale v, in time order."""
+                   appear_op: str = "aten::empty", work_us_per_v: int = 10) -> list[dict]:
+    """Kineto trace events of ``steps`` training steps at scale v, in time order.
+
+    Each step spends ``work_us_per_v * v`` microseconds between its forward allocations and its frees.
+    """
     events: list[dict] = []
     t = 1000
     addr = 1 << 20
@@ -85,13 +88,14 @@ def program_events(v: int, steps: int = 2, *, ops: bool = True, markers: bool = 
                 events.append({"ph": "X", "cat": "cpu_op", "name": outer, "pid": 1, "tid": 1,
                                "ts": op_start, "dur": t - op_start})
             t += 1
+        t += work_us_per_v * v   # steps take longer at larger scales
         for a, size in reversed(saved):
             mem(t, a, -size)
             t += 1
         if markers:
             events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step + 1}", "pid": 1,
                            "tid": 1, "ts": step_start, "dur": t - step_start})
-        t += 10 * v   # steps take longer at larger scales
+        t += 10
     return events
 
 
@@ -151,8 +155,19 @@ def test_times_keep_their_order_and_stretch_with_the_step_duration(series):
     ref = inputs[-1].trace.events["t_ns"].to_numpy()
     assert np.all(np.diff(t) >= 0)
     assert t[0] == ref[0]
-    assert result.report.time_ratio > 1.0
+    # Steps last 69 + 10 v microseconds: the line through them gives 149/109 at 8 from the reference at 4.
+    assert result.report.time_ratio == float(Fraction(149, 109))
     assert t[-1] - t[0] == int((ref[-1] - ref[0]) * result.report.time_ratio)
+
+
+def test_inputs_whose_steps_last_the_same_keep_their_times_exactly(tmp_path):
+    """Equal step durations fit a flat line: the ratio is exactly 1 and the reference's times are kept."""
+    inputs = [load_input(write_kineto(tmp_path / f"f{v}.json.gz", program_events(v, work_us_per_v=0)), Fraction(v))
+              for v in (1, 2, 3, 4)]
+    result = scale_inputs(inputs, Fraction(8), "seq")
+    assert {item.step_duration_ns() for item in inputs} == {Fraction(69_000)}
+    assert result.report.time_ratio == 1.0
+    assert result.trace.events["t_ns"].tolist() == inputs[-1].trace.events["t_ns"].tolist()
 
 
 def test_two_inputs_state_their_assumptions(series, tmp_path):

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..engine import select_device
+from ..engine import picked_device_note, select_device
 from ..errors import AllocsimError
 from ..metrics.sites.rule import SiteFilter
 from ..metrics.sites.rows import DEFAULT_TOP, LiveAtPeak, SiteRows, live_at_peak, site_rows
@@ -85,6 +85,8 @@ class Advice:
     wall_seconds: float = 0.0
     #: for an inferred capacity: (least, most) the recording proves the device had (most None: no bound)
     capacity_range: tuple[int, int | None] | None = None
+    #: No --device given and the trace's only GPU picked beside host memory (``engine.picked_device_note``).
+    device_note: str | None = None
 
     @property
     def assumption(self) -> str | None:
@@ -164,6 +166,7 @@ def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | No
     if policy not in PRESETS:
         preset_for(policy, None, 0)   # raises the one-line refusal before the trace is read
     sha, trace = _read(trace_path, lenient, limits)
+    device_note = picked_device_note(trace.devices) if device is None else None
     trace = select_device(trace, device)
     if is_state_only(trace):
         raise ValueError(f"{trace.meta.source} holds a final state and no history to replay: advise needs a "
@@ -177,7 +180,7 @@ def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | No
                     capacity_bytes=capacity.bytes, capacity_source=capacity.source, capacity_note=capacity.note,
                     capacity_range=capacity.range,
                     lower_bound_bytes=lower_bound_bytes(trace), step_bytes=step, fast=fast, preset=preset,
-                    granted_bytes=lower_bound_bytes(trace, granted_only=True))
+                    granted_bytes=lower_bound_bytes(trace, granted_only=True), device_note=device_note)
     if not advice.lower_bound_fits:
         advice.peak = live_at_peak(trace)
         advice.site_filter = site_filter or SiteFilter()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..metrics.reproduction import start_state_dropped
 from ..metrics.sites.report import format_rows
 from ..metrics.sites.rule import SiteFilter
 from ..metrics.verdict import format_duration_ns, peak_words
@@ -68,7 +69,8 @@ def _baseline_dict(advice: Advice) -> dict[str, Any] | None:
     return {"fits": fits(row, advice.capacity_bytes), "peak_reserved_bytes": row.get("peak_reserved_bytes"),
             "verdict": verdict_text(row, advice.capacity_bytes), "alloc_latency_ns": _latency(row),
             "line": advice.preset.paste_line({}), "flags": advice.preset.flags({}),
-            "replay_under_recorded_bytes": replay_under_recorded(row)}
+            "replay_under_recorded_bytes": replay_under_recorded(row),
+            "start_state_dropped": start_state_dropped(row.get("reproduction.line"))}
 
 
 def replay_under_recorded(row: dict[str, Any]) -> int | None:
@@ -80,7 +82,7 @@ def replay_under_recorded(row: dict[str, Any]) -> int | None:
 def advice_to_dict(advice: Advice) -> dict[str, Any]:
     """The JSON object of ``allocsim advise --json``."""
     out: dict[str, Any] = {
-        "trace": advice.trace, "device": advice.device, "policy": advice.policy,
+        "trace": advice.trace, "device": advice.device, "device_note": advice.device_note, "policy": advice.policy,
         "capacity_bytes": advice.capacity_bytes, "capacity_source": advice.capacity_source,
         "capacity_note": advice.capacity_note or None,
         "capacity_range": list(advice.capacity_range) if advice.capacity_range is not None else None,
@@ -125,6 +127,8 @@ def _head(advice: Advice) -> list[str]:
     capacity = f"capacity {format_bytes(advice.capacity_bytes)} ({advice.capacity_bytes:,} bytes, {advice.capacity_source}"
     capacity += f": {advice.capacity_note})" if advice.capacity_note else ")"
     lines = [f"allocsim advise: {where}, policy {advice.policy}", capacity]
+    if advice.device_note:
+        lines.insert(1, advice.device_note)
     if advice.assumption:
         lines.append(advice.assumption)
     words, held = peak_words(advice.lower_bound_bytes, advice.granted_bytes)
@@ -213,6 +217,9 @@ def format_advice(advice: Advice) -> str:
         return "\n".join(lines)
     base = advice.grid.baseline
     lines.append(f"recorded settings ({advice.preset.describe({})}): {verdict_text(base.row, advice.capacity_bytes)}")
+    dropped = start_state_dropped(base.row.get("reproduction.line"))
+    if dropped:        # run's own line: why this replay is not the recorded run (the same for every setting)
+        lines.append(f"   {dropped}")
     lines += _grid_lines(advice)
     if advice.recommendations:
         lines += _recommendation_lines(advice)

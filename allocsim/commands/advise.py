@@ -91,9 +91,9 @@ def main(args: argparse.Namespace) -> int:
             from ..sweep.results import check_results_output
 
             check_results_output(args.output)
-        capacity = parse_bytes(args.capacity) if args.capacity is not None else None
+        capacity = parse_bytes(args.capacity, round_down=True) if args.capacity is not None else None
         gpu_note = None
-        if args.gpu:
+        if args.gpu is not None:      # `--gpu ''` is refused by find_gpu, never ignored
             from ..gpus import allocator_capacity, find_gpu, label_note
 
             if capacity is not None:

@@ -68,6 +68,15 @@ def select_device(trace: Trace, device: int | None) -> Trace:
     return trace.for_device(device)
 
 
+def note_picked_device(command: str, trace: Trace, device: int | None) -> None:
+    """Say on stderr which device is replayed when ``--device`` was not given and the trace's only GPU is picked."""
+    from ..engine import picked_device_note
+
+    note = picked_device_note(trace.devices) if device is None else None
+    if note:
+        print(f"allocsim {command}: note: {note}", file=sys.stderr)
+
+
 def print_json(data: Any) -> None:
     """Print one JSON object, keys in a stable order."""
     json.dump(data, sys.stdout, indent=2, sort_keys=False)

@@ -67,8 +67,8 @@ def state_options(args: argparse.Namespace) -> dict:
     """``request_bytes``, ``capacity_bytes`` (and the site options) for ``state_report`` from the command line."""
     request = getattr(args, "request", None)
     capacity = getattr(args, "capacity", None)
-    out = {"request_bytes": parse_bytes(request) if request is not None else None,
-           "capacity_bytes": parse_bytes(capacity) if capacity is not None else None}
+    out = {"request_bytes": parse_bytes(request, round_down=True) if request is not None else None,
+           "capacity_bytes": parse_bytes(capacity, round_down=True) if capacity is not None else None}
     if hasattr(args, "sites"):
         out["site_filter"], out["top_sites"] = site_options(args)
     return out
@@ -127,12 +127,11 @@ def format_trace_categories(categories: dict[str, Any]) -> str:
 
 def format_allocation_sites(sites: dict[str, Any]) -> str:
     """The top allocation sites by bytes and by count, as text."""
-    from ..metrics.sites.report import format_rows
+    from ..metrics.sites.report import format_rows, skipped_words
 
-    skipped = ", ".join(sites["skipped_paths"]) or "nothing"
     counted = f", {sites['counted']}" if sites.get("counted") else ""
     lines = [f"Allocation sites: {sites['allocations']:,} allocations by the innermost frame of the program "
-             f"(skipped: {skipped}; change with --site-filter){counted}"]
+             f"({skipped_words(sites)}){counted}"]
     if sites.get("note"):
         lines.append(f"  note: {sites['note']}")
     lines.append("  by bytes allocated")
@@ -178,7 +177,11 @@ def _recorded_line(run: dict[str, Any]) -> str:
     def b(key: str) -> str:
         return format_bytes(run[key]) if run.get(key) is not None else "-"
 
-    if run.get("start_reserved_bytes") is None and run.get("peak_reserved_bytes") is None:
+    reserved = [run.get(k) for k in ("start_reserved_bytes", "peak_reserved_bytes", "final_reserved_bytes")]
+    if reserved == [None, None, None]:
+        # Paddle's host places (paddle-host): their current_reserved counts only what the host allocator caches.
+        parts = [f"{run.get('allocator', 'unknown')} allocator; reserved bytes not recorded"]
+    elif reserved[0] is None and reserved[1] is None:
         parts = [f"{run.get('allocator', 'unknown')} allocator; reserved {b('final_reserved_bytes')} when the "
                  "snapshot was taken (no history: the start and the peak of the run are unknown)"]
     else:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import AllocsimError
 from ..units import parse_bytes
-from .common import add_read_args, trace_limits
+from .common import add_read_args, note_picked_device, trace_limits
 from .info import add_site_args, site_options
 
 if TYPE_CHECKING:
@@ -187,8 +187,10 @@ def plot_trace(args: argparse.Namespace, out: Path) -> list[Path]:
         find_spec(spec.name)
     site_filter, top = site_options(args)
     params = _params_per_spec(specs, args.settings)
-    given = parse_bytes(args.capacity) if args.capacity is not None else None
-    trace = select_device(read_trace(args.input, lenient=args.lenient, limits=trace_limits(args)), args.device)
+    given = parse_bytes(args.capacity, round_down=True) if args.capacity is not None else None
+    trace = read_trace(args.input, lenient=args.lenient, limits=trace_limits(args))
+    note_picked_device("plot", trace, args.device)
+    trace = select_device(trace, args.device)
     capacity = resolve_capacity(trace, given)
     check_capacity(trace, capacity)
     labels = _labels(specs)
@@ -407,7 +409,7 @@ def run(args: argparse.Namespace) -> list[Path]:
         raise ValueError("-o DIR is required when plotting a trace or a sweep")
     out = Path(args.out_dir)
     if is_sweep_file(src):
-        capacity = parse_bytes(args.capacity) if args.capacity is not None else None
+        capacity = parse_bytes(args.capacity, round_down=True) if args.capacity is not None else None
         return plot_sweep(src, out, args.metric, capacity)
     return plot_trace(args, out)
 

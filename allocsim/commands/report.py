@@ -112,12 +112,14 @@ def build_report(trace_path: str, policies: list[str], *, capacity: str | None =
     from ..report.maps import segment_maps
     from ..report.page import render
     from ..runner import resolve_capacity
-    from .common import load_trace
+    from .common import load_trace, note_picked_device
     from .run import execute, format_run, resolve_policy
 
     read_options = list(read_options or [])
     first = _run_args(trace_path, policies[0], capacity, device, sites, read_options)
-    trace = select_device(load_trace(first), device)
+    trace = load_trace(first)
+    note_picked_device("report", trace, device)
+    trace = select_device(trace, device)
     from ..metrics.state import is_state_only
 
     if is_state_only(trace):
@@ -130,7 +132,7 @@ def build_report(trace_path: str, policies: list[str], *, capacity: str | None =
         result = execute(args, trace)
         name, params = resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf)
         verdict = format_run(result).rpartition("\n")[2]
-        cap = resolve_capacity(trace, None if capacity is None else parse_bytes(capacity))
+        cap = resolve_capacity(trace, None if capacity is None else parse_bytes(capacity, round_down=True))
         runs.append(PolicyRun(label=text, result=result, verdict_line=verdict,
                               maps=segment_maps(trace, name, params, cap.bytes, result.summary)))
     categories = categorize(trace)
@@ -151,6 +153,6 @@ def _advise(trace_path: str, policy: str, capacity: str | None, device: int | No
     from ..settings.alloc_conf import parse_policy_spec
     name = parse_policy_spec(policy).name
     advice = advise(trace_path, policy=name if name in ("pytorch", "paddle", "cupy") else "pytorch",
-                    capacity_bytes=parse_bytes(capacity) if capacity else None, device=device, fast=True,
+                    capacity_bytes=parse_bytes(capacity, round_down=True) if capacity else None, device=device, fast=True,
                     progress=False, log=lambda message: None)
     return advice_to_dict(advice), format_advice(advice)

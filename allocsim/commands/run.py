@@ -36,7 +36,8 @@ from typing import Any
 from ..errors import AllocsimError
 from ..output_file import check_output_folder
 from ..units import format_bytes, parse_bytes
-from .common import add_cost_model_args, add_trace_args, cost_model_from_args, load_trace, print_json
+from .common import (add_cost_model_args, add_trace_args, cost_model_from_args, load_trace, note_picked_device,
+                     print_json)
 from .info import add_site_args, add_state_args, site_options, state_options
 
 #: Exit status of a run that ran out of memory in the simulation.
@@ -226,7 +227,7 @@ def execute(args: argparse.Namespace, trace: Any = None):
     from ..engine import select_device
     from ..runner import GIVEN, Capacity, check_capacity, resolve_capacity, simulate_trace
 
-    given = parse_bytes(args.capacity) if args.capacity is not None else None
+    given = parse_bytes(args.capacity, round_down=True) if args.capacity is not None else None
     gpu = _gpu(args)
     if gpu is not None and given is not None:
         raise ValueError("give --gpu or --capacity, not both")
@@ -234,7 +235,9 @@ def execute(args: argparse.Namespace, trace: Any = None):
     name, params = resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf, paddle_flags(args))
     limit = flags_limit_bytes(args)
     site_filter, top = site_options(args) if hasattr(args, "sites") else (None, 0)
-    trace = select_device(load_trace(args) if trace is None else trace, args.device)
+    trace = load_trace(args) if trace is None else trace
+    note_picked_device("run", trace, args.device)
+    trace = select_device(trace, args.device)
     if gpu is not None:
         from ..gpus import allocator_capacity
         from ..trace.inference.workspaces import cublas_workspaces_in_trace
@@ -269,7 +272,7 @@ def _gpu(args: argparse.Namespace) -> Any:
     from ..gpus import find_gpu
 
     name = getattr(args, "gpu", None)
-    return find_gpu(name) if name else None
+    return find_gpu(name) if name is not None else None      # `--gpu ''` is refused, never ignored
 
 
 def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None) -> None:

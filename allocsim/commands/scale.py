@@ -160,7 +160,7 @@ def _find_max(args: argparse.Namespace, scaler) -> int:
         where = ["--gpu", find_gpu(args.gpu).name]
         gpu_note = label_note(find_gpu(args.gpu))
     else:
-        capacity = parse_bytes(args.capacity)
+        capacity = parse_bytes(args.capacity, round_down=True)
         where = ["--capacity", args.capacity]
     executor = None if args.no_advise else make_executor(workers=args.workers)
     log = (lambda m: print(f"allocsim scale: {m}", file=sys.stderr)) if sys.stderr.isatty() else (lambda m: None)

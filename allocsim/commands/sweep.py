@@ -129,7 +129,7 @@ def main(args: argparse.Namespace) -> int:
 
         check_results_output(args.output)
         configs = build_configs(args.policy, args.grid, args.settings, args.grid_file)
-        capacity = parse_bytes(args.capacity) if args.capacity is not None else None
+        capacity = parse_bytes(args.capacity, round_down=True) if args.capacity is not None else None
         cost_model = cost_model_from_args(args)
         executor = executor_from_options(args.workers, args.scheduler, args.dask)
         progress = not args.json and sys.stderr.isatty()

@@ -203,7 +203,7 @@ def main(args: argparse.Namespace) -> int:
         check_rows(df, args.results)
         df = only_trace(df, args.trace)
         objectives = objectives_from_args(df, args.minimise, args.then, note)
-        capacity = parse_bytes(args.capacity) if args.capacity is not None else default_capacity(df)
+        capacity = parse_bytes(args.capacity, round_down=True) if args.capacity is not None else default_capacity(df)
         sel = select(df, objectives, capacity)
     except OSError as exc:
         print(f"allocsim winners: error: {args.results}: {exc.strerror or exc}", file=sys.stderr)

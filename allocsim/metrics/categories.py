@@ -1,7 +1,8 @@
 """Name every live byte by what it is: ``categorize(trace)`` gives each allocation one memory category.
 
 The categories are PyTorch's memory-profiler vocabulary (``torch.profiler._memory_profiler.Category``):
-parameter, gradient, optimizer state, activation, temporary, autograd detail, workspace, unknown.
+parameter, gradient, optimizer state, activation, temporary, autograd detail, workspace, unknown; and
+``preallocated``: what an inference engine holds from before the window beside its weights (a KV cache).
 They are inferred once per trace from what it holds: the stack (or Kineto's enclosing operators) of
 each allocation, its lifetime relative to the step, and the state before the window began. The
 rules below are tried in order, the first that matches wins, and each counts the allocations it
@@ -20,20 +21,24 @@ decided (``Categories.rules``), so a user can see on what evidence a byte was na
    operator that made them (temporary), else intermediate gradients freed during backward.
 5. ``parameter``: made while a module was built or moved (``torch/nn/modules``' ``__init__``,
    ``_apply``, ``to``, ``cuda``; ``reset_parameters``; ``torch/nn/parameter.py``).
-6. ``parameter``: alive before the window began and through all of it, without frames, when the
+6. ``preallocated``: alive before the window began and through all of it, without frames, in an
+   inference window (no backward pass, no optimizer step) whose frames name a KV cache (vLLM's
+   ``_initialize_kv_caches``, ``reshape_and_cache``, a ``kv_cache`` op): an inference engine that
+   preallocates its KV cache holds it there beside the weights, and the trace cannot tell them apart.
+7. ``parameter``: alive before the window began and through all of it, without frames, when the
    window itself creates the optimizer state or runs no optimizer step (so the state held before
    the window cannot be optimizer state); else ``unknown`` (weights and optimizer state would look
    alike).
-7. ``gradient`` (traces with step markers): made in the step and freed after its last allocation,
+8. ``gradient`` (traces with step markers): made in the step and freed after its last allocation,
    in the run of frees that ends it (``zero_grad(set_to_none=True)`` after ``optimizer.step()``);
    on the CPU captures of ``traces/`` this finds the model's parameter bytes plus a few scalars.
    Only in traces that show a backward pass or no operator at all (inference frees its outputs
    and caches at the end of a step too).
-8. ``temporary``: freed within the operator that made it: before any allocation by another code
+9. ``temporary``: freed within the operator that made it: before any allocation by another code
    site (no frames: before the next allocation at all).
-9. ``activation``: made before its step's peak of live bytes and freed after it, or made with
+10. ``activation``: made before its step's peak of live bytes and freed after it, or made with
    program frames outside backward and optimizer (forward outputs that live on).
-10. ``unknown``: everything else.
+11. ``unknown``: everything else.
 """
 
 from __future__ import annotations
@@ -50,17 +55,21 @@ from .sites.rows import group_sums
 
 #: Category names, in the order they are listed; codes are indices into this tuple.
 CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "autograd_detail",
-              "workspace", "unknown")
-PARAMETER, GRADIENT, OPTIMIZER_STATE, ACTIVATION, TEMPORARY, AUTOGRAD_DETAIL, WORKSPACE, UNKNOWN = range(8)
+              "workspace", "unknown", "preallocated")
+(PARAMETER, GRADIENT, OPTIMIZER_STATE, ACTIVATION, TEMPORARY, AUTOGRAD_DETAIL, WORKSPACE, UNKNOWN,
+ PREALLOCATED) = range(9)
 #: What a user reads for each category.
 LABELS = {"parameter": "parameters", "gradient": "gradients", "optimizer_state": "optimizer state",
           "activation": "activations", "temporary": "temporaries", "autograd_detail": "autograd detail",
-          "workspace": "workspace", "unknown": "unknown"}
+          "workspace": "workspace", "unknown": "unknown",
+          "preallocated": "preallocated before the window"}
 
 _WORKSPACE = re.compile(r"(?i)workspace|getCurrentCUDABlasHandle|cublasLt.*Handle|cudnnCreate")
 _OPTIMIZER = re.compile(r"Optimizer\.step#|optimizer\.step|_single_tensor_(adam|sgd|rmsprop|adagrad)|"
                         r"_multi_tensor_(adam|sgd|rmsprop|adagrad)|_fused_adam|fused_adamw?\b")
 _ACCUMULATE = re.compile(r"AccumulateGrad")
+#: A frame that names a KV cache: an inference engine that preallocates one (vLLM's ``_initialize_kv_caches``).
+_KV_CACHE = re.compile(r"(?i)kv_?cache|reshape_and_cache|paged_?attention")
 _ENGINE = re.compile(r"torch::autograd::Engine::|autograd::engine::evaluate_function|Backward\d*\b")
 _STEP = re.compile(r"^(\[op\] )?ProfilerStep#\d+$")
 #: The frame a capture names an allocation's category with (``allocsim.torch_capture.session``).
@@ -104,7 +113,8 @@ def _stack_flags(trace: Trace) -> dict[str, np.ndarray]:
     """Per stack id: which of the rules' frame tests it meets (one pass over the distinct stacks)."""
     st, fr = trace.table("stacks"), trace.table("frames")
     n_stacks = int(st["stack_id"].max()) + 1 if len(st) else 0
-    flags = {k: np.zeros(n_stacks, dtype=bool) for k in ("workspace", "optimizer", "accumulate", "engine", "build")}
+    flags = {k: np.zeros(n_stacks, dtype=bool) for k in ("workspace", "optimizer", "accumulate", "engine", "build",
+                                                          "kv_cache")}
     flags["capture"] = np.full(n_stacks, -1, dtype=np.int8)
     if not n_stacks:
         return flags
@@ -115,6 +125,7 @@ def _stack_flags(trace: Trace) -> dict[str, np.ndarray]:
         "optimizer": np.array([bool(_OPTIMIZER.search(n)) or (n == "step" and "optim" in f.lower())
                                for n, f in zip(names, files)], dtype=bool),
         "accumulate": np.array([bool(_ACCUMULATE.search(n)) for n in names], dtype=bool),
+        "kv_cache": np.array([bool(_KV_CACHE.search(n)) for n in names], dtype=bool),
         "engine": np.array([bool(_ENGINE.search(n)) for n in names], dtype=bool),
         "build": np.array([(n in _BUILD_NAMES and any(b in f.replace("\\", "/") for b in _BUILD_FILES))
                            or f.replace("\\", "/").endswith("torch/nn/parameter.py") for n, f in zip(names, files)],
@@ -240,6 +251,9 @@ def categorize(trace: Trace, site_filter: SiteFilter | None = None) -> Categorie
 
     optimizer_made_state = bool(np.any(optimizer & in_window & ~freed))
     runs_optimizer = bool(np.any(optimizer))
+    # An inference window of an engine with a KV cache: what it holds from before is not only weights.
+    kv_cache_inference = (n_events > 0 and bool(np.any(flags["kv_cache"])) and not runs_optimizer
+                          and not bool(np.any(flags["engine"])))
 
     codes = np.full(n, -1, dtype=np.int8)
     rules: list[dict[str, Any]] = []
@@ -262,6 +276,9 @@ def categorize(trace: Trace, site_filter: SiteFilter | None = None) -> Categorie
     apply("made in backward, freed during backward", engine, AUTOGRAD_DETAIL)
     apply("made while a module was built or moved", build, PARAMETER)
     start_kept = ~in_window & ~freed & ~has_frames
+    if kv_cache_inference:
+        apply("alive before and through an inference window whose frames name a KV cache: the weights and the "
+              "KV cache preallocated before it, not told apart", start_kept, PREALLOCATED)
     if optimizer_made_state or not runs_optimizer:
         apply("alive before and through the window; the window holds no older optimizer state", start_kept,
               PARAMETER)
@@ -369,7 +386,8 @@ def format_rules(rules: list[dict[str, Any]], indent: str = "    ") -> list[str]
     """One line per rule that decided anything: allocations, bytes, category, the rule."""
     from ..units import format_bytes
 
-    return [f"{indent}{r['allocations']:>7,} {format_bytes(r['bytes']):>12}  {LABELS[r['category']]:<16} {r['rule']}"
+    width = max([16, *(len(LABELS[r["category"]]) for r in rules)])
+    return [f"{indent}{r['allocations']:>7,} {format_bytes(r['bytes']):>12}  {LABELS[r['category']]:<{width}} {r['rule']}"
             for r in rules]
 
 

@@ -29,6 +29,15 @@ FIGURES = {
     "device_maps": "segment_maps",
     "device_unmaps": "segment_unmaps",
 }
+#: The what-if of a run whose trace's start layout was not loaded (``runner.add_recording`` writes it).
+START_NOT_LOADED = "start state was not loaded"
+
+
+def start_state_dropped(line: Any) -> str | None:
+    """``line`` (a run's ``reproduction.line``) when the run did not load the trace's start layout, else None."""
+    return line if isinstance(line, str) and START_NOT_LOADED in line else None
+
+
 #: How each figure is named for people.
 LABELS = {"peak_reserved_bytes": "peak reserved", "peak_allocated_bytes": "peak allocated",
           "device_mallocs": "cudaMalloc calls", "device_frees": "cudaFree calls", "device_maps": "page maps",

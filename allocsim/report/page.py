@@ -45,7 +45,7 @@ _SCRIPT = r"""
 "use strict";
 const D = JSON.parse(document.getElementById("data").textContent);
 const CAT_COLORS = {parameter:"#1f5fa8",gradient:"#e08a1e",optimizer_state:"#7b4fa0",activation:"#2ca58d",
-  temporary:"#8fbce6",autograd_detail:"#f2a3a8",workspace:"#6b4f3a",unknown:"#9a9a9a"};
+  temporary:"#8fbce6",autograd_detail:"#f2a3a8",workspace:"#6b4f3a",unknown:"#9a9a9a",preallocated:"#4b5f7a"};
 const STATE_COLORS = {requested:null,rounding:"#cfe3f5",pending_free:"#b59bd0",gc_queue:"#f0b060",free:"#f2cc4d",
   stranded:"#c8323c",device_rounding:"#6b4f3a"};
 const RUN_COLORS = ["#1f5fa8","#c8323c","#7b4fa0","#e08a1e","#2ca58d","#555555"];

@@ -193,14 +193,24 @@ def _widen_open(fits: _Fits, prepared: _Prepared, reference: ScaleInput, target:
 
 
 def _time_ratio(inputs: Sequence[ScaleInput], reference: ScaleInput, target: Fraction) -> float:
-    pairs = [(float(item.value), d) for item in inputs if (d := item.step_duration_ns()) is not None]
+    """D(target)/D(reference), D the least-squares line through the inputs' mean step durations (1.0 if not > 0).
+
+    The line is fitted in exact rationals and rounded to a float once at the end: inputs whose steps
+    all last the same give exactly 1.0 (no stretch), where a float fit gives 1 - 2**-52 or 1 + 2**-52
+    depending on the BLAS underneath.
+    """
+    pairs = [(item.value, d) for item in inputs if (d := item.step_duration_ns()) is not None]
     ref_d = reference.step_duration_ns()
     if len(pairs) < 2 or not ref_d or ref_d <= 0:
         return 1.0
-    v = np.array([p[0] for p in pairs])
-    d = np.array([p[1] for p in pairs])
-    slope, intercept = np.polyfit(v, d, 1)
-    predicted = intercept + slope * float(target)
+    n = len(pairs)
+    sum_v = sum(v for v, _ in pairs)
+    sum_d = sum(d for _, d in pairs)
+    spread = n * sum(v * v for v, _ in pairs) - sum_v * sum_v
+    if spread == 0:                       # every input at one value: no line, no stretch
+        return 1.0
+    slope = (n * sum(v * d for v, d in pairs) - sum_v * sum_d) / spread
+    predicted = (sum_d - slope * sum_v) / n + slope * target
     return float(predicted / ref_d) if predicted > 0 else 1.0
 
 

@@ -61,13 +61,13 @@ class ScaleInput:
         end = np.searchsorted(self.alloc_step, step_index, side="right")
         return np.arange(first, end, dtype=np.int64)
 
-    def step_duration_ns(self) -> float | None:
-        """Mean time from first to last event over the steps that start at a boundary, if any."""
+    def step_duration_ns(self) -> Fraction | None:
+        """Mean time from first to last event over the steps that start at a boundary, if any (exact)."""
         t = self.trace.column("t_ns")
         spans = [int(t[s.end - 1]) - int(t[s.first]) for s in self.steps.body if len(s) > 1]
         if not spans:
             spans = [int(t[s.end - 1]) - int(t[s.first]) for s in self.steps.steps if len(s) > 1]
-        return float(np.mean(spans)) if spans else None
+        return Fraction(sum(spans), len(spans)) if spans else None
 
 
 #: The columns that make two recordings the same one: every event's time, kind, id, size and stream, and the

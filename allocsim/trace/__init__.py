@@ -40,12 +40,9 @@ def _reader(fmt: str) -> Callable[..., Trace]:
     if fmt == "pytorch-snapshot":
         from .formats.snapshot.reader import read_snapshot
         return read_snapshot
-    if fmt == "kineto":
+    if fmt in ("kineto", "paddle"):     # the whole file decides between the two (``formats.chrome``)
         from .formats.chrome import read_chrome
         return read_chrome
-    if fmt == "paddle":
-        from .formats.paddle import read_paddle
-        return read_paddle
     if fmt == "rmm-csv":
         from .formats.rmm.reader import read_rmm_csv
         return read_rmm_csv

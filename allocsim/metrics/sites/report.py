@@ -24,7 +24,7 @@ from ..categories import LABELS as CATEGORY_LABELS
 from .rule import SiteFilter, SiteIndex
 from .waste import WASTE_CAUSES, WasteCharges, stacks_and_causes, waste_total_check
 from .rows import (DEFAULT_TOP, OTHER, UNATTRIBUTED, SiteAccountingError, failed_request, live_at_row,
-                    note_for, oom_row, peak_row, rows_by_site)
+                    note_for, oom_row, peak_row, rows_by_site, skipped_for)
 
 _SITE = re.compile(r"^(.*):(\d+) in (.*)$")
 
@@ -66,7 +66,7 @@ def run_sites(trace: Trace, result: Any, waste_at: Callable[[int], WasteCharges]
                                   f"is {summary['peak_requested_bytes']}")
     out: dict[str, Any] = {
         "rule": index.site_filter.rule(), "skipped_paths": list(index.site_filter.skip),
-        "note": note_for(trace, index) or None,
+        "skipped": skipped_for(trace, index), "note": note_for(trace, index) or None,
         "at_peak": rows_by_site(index, peak.stack_ids, peak.size_bytes, top=top),
         "at_oom": [], "waste": [],
         "moments": {"at_peak": {"event_index": peak.event_index, "bytes": peak.live_bytes},
@@ -140,11 +140,15 @@ def format_rows(rows: list[dict[str, Any]], indent: str = "    ", causes: bool =
     return lines
 
 
+def skipped_words(sites: dict[str, Any]) -> str:
+    """The sites header's words on what the rule skips (a ``sites`` dict written before it had ``skipped``: its paths)."""
+    return sites.get("skipped") or f"skipped: {', '.join(sites['skipped_paths']) or 'nothing'}; change with --site-filter"
+
+
 def format_sites(sites: dict[str, Any]) -> list[str]:
     """The ``sites`` of a run as text lines (before the verdict)."""
-    skipped = ", ".join(sites["skipped_paths"]) or "nothing"
     m = sites["moments"]
-    lines = [f"Code sites: the innermost frame of the program (skipped: {skipped}; change with --site-filter)"]
+    lines = [f"Code sites: the innermost frame of the program ({skipped_words(sites)})"]
     if sites.get("note"):
         lines.append(f"  note: {sites['note']}")
     peak = m["at_peak"]

@@ -69,6 +69,14 @@ def group_sums(groups: np.ndarray, values: np.ndarray, n_groups: int) -> list[in
 
 
 # ----------------------------------------------------------------------------- rows
+def skipped_for(trace: Trace, index: SiteIndex) -> str:
+    """What the site rule skips on ``trace``, for the sites header: the filter's paths, where paths apply."""
+    if source_format(trace) == "paddle":
+        # Paddle's pseudo-frames are operators, layers and API calls with no file: no path can match one.
+        return "no path skipped: Paddle records operators, layers and API calls, not source files"
+    return f"skipped: {index.site_filter.describe()}; change with --site-filter"
+
+
 def note_for(trace: Trace, index: SiteIndex) -> str:
     """What the reader should know about the frames behind the rows of ``trace``."""
     if not index.has_frames:
@@ -271,6 +279,7 @@ def allocation_sites(trace: Trace, *, top: int = DEFAULT_TOP, site_filter: SiteF
     stacks = np.concatenate([init["stack_id"], trace.column("stack_id")[alloc]])
     sizes = np.concatenate([init["size_bytes"], trace.column("size_bytes")[alloc]])
     return {"rule": index.site_filter.rule(), "skipped_paths": list(index.site_filter.skip),
+            "skipped": skipped_for(trace, index),
             "allocations": int(len(sizes)), "note": note_for(trace, index) or None,
             "by_bytes": rows_by_site(index, stacks, sizes, top=top),
             "by_count": rows_by_site(index, stacks, sizes, top=top, by="count")}

@@ -30,6 +30,45 @@ def chrome_framework(data: bytes) -> str:
     return "paddle" if any(f in data for f in _PADDLE_FIELDS + _PADDLE_TOP_KEYS) else "kineto"
 
 
+def memory_framework(path: str, data: bytes) -> str:
+    """Which profiler's ``[memory]`` events a whole Chrome trace holds: ``"paddle"`` or ``"kineto"``.
+
+    ``chrome_framework`` looks for field names anywhere in the file, which is enough when only one
+    profiler's names occur. When both do (a Paddle file with an annotation named ``Bytes``, or ``[memory]``
+    events of both profilers in one file) the ``[memory]`` events' own args decide: all Paddle's
+    (``increase_bytes``) or all Kineto's (``Bytes``); events of both are refused in one line that counts
+    each and names the first of each, since no reader reads the other's events.
+    """
+    kineto, paddle = (any(f in data for f in _KINETO_FIELDS), any(f in data for f in _PADDLE_FIELDS))
+    if not (kineto and paddle):
+        return chrome_framework(data)
+    from .kineto.fast import decode_events, raw_args
+
+    decoded = decode_events(data)
+    if decoded is None:           # not JSON the fast decoder takes: the reader names the problem
+        return chrome_framework(data)
+    first: dict[str, int] = {}
+    count = {"kineto": 0, "paddle": 0}
+    for pos, event in enumerate(decoded[0]):
+        if event.name != "[memory]":
+            continue
+        args = raw_args(event.args)
+        kind = ("paddle" if isinstance(args, dict) and "increase_bytes" in args else
+                "kineto" if isinstance(args, dict) and "Bytes" in args else None)
+        if kind is not None:
+            count[kind] += 1
+            first.setdefault(kind, pos)
+    if count["kineto"] and count["paddle"]:
+        raise TraceFormatError(
+            path, None, f"its [memory] events come from two profilers: {count['kineto']:,} "
+            f"{'carries' if count['kineto'] == 1 else 'carry'} PyTorch's Kineto "
+            f"fields (Bytes; the first is traceEvents[{first['kineto']}]) and {count['paddle']:,} PaddlePaddle's "
+            f"(increase_bytes; the first is traceEvents[{first['paddle']}]); record each profiler to its own file")
+    if count["kineto"] or count["paddle"]:
+        return "paddle" if count["paddle"] else "kineto"
+    return "paddle" if any(f in data for f in _PADDLE_TOP_KEYS) else "kineto"
+
+
 def detect_format(path: str | os.PathLike) -> str:
     """Return one of ``FORMATS`` for the file at ``path``, or raise ``TraceFormatError`` saying why not."""
     path = os.fspath(path)
