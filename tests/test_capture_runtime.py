@@ -218,6 +218,23 @@ def test_categories_are_what_the_script_made(tmp_path):
     assert any(r["rule"].startswith("named by allocsim capture") for r in cats.rules)
 
 
+def test_gradients_accumulate_in_place_as_on_the_gpu(tmp_path):
+    """input_buffer.cpp: the engine adds a second gradient into the first in place when it holds the only reference."""
+    script = _write(tmp_path, "acc.py", """
+        import torch
+        x = torch.randn(256, 1024, device="cuda", requires_grad=True)
+        a = x.exp()
+        ((a * 2).sum() + (a * 3).sum()).backward()
+        """)
+    result, trace = _capture(script, tmp_path / "acc.parquet")
+    assert result.status == 0, result.message
+    ev = trace.events
+    stacks = [trace.stack(int(sid)) for sid in ev[ev["kind"] == int(EventKind.ALLOC)]["stack_id"]]
+    backward = [s[0][2] for s in stacks if any("evaluate_function" in f[2] for f in s)]
+    assert backward == ["aten::mul.Tensor", "aten::mul.Tensor", "aten::mul.Tensor"]   # grad*2, grad*3, exp's
+    # and no aten::add.Tensor: the sum of a's two gradients is written into the first one's block
+
+
 def test_a_forward_only_run_binds_one_cublas_workspace(tmp_path):
     script = _write(tmp_path, "fwd.py", """
         import torch

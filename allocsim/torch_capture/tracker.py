@@ -52,6 +52,14 @@ _CONV = torch.ops.aten.convolution.default
 _CONV_BACKWARD = torch.ops.aten.convolution_backward.default
 #: Synthetic addresses are spaced by the allocator's smallest block so no two live blocks overlap.
 _ADDR_STEP = 512
+#: Backward operators a CUDA run makes in place, into an input it holds the last reference to, where
+#: the capture gets an out-of-place result: autograd counts a meta tensor, and any tensor under a
+#: dispatch mode, as "subclass-like" (ATen/TensorSubclassLikeUtils.h), and then neither accumulates
+#: gradients in place (torch/csrc/autograd/input_buffer.cpp, can_accumulate_inplace) nor scatters in
+#: place in the backward of max/min (value_selecting_reduction_backward). The tracker gives the
+#: result the input's block when that input is freed right after, as the CUDA run's in-place op keeps it.
+_IN_PLACE_ON_CUDA = frozenset(op for op in (torch.ops.aten.add.Tensor, torch.ops.aten.scatter.src,
+                                            torch.ops.aten.scatter.value))
 #: Phases a request is made in (the parent names categories from them): forward or other code, the
 #: autograd engine's backward, an optimizer's step.
 PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = "f", "b", "o"
@@ -113,6 +121,11 @@ class StorageTracker:
             compute_capability=(int(self.gpu.get("major", 8)), int(self.gpu.get("minor", 0))))
         self.torch_version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
         self._scratch_ops: dict[Any, bool] = {}
+        # An out-of-place backward result whose request waits to see whether an input it could
+        # have been written into is freed at once: (storage key, {input key: size}, message).
+        self._defer: dict[int, int] | None = None
+        self._pending: tuple[int, dict[int, int], list[Any]] | None = None
+        self.n_in_place = 0
 
     # ----------------------------------------------------------------- clock, stacks, streams
     def now_ns(self) -> int:
@@ -159,18 +172,43 @@ class StorageTracker:
         return addr
 
     def _alloc(self, storage: Any, size_bytes: int, op_name: str) -> None:
+        self._settle()
         addr = self._new_addr(size_bytes)
         key = id(storage)
         stream = self.current_stream()
         ref = weakref.ref(storage, lambda _ref, key=key: self._released(key))
         self._live[key] = [ref, addr, size_bytes, stream, None]
-        self.channel.send(["A", self.now_ns(), addr, size_bytes, stream, self.stack_id(("aten", 0, op_name)),
-                           self.phase()])
+        message = ["A", self.now_ns(), addr, size_bytes, stream, self.stack_id(("aten", 0, op_name)), self.phase()]
+        same_size = {k: v for k, v in (self._defer or {}).items() if v == size_bytes and k != key}
+        if same_size:
+            self._pending = (key, same_size, message)
+            return
+        self._sent_alloc(message, size_bytes)
+
+    def _sent_alloc(self, message: list[Any], size_bytes: int) -> None:
+        self.channel.send(message)
         self.n_allocs += 1
         self.live_bytes += size_bytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
+    def _settle(self) -> None:
+        """Send the request held back for an in-place check: its input was not freed right after."""
+        if self._pending is not None:
+            _key, _inputs, message = self._pending
+            self._pending = None
+            self._sent_alloc(message, message[3])
+
     def _free(self, key: int) -> None:
+        pending = self._pending
+        if pending is not None and key in pending[1] and key in self._live and pending[0] in self._live:
+            # the CUDA run wrote the result into this input's block: the result keeps the block
+            self._pending = None
+            old = self._live.pop(key)
+            new = self._live[pending[0]]
+            new[1:] = old[1:]
+            self.n_in_place += 1
+            return
+        self._settle()
         entry = self._live.pop(key, None)
         if entry is None:
             return
@@ -194,6 +232,7 @@ class StorageTracker:
         Its stack's first frame is ``name`` in ``source``. Returns the block's address (kept blocks
         stay live to the end of the trace).
         """
+        self._settle()
         addr = self._new_addr(size_bytes)
         stream = self.current_stream()
         stack_id = self.stack_id((source, 0, name), with_python=keep)
@@ -214,6 +253,7 @@ class StorageTracker:
         if not _on_meta(tensor):
             return
         with self._lock:
+            self._settle()
             entry = self._live.get(id(tensor.untyped_storage()))
             if entry is not None and entry[4] != category:
                 entry[4] = category
@@ -276,17 +316,28 @@ class StorageTracker:
                     if _on_meta(t):
                         self.mark_host(t)
                 return
-            # Positional arguments only (how autograd calls them); anything else is recorded plainly.
-            if func is _CONV and len(args) == 9 and not kwargs and _on_meta(args[0]):
-                self._record_convolution(args, out)
-            elif func is _CONV_BACKWARD and len(args) == 11 and not kwargs and _on_meta(args[0]):
-                self._record_convolution_backward(args, out)
-            else:
-                self._record_outputs(func, out)
-            if func in cublas.OPERATORS:
-                self._cublas_workspace()
-            elif self._has_scratch(func):
-                self._kernel_scratch(func, args, kwargs, out)
+            self._settle()
+            if func in _IN_PLACE_ON_CUDA and torch._C._current_graph_task_id() != -1:
+                self._defer = {id(t.untyped_storage()): int(t.untyped_storage().nbytes()) for t in args
+                               if _on_meta(t) and id(t.untyped_storage()) in self._live}
+            try:
+                self._record(func, args, kwargs, out)
+            finally:
+                self._defer = None
+
+    def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """Record the outputs of ``func`` and the requests its CUDA kernel makes beside them."""
+        # Positional arguments only (how autograd calls them); anything else is recorded plainly.
+        if func is _CONV and len(args) == 9 and not kwargs and _on_meta(args[0]):
+            self._record_convolution(args, out)
+        elif func is _CONV_BACKWARD and len(args) == 11 and not kwargs and _on_meta(args[0]):
+            self._record_convolution_backward(args, out)
+        else:
+            self._record_outputs(func, out)
+        if func in cublas.OPERATORS:
+            self._cublas_workspace()
+        elif self._has_scratch(func):
+            self._kernel_scratch(func, args, kwargs, out)
 
     def _has_scratch(self, func: Any) -> bool:
         known = self._scratch_ops.get(func)
@@ -379,6 +430,7 @@ class StorageTracker:
     def marker(self, label: str) -> None:
         """Record ``label`` (a step boundary, a memory-history call) at the current time."""
         with self._lock:
+            self._settle()
             if self.active:
                 self.channel.send(["M", self.now_ns(), label])
                 self.channel.flush()
@@ -386,6 +438,7 @@ class StorageTracker:
     def empty_cache(self) -> None:
         """Record the script's ``torch.cuda.empty_cache()``."""
         with self._lock:
+            self._settle()
             if self.active:
                 self.channel.send(["E", self.now_ns()])
 
@@ -396,6 +449,7 @@ class StorageTracker:
     def stop(self) -> None:
         """Stop recording; storages still alive stay live in the trace (the script ended with them)."""
         with self._lock:
+            self._settle()
             self.active = False
 
 
