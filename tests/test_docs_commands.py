@@ -47,9 +47,6 @@ COVERED: dict[str, tuple[str, str]] = {
     "python -m validate snapshots --repos repos --extract-from clones --work snapshot-work": (
         "tests/test_snapshot_captures.py::test_cherryni_small_128_meets_the_targets",
         "needs the public repositories cloned beside it (not in CI) and minutes; the test runs one recipe"),
-    "python benchmarks/capture_scaling.py": (
-        "tests/test_capture_runtime.py::test_a_model_built_on_the_cpu_is_never_materialised",
-        "captures five models in a minute; the test captures the 2.7B one and checks its memory"),
     "python -m validate calibrate --backend host -o calibration.json": (
         "tests/test_validate_host.py::host_calibration", "takes minutes; the test runs it with --quick"),
     "python -m validate replay traces/bert_fp32.json.gz --policy pytorch,cupy --backend host --json": (
