@@ -264,6 +264,21 @@ def test_a_checkpoint_loaded_to_cuda_is_copied_to_the_device(tmp_path):
     assert _allocs(trace) == [1024 * 2048 * 4, 8]      # each tensor once, to the device; the host load takes none
 
 
+def test_torch_compile_runs_eager_and_says_so(tmp_path):
+    script = _write(tmp_path, "comp.py", """
+        import torch
+        model = torch.compile(torch.nn.Linear(64, 64).cuda())
+        @torch.compile(mode="max-autotune")
+        def double(x):
+            return x * 2
+        double(model(torch.randn(8, 64, device="cuda")))
+        """)
+    result, trace = _capture(script, tmp_path / "comp.parquet")
+    assert result.status == 0, result.message
+    assert 8 * 64 * 4 in _allocs(trace)
+    assert any("torch.compile ran eager" in note for note in trace.meta.notes)
+
+
 def test_cuda_work_in_a_thread_is_captured(tmp_path):
     script = _write(tmp_path, "thread.py", """
         import threading, torch

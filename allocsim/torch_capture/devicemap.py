@@ -28,6 +28,7 @@ What the mapping does, each because the CUDA run does it:
 * ``torch.cuda`` answers as the capture's GPU would (``cuda_api``); ``torch.autocast("cuda")``
   casts as CUDA's autocast does (``autocast``); pinned memory is ordinary host memory;
   ``Tensor.record_stream`` is a no-op; ``Tensor.is_cuda`` is True for device tensors;
+* ``torch.compile`` returns the model or function unchanged: the capture runs eager;
 * a tensor the script makes on ``meta`` itself is taken for a CUDA tensor: ``device=x.device`` of a
   CUDA tensor names ``meta`` during a capture, and the two cannot be told apart.
 """
@@ -329,6 +330,16 @@ def _load_to_device(original_load: Any) -> Any:
     return load
 
 
+def _compile_eager(tracker: StorageTracker) -> Any:
+    """``torch.compile`` that returns the model or function unchanged: a capture runs eager (noted in the trace)."""
+    def compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
+        tracker.note("torch.compile ran eager under the capture: compiled kernels' fused buffers are not modelled")
+        if model is None:                   # @torch.compile(mode=...) used as a decorator factory
+            return lambda fn: fn
+        return model
+    return compile
+
+
 @contextlib.contextmanager
 def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> Iterator[CudaAutocast]:
     """Map ``cuda`` to ``meta`` and answer ``torch.cuda`` as ``gpu`` would, inside the block (this thread and those it starts)."""
@@ -357,6 +368,7 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
                 stack.enter_context(_patched(accelerator, name, fn))
         stack.enter_context(_patched(torch, "clear_autocast_cache", clear_both))
         stack.enter_context(_patched(torch, "load", _load_to_device(torch.load)))
+        stack.enter_context(_patched(torch, "compile", _compile_eager(tracker)))
         stack.enter_context(_patched(torch.Tensor, "pin_memory", lambda self, *a, **k: self))
         stack.enter_context(_patched(torch.Tensor, "is_pinned", lambda self, *a, **k: False))
         stack.enter_context(_patched(torch.Tensor, "is_cuda", property(tracker.is_device)))

@@ -223,7 +223,7 @@ class _Converter:
             f"workspaces ({summary.get('cublas_workspace_bytes', 0):,} B per handle and stream) and cuDNN "
             f"convolution workspaces ({summary.get('cudnn_workspaces', 0)} requests, ratios "
             f"{ratios.get('kernel', '?')}, {ratios.get('pointwise_data', '?')}) are requests in the trace")
-        meta.notes.extend(self.notes)
+        meta.notes.extend(dict.fromkeys(self.notes))      # each fact once, however often it was met
         if self.model.note:
             meta.notes.append(self.model.note)
         if self.bad_lines:
