@@ -44,6 +44,10 @@ COVERED: dict[str, tuple[str, str]] = {
         "replays that test's capture on the RTX 3060"),
     'allocsim advise train.parquet --gpu "RTX 3060"': (
         "tests/test_capture_cli.py::test_advise_takes_gpu_or_capacity_not_both", "advise --gpu on a small trace"),
+    "allocsim fit -- python traces/fit_example.py --batch {B}": (
+        "tests/test_fit.py::test_fit_on_the_shipped_script_matches_direct_captures",
+        "captures with PyTorch and searches three GPUs (under a minute); the test runs it with --json and checks "
+        "each answer against direct captures"),
     "python -m validate calibrate --backend host -o calibration.json": (
         "tests/test_validate_host.py::host_calibration", "takes minutes; the test runs it with --quick"),
     "python -m validate replay traces/bert_fp32.json.gz --policy pytorch,cupy --backend host --json": (
