@@ -1,8 +1,8 @@
 """allocsim: replay real GPU allocation traces through allocator policies and see what memory they need.
 
 Start with ``allocsim.read_trace(path)`` and ``allocsim.run(trace, "pytorch")``; the public API is
-``allocsim.api`` (its names are also here, but for ``advise``, ``scale`` and ``sweep``, which are
-subpackages' names: use ``from allocsim.api import advise``); the command line is ``allocsim --help``.
+``allocsim.api`` (its names are also here, but for ``advise``, ``fit``, ``scale`` and ``sweep``, which
+are submodules' names: use ``from allocsim.api import advise``); the command line is ``allocsim --help``.
 """
 
 from typing import Any

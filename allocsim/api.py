@@ -15,6 +15,8 @@ The public API, for notebooks and scripts (``import allocsim``), each the counte
   ``winners(rows, ...)`` -> the Pareto front and the winner ``allocsim winners`` picks;
 - ``scale(inputs, name)`` -> a ``Scaler`` (``allocsim scale``: ``.at(value)`` is the trace there, with its
   report); ``find_max(scaler, capacity)`` (``--find-max``); ``write_trace(trace, path)`` saves any trace;
+- ``fit(command, gpus)`` -> ``FitResult`` (``allocsim fit``: a script captured at two values of its
+  ``{B}``, scaled, and the largest value that fits each GPU searched; ``.answers``, ``.format_text()``);
 - ``format_bytes``, ``parse_bytes``, ``MiB``, ``GiB``; plots in ``allocsim.plots``.
 
 Everything else (``allocsim.commands``, ``allocsim.runner``, ...) may change without notice.
@@ -214,7 +216,29 @@ def find_max(scaler: Any, capacity: int | str, *, policy: str = "pytorch", advis
     return _find_max(scaler, parse_bytes(capacity, round_down=True), policy=policy, advise=advise)
 
 
+def fit(command: Sequence[str], gpus: Sequence[str] | None = None, **options: Any) -> Any:
+    """The largest value of ``command``'s one ``{NAME}`` that fits each GPU, as ``allocsim fit`` finds it.
+
+    ``command`` is the script's command line (``["python", "train.py", "--batch", "{B}"]``); ``gpus``
+    names GPUs (``allocsim gpus``; default RTX 4090, A100 80GB, H100). ``options``: ``values=(2, 4)``,
+    ``steps=2``, ``out_dir=`` (keep the captures), ``scale_name=``, ``multiple=``, ``max_value=``,
+    ``advise=True``, ``workers=``, ``timeout_s=``, ``per_gpu=False``. Returns a ``FitResult``
+    (``.answers``: per GPU ``.value``, ``.setting``, ``.estimate``, ``.range_low`` / ``.range_high``;
+    ``.to_dict()``, ``.format_text()``). Bad input raises ``ValueError``; a capture that did not
+    finish raises ``allocsim.fit.ScriptFailed`` (``.status``: its exit status).
+    """
+    from .errors import AllocsimError
+    from .fit import ScriptFailed, fit as _fit
+
+    try:
+        return _fit(command, gpus, **options)
+    except ScriptFailed:
+        raise
+    except AllocsimError as exc:
+        raise ValueError(str(exc)) from None
+
+
 __all__ = ["ATTRIBUTION_LABELS", "ATTRIBUTION_PARTS", "GiB", "MiB", "RecordedRun", "RunResult", "Trace", "advise",
-           "attribute_run", "find_max", "format_advice", "format_bytes", "format_sites", "parse_alloc_conf",
+           "attribute_run", "find_max", "fit", "format_advice", "format_bytes", "format_sites", "parse_alloc_conf",
            "parse_bytes", "read_trace", "recorded_run", "run", "scale", "short_site", "site_timeline", "sweep",
            "winners", "write_trace"]

@@ -11,7 +11,7 @@ from .errors import AllocsimError
 
 #: Subcommand modules under ``allocsim.commands``, in the order ``--help`` lists them.
 COMMANDS = ("info", "convert", "run", "advise", "policies", "sweep", "winners", "plot", "report", "scale",
-            "capture", "gpus")
+            "capture", "fit", "gpus")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -47,6 +47,10 @@ COVERED: dict[str, tuple[str, str]] = {
     "python -m validate snapshots --repos repos --extract-from clones --work snapshot-work": (
         "tests/test_snapshot_captures.py::test_cherryni_small_128_meets_the_targets",
         "needs the public repositories cloned beside it (not in CI) and minutes; the test runs one recipe"),
+    "allocsim fit -- python traces/fit_example.py --batch {B}": (
+        "tests/test_fit.py::test_fit_on_the_shipped_script_matches_direct_captures",
+        "captures with PyTorch and searches three GPUs (under a minute); the test runs it with --json and checks "
+        "each answer against direct captures"),
     "python -m validate calibrate --backend host -o calibration.json": (
         "tests/test_validate_host.py::host_calibration", "takes minutes; the test runs it with --quick"),
     "python -m validate replay traces/bert_fp32.json.gz --policy pytorch,cupy --backend host --json": (

@@ -150,8 +150,12 @@ def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | No
            executor: Any = None, output: str | None = None, cost_model: Any = None, fast: bool = False, top: int = 3,
            progress: bool = False, log: Callable[[str], None] = lambda message: None,
            command_args: tuple[str, ...] = (), lenient: bool = False, limits: Any = None,
-           site_filter: SiteFilter | None = None, top_sites: int = DEFAULT_TOP) -> Advice:
+           site_filter: SiteFilter | None = None, top_sites: int = DEFAULT_TOP, gpu: Any = None) -> Advice:
     """The ``Advice`` for ``trace_path`` (see the module doc); ``ValueError`` / ``AllocsimError`` on bad input.
+
+    ``gpu`` (a ``gpus.GpuModel``, instead of ``capacity_bytes``): the memory that card leaves the
+    allocator, as ``run --gpu`` resolves it for this trace (cuBLAS workspaces not taken off twice
+    when the trace holds them).
 
     ``command_args`` go into every printed ``allocsim run`` command (the ``--cost-model`` options that
     built ``cost_model``, so the command replays on the same device; the read options). ``lenient``
@@ -168,6 +172,11 @@ def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | No
     sha, trace = _read(trace_path, lenient, limits)
     device_note = picked_device_note(trace.devices) if device is None else None
     trace = select_device(trace, device)
+    if gpu is not None:
+        from ..gpus import allocator_capacity
+        from ..trace.inference.workspaces import cublas_workspaces_in_trace
+
+        capacity_bytes = allocator_capacity(gpu, cublas_workspaces_in_trace(trace.meta))
     if is_state_only(trace):
         raise ValueError(f"{trace.meta.source} holds a final state and no history to replay: advise needs a "
                          f"recorded history ({HOW_TO_RECORD}); `allocsim info` reports the recorded state")

@@ -92,14 +92,14 @@ def main(args: argparse.Namespace) -> int:
 
             check_results_output(args.output)
         capacity = parse_bytes(args.capacity, round_down=True) if args.capacity is not None else None
-        gpu_note = None
+        gpu_note = gpu = None
         if args.gpu is not None:      # `--gpu ''` is refused by find_gpu, never ignored
-            from ..gpus import allocator_capacity, find_gpu, label_note
+            from ..gpus import find_gpu, label_note
 
             if capacity is not None:
                 raise ValueError("give --gpu or --capacity, not both")
-            capacity = allocator_capacity(find_gpu(args.gpu))
-            gpu_note = label_note(find_gpu(args.gpu))
+            gpu = find_gpu(args.gpu)
+            gpu_note = label_note(gpu)
         cost_model = cost_model_from_args(args)
         site_filter, top_sites = site_options(args)
         executor = executor_from_options(args.workers, args.scheduler, args.dask)
@@ -108,7 +108,7 @@ def main(args: argparse.Namespace) -> int:
                         executor=executor, output=args.output, cost_model=cost_model, fast=args.fast, top=args.top,
                         progress=interactive, log=_log if interactive else (lambda message: None),
                         command_args=cost_args(args), lenient=args.lenient, limits=trace_limits(args),
-                        site_filter=site_filter, top_sites=top_sites)
+                        site_filter=site_filter, top_sites=top_sites, gpu=gpu)
     except (AllocsimError, ValueError, OSError) as exc:
         print(f"allocsim advise: error: {exc}", file=sys.stderr)
         return 2

@@ -156,7 +156,10 @@ def _find_max(args: argparse.Namespace, scaler) -> int:
     if args.gpu is not None:
         from ..gpus import allocator_capacity, find_gpu, label_note
 
-        capacity = allocator_capacity(find_gpu(args.gpu))
+        from ..trace.inference.workspaces import cublas_workspaces_in_trace
+
+        in_trace = all(cublas_workspaces_in_trace(item.trace.meta) for item in scaler.inputs)
+        capacity = allocator_capacity(find_gpu(args.gpu), in_trace)
         where = ["--gpu", find_gpu(args.gpu).name]
         gpu_note = label_note(find_gpu(args.gpu))
     else:

@@ -329,6 +329,22 @@ def scale_inputs(inputs: Sequence[ScaleInput], target: Fraction, scale_name: str
     return Scaler(inputs, scale_name, allow_mixed=allow_mixed).at(target)
 
 
+#: What the reference run's meta says about the GPU its trace was made for, kept in the output trace.
+_CARRIED_HINTS = ("gpu", "torch", "capture")
+
+
+def _carried_hints(reference_meta: TraceMeta) -> dict:
+    """The hints the predicted trace keeps from its reference: whether the cuBLAS workspaces are in it (so
+    ``run --gpu`` and ``--find-max --gpu`` do not add them twice) and the card a capture was made for."""
+    from ..trace.inference.workspaces import cublas_workspaces_in_trace
+
+    hints = reference_meta.version_hints or {}
+    out = {key: hints[key] for key in _CARRIED_HINTS if key in hints}
+    if cublas_workspaces_in_trace(reference_meta):
+        out["cublas_workspaces"] = "in trace"
+    return out
+
+
 def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, scale_name: str,
            keep_cached: bool = False) -> ScaleResult:
     ref_index, others, alignment = prepared.ref_index, prepared.others, prepared.alignment
@@ -375,6 +391,7 @@ def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, 
                f"unaligned allocations {UNALIGNED_RULE}", f"times: {TIME_RULE} (ratio {ratio:.6g})",
                "the reference run's allocator decisions are not carried over"],
     )
+    meta.version_hints.update(_carried_hints(reference.trace.meta))
     trace = Trace(events=events, meta=meta, labels=list(reference.trace.labels), initial_allocs=initial,
                   frames=reference.trace.frames, stacks=reference.trace.stacks)
     # Where the start-of-window allocations sit: weights where the reference run had them, the rest

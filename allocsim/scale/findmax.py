@@ -58,6 +58,9 @@ class Probe:
     line: str = ""                              #: the verdict line, or the best setting's paste line
     run_args: list[str] = dataclasses.field(default_factory=list)   #: ``allocsim run`` options of the best setting
     params: dict[str, Any] | None = None       #: the policy settings of ``run_args`` (None: the recorded ones)
+    #: How a fit was found: "" (the probe's own search), or "replay": a setting that fitted a smaller value
+    #: was replayed here and fits (advise's full search is then run only where the answer lands).
+    by: str = ""
 
 
 @dataclasses.dataclass
@@ -191,6 +194,15 @@ class _Search:
         return fit, fail
 
 
+def largest_fitting(fits: Callable[[int], bool], fit: int, fail: int | None, limit: int,
+                    start: int = 1) -> tuple[int, int | None]:
+    """``(largest k that fits, smallest that does not)`` for a monotone ``fits(k)``, by the search above.
+
+    ``fit``: a k known to fit (0: none known); ``fail``: one known not to (None: gallop up to ``limit``).
+    """
+    return _Search(lambda k: Probe(k, bool(fits(k)), 0)).largest(fit, fail, limit, start)
+
+
 def find_max(scaler: Scaler, capacity_bytes: int, *, policy: str = "pytorch", multiple: int = 1,
              max_value: int | None = None, advise: bool = True, executor: Any = None,
              log: Callable[[str], None] = lambda message: None) -> FindMax:
@@ -263,8 +275,26 @@ def find_max(scaler: Scaler, capacity_bytes: int, *, policy: str = "pytorch", mu
     advised = None
     if advise and bound_fit:
         log("searching the largest value at which some setting fits (allocsim advise at each probe)")
-        adv_search = _Search(lambda k: _advise_probe(trace_at(k), k * multiple, capacity_bytes, policy, executor))
+        fitted: list[dict[str, Any]] = []      # settings advise found at smaller values, newest first
+
+        def advise_probe(k: int) -> Probe:
+            # A setting that fitted a smaller value is replayed first: one replay answers "some setting fits"
+            # where it still fits; advise's whole grid runs only where none of them does.
+            for params in fitted:
+                probe = _setting_probe(trace_at(k), k * multiple, capacity, capacity_bytes, policy, params)
+                if probe.fits:
+                    return probe
+            probe = _advise_probe(trace_at(k), k * multiple, capacity_bytes, policy, executor)
+            if probe.fits and probe.params is not None and probe.params not in fitted:
+                fitted.insert(0, probe.params)
+            return probe
+
+        adv_search = _Search(advise_probe)
         adv_fit, adv_fail = adv_search.largest(rec_fit, beyond, bound_fit)
+        if adv_fit and adv_search.seen.get(adv_fit) is not None and adv_search.seen[adv_fit].by:
+            # the answer's setting is advise's best there, as at every other probe it ran on
+            adv_search.seen[adv_fit] = _advise_probe(trace_at(adv_fit), adv_fit * multiple, capacity_bytes, policy,
+                                                     executor)
         advised = answer("best setting (advise)", [adv_search, rec_search, bound_search], adv_fit, fail_of(adv_fail))
         probes["advise searches"] = list(adv_search.seen.values())
     high_end = None
@@ -283,6 +313,19 @@ def find_max(scaler: Scaler, capacity_bytes: int, *, policy: str = "pytorch", mu
         found.ends = judge_ends(lambda end: simulate_trace(end, policy, params, capacity=capacity, fast=True).summary,
                                 trace_at(best.value // multiple))
     return found
+
+
+def _setting_probe(trace, value: int, capacity: Capacity, capacity_bytes: int, policy: str,
+                   params: dict[str, Any]) -> Probe:
+    """Does ``trace`` fit with the one setting ``params``? One replay, no timing."""
+    from ..advise.knobs import preset_for
+
+    summary = simulate_trace(trace, policy, params, capacity=capacity, fast=True).summary
+    preset = preset_for(policy, trace.meta.allocator_settings, capacity_bytes)
+    reserved = int(summary["peak_reserved_bytes"])
+    return Probe(value, bool(summary["verdict"]["fits"]), int(summary["peak_live_lower_bound_bytes"]), reserved,
+                 f"{preset.paste_line(params)} (peak reserved {format_bytes(reserved)})", preset.run_args(params),
+                 dict(params), by="replay")
 
 
 def _advise_probe(trace, value: int, capacity_bytes: int, policy: str, executor: Any) -> Probe:

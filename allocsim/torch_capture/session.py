@@ -275,11 +275,14 @@ class _Interrupts:
 
 
 def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str, Any] | None = None,
-            timeout_s: float | None = None, write: bool = True) -> tuple[CaptureResult, Any]:
+            timeout_s: float | None = None, write: bool = True, stdout: Any = None,
+            stderr: Any = None) -> tuple[CaptureResult, Any]:
     """Run ``command`` (``[python, script, args...]``) under the capture; return the result and the ``Trace``.
 
     ``out_path`` is written (Parquet, or CSV for ``.csv``) unless ``write`` is False; the trace is
-    None when the child could not start (no torch in that interpreter).
+    None when the child could not start (no torch in that interpreter). ``stdout`` / ``stderr``: where
+    the script's output goes (a file object or descriptor, as ``subprocess.Popen`` takes them; None:
+    this process's own).
     """
     from ..trace import write_trace  # noqa: PLC0415
 
@@ -292,7 +295,8 @@ def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str,
     converter = _Converter(out_path)
     t0 = time.monotonic()
     try:
-        proc = subprocess.Popen(child_command(command), env=env, pass_fds=(events_w, answers_r))
+        proc = subprocess.Popen(child_command(command), env=env, pass_fds=(events_w, answers_r), stdout=stdout,
+                                stderr=stderr)
     except OSError as exc:
         for fd in (events_r, events_w, answers_r, answers_w):
             os.close(fd)

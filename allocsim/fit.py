@@ -1,0 +1,565 @@
+"""The largest value of a script's knob that fits each GPU: ``fit(["python", "train.py", "--batch", "{B}"], gpus)``.
+
+``allocsim fit`` in four steps, each one an existing part of allocsim:
+
+1. **capture** the script (``torch_capture.session.capture``) at two or more small values of its one
+   ``{NAME}`` placeholder, ``steps`` optimizer steps each, once per *capture class* of the GPUs asked
+   (``capture_class``: what a capture reads of the card -- cuBLAS workspace size, attention kernels,
+   bf16 -- follows the compute capability's major version; within a class one card's capture stands
+   for the others, and the answer says which card it was captured for);
+2. **scale** the captures (``scale.Scaler``): each allocation's size as a law of the value;
+3. **search** the largest value that fits each GPU (``scale.findmax.find_max``): the memory the card
+   leaves the caching allocator (``gpus.allocator_capacity``; the captures hold their cuBLAS
+   workspaces), with PyTorch's defaults and with the best setting ``advise`` finds;
+4. **bound** the answer where the inputs leave sizes open: the same search on the low and the high
+   end of the prediction's range, with the answer's setting (``value_range``).
+
+The captures are written to a folder (kept when the caller names it) with the script's output
+beside each, so ``allocsim scale`` can replay the search and ``allocsim run`` any capture.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import os
+import re
+import shlex
+import shutil
+import tempfile
+import time
+from fractions import Fraction
+from typing import Any, Callable, Sequence
+
+from .errors import AllocsimError
+from .gpus import GpuModel, allocator_capacity, find_gpu, gpu_estimate, label_note
+from .units import format_bytes
+
+#: The values captured when none are given: small, past batch 1 (where some kernels take other paths).
+DEFAULT_VALUES = (2, 4)
+#: Optimizer steps per capture: the first makes the optimizer's state, the second is the first step
+#: that runs forward and backward with it alive and reuses the first step's cached blocks.
+DEFAULT_STEPS = 2
+#: The GPUs answered when none are asked: a consumer card, and the two data-centre cards most rented.
+DEFAULT_GPUS = ("RTX 4090", "A100 80GB", "H100")
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+#: A knob whose name says it is a length gets the sequence laws (c*v^2 allowed: attention scores).
+_SEQ_NAME = re.compile(r"seq|len|ctx|context|token", re.IGNORECASE)
+EXIT_NOTHING_FITS = 1
+
+
+class ScriptFailed(AllocsimError):
+    """A capture did not finish: ``status`` is its exit status (3 raised, 124 timeout, 130 interrupted, 2 start)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+# ----------------------------------------------------------------------------------------- input
+def knob_of(command: Sequence[str]) -> str:
+    """The one ``{NAME}`` placeholder of ``command`` (it may appear in several words); ValueError otherwise."""
+    names = sorted({m for word in command for m in PLACEHOLDER.findall(word)})
+    if not names:
+        raise ValueError("no {NAME} placeholder in the command: write the value to vary as e.g. --batch {B}")
+    if len(names) > 1:
+        raise ValueError(f"{len(names)} placeholders in the command ({', '.join('{' + n + '}' for n in names)}): "
+                         "fit varies one; write the others' values")
+    return names[0]
+
+
+def with_value(command: Sequence[str], knob: str, value: int) -> list[str]:
+    """``command`` with every ``{knob}`` replaced by ``value``."""
+    return [word.replace("{" + knob + "}", str(value)) for word in command]
+
+
+def parse_values(text: str) -> list[int]:
+    """``"2,4"`` -> ``[2, 4]``: two or more distinct whole numbers >= 1, sorted."""
+    values = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1 or len(part) > 9:
+            raise ValueError(f"--values {text!r}: {part!r} is not a whole number >= 1 (e.g. --values 2,4)")
+        values.append(int(part))
+    distinct = sorted(set(values))
+    if len(distinct) < 2:
+        raise ValueError(f"--values {text!r}: give two or more different values (the laws need two points), "
+                         "e.g. --values 2,4")
+    return distinct
+
+
+def scale_name_for(knob: str) -> str:
+    """``seq`` for a knob named like a length (``{SEQ}``, ``{ctx_len}``), else ``batch``."""
+    return "seq" if _SEQ_NAME.search(knob) else "batch"
+
+
+def capture_class(gpu: GpuModel) -> str:
+    """What the capture depends on, coarsely: the compute capability's major version, in words."""
+    major = gpu.sm // 10
+    if major >= 9:
+        return "sm 9.x and newer"
+    if major == 8:
+        return "sm 8.x"
+    return f"sm {major}.x"
+
+
+def group_gpus(gpus: Sequence[GpuModel], per_gpu: bool = False) -> list[tuple[GpuModel, list[GpuModel]]]:
+    """``(the card captured for, the cards it answers)`` per capture class, in the order asked.
+
+    The first card asked of a class is captured for; ``per_gpu`` captures for every card.
+    """
+    groups: dict[str, tuple[GpuModel, list[GpuModel]]] = {}
+    for gpu in gpus:
+        key = gpu.name if per_gpu else capture_class(gpu)
+        groups.setdefault(key, (gpu, []))[1].append(gpu)
+    return list(groups.values())
+
+
+def what_differs(captured_for: GpuModel, gpu: GpuModel) -> str:
+    """What a capture made for ``captured_for`` does not know of ``gpu`` (same class), in one clause ("": nothing)."""
+    if captured_for.sm_count != gpu.sm_count or captured_for.max_threads_per_sm != gpu.max_threads_per_sm:
+        return (f"CUDA reductions' global buffers and flash-attention backward's split follow its "
+                f"{captured_for.sm_count} SMs, not {gpu.sm_count}; --per-gpu captures for this card")
+    return "the same SM count: only the name and memory torch.cuda reports differ"
+
+
+def shell_words(command: Sequence[str]) -> str:
+    """``command`` as one line to paste, the ``{NAME}`` placeholders left bare."""
+    return " ".join(w if re.fullmatch(r"[\w@%+=:,./{}-]+", w) else shlex.quote(w) for w in command)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "gpu"
+
+
+def _script_stem(command: Sequence[str]) -> str:
+    from .commands.capture import default_output
+
+    return default_output(list(command)).rsplit(".capture.parquet", 1)[0]
+
+
+# ----------------------------------------------------------------------------------------- results
+@dataclasses.dataclass
+class CaptureRun:
+    """One capture fit made."""
+
+    value: int
+    gpu: str                      # the card it was captured for
+    path: str | None              # None once deleted (no -o DIR)
+    log: str | None               # the script's stdout and stderr
+    seconds: float
+    allocs: int
+    peak_reserved_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class GpuAnswer:
+    """The largest value that fits one GPU, its setting, the predicted total, and how sure."""
+
+    gpu: GpuModel
+    captured_for: str
+    capture_note: str             # what the capture does not know of this card ("" when captured for it)
+    capacity_bytes: int           # what the card leaves the caching allocator
+    value: int | None             # the largest value that fits with the best setting (None: not even the smallest)
+    at_limit: bool                # the search stopped at its limit: the answer is at least ``value``
+    setting: str                  # PYTORCH_CUDA_ALLOC_CONF of that setting ("" = PyTorch's defaults)
+    run_args: list[str]           # ``allocsim run`` options that replay it
+    estimate: dict[str, Any] | None   # ``gpus.gpu_estimate`` at the answer (None when nothing fits)
+    first_failing: int | None
+    why_not: str                  # why the next value does not fit (or why nothing does)
+    defaults_value: int | None    # the largest with PyTorch's defaults
+    defaults_estimate: dict[str, Any] | None
+    defaults_why_not: str
+    range_low: int | None         # the largest value that fits at the high end of the sizes' range
+    range_high: int | None        # ... at the low end (the answer lies between; equal when determined)
+    range_note: str
+    bound_value: int | None       # no setting can fit past this (peak live bytes)
+    extrapolation: float | None
+    gpu_note: str | None          # an unverified card's label note (gpus.label_note)
+    find_max: dict[str, Any]
+
+    @property
+    def fits(self) -> bool:
+        return self.value is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("gpu", "find_max")}
+        data = {"gpu": self.gpu.name, "gpu_total_bytes": self.gpu.total_bytes, "gpu_total_verified": self.gpu.verified,
+                **data, "setting_line": self.setting_line, "find_max": self.find_max}
+        return data
+
+    @property
+    def setting_line(self) -> str:
+        return f"PYTORCH_CUDA_ALLOC_CONF={self.setting}" if self.setting else "defaults"
+
+
+@dataclasses.dataclass
+class FitResult:
+    """Everything ``fit`` found; ``to_dict()`` for JSON, ``format_text()`` for people."""
+
+    command: list[str]
+    knob: str
+    scale_name: str
+    values: list[int]
+    steps: int
+    captures: list[CaptureRun]
+    answers: list[GpuAnswer]
+    capture_seconds: float
+    search_seconds: float
+    out_dir: str | None           # where the captures are kept (None: deleted)
+    replay: list[str]             # ``allocsim scale ... --find-max`` per capture class (with out_dir)
+
+    @property
+    def any_fits(self) -> bool:
+        return any(a.fits for a in self.answers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"command": self.command, "knob": self.knob, "scale_name": self.scale_name, "values": self.values,
+                "steps": self.steps, "captures": [c.to_dict() for c in self.captures],
+                "answers": [a.to_dict() for a in self.answers], "capture_seconds": round(self.capture_seconds, 3),
+                "search_seconds": round(self.search_seconds, 3), "out_dir": self.out_dir, "replay": self.replay,
+                "method": METHOD}
+
+    def format_text(self) -> str:
+        name = self.knob
+        classes: dict[str, list[str]] = {}
+        for answer in self.answers:
+            classes.setdefault(answer.captured_for, []).append(answer.gpu.name)
+        said = [rep + (f" (standing for {', '.join(g for g in gpus if g != rep)} too)" if len(gpus) > 1 else "")
+                for rep, gpus in classes.items()]
+        lines = [f"allocsim fit: {shell_words(self.command)}",
+                 f"  captured: {name} = {', '.join(map(str, self.values[:-1]))} and {self.values[-1]}, "
+                 + (f"{self.steps} optimizer steps each" if self.steps else "each to the end of the script")
+                 + f", for {' and '.join(said)}: {len(self.captures)} captures, {self.capture_seconds:.1f} s",
+                 f"  searched: the largest {name} on the traces predicted from them ({self.scale_name} laws), "
+                 f"against each GPU's memory less the CUDA context and libraries: {self.search_seconds:.1f} s", ""]
+        for a in self.answers:
+            label = "" if a.gpu.verified else ", label"
+            head = f"{a.gpu.name} ({format_bytes(a.gpu.total_bytes)}{label})"
+            if a.value is None:
+                lines.append(f"{head}: nothing fits, not even {name} = {a.first_failing}: {a.why_not}")
+            else:
+                est = a.estimate or {}
+                at_least = "at least " if a.at_limit else ""
+                lines.append(f"{head}: {name} = {at_least}{a.value} with {a.setting_line}")
+                lines.append(f"  predicted total {format_bytes(est.get('total_bytes', 0))} of "
+                             f"{format_bytes(a.gpu.total_bytes)}: reserved peak "
+                             f"{format_bytes(est.get('reserved_peak_bytes', 0))} (cuBLAS workspaces included) + "
+                             f"libraries {format_bytes(est.get('library_bytes', 0))} + CUDA context "
+                             f"{format_bytes(est.get('context_bytes', 0))}")
+                if a.at_limit:
+                    lines.append(f"  the search stopped at its limit ({a.value}); give --max-value to look further")
+                elif a.first_failing is not None:
+                    lines.append(f"  {name} = {a.first_failing}: {a.why_not}")
+                if a.setting:
+                    if a.defaults_value is None:
+                        lines.append(f"  with PyTorch's defaults nothing fits: {a.defaults_why_not}")
+                    else:
+                        dest = a.defaults_estimate or {}
+                        lines.append(f"  with PyTorch's defaults: {name} = {a.defaults_value} (predicted total "
+                                     f"{format_bytes(dest.get('total_bytes', 0))})")
+                lines.append(f"  range: {self._range_text(a)}")
+                if a.extrapolation is not None and a.extrapolation > 2:
+                    lines.append(f"  {a.value} is {a.extrapolation:.3g}x the largest value captured "
+                                 f"({max(self.values)}): confirm it with one capture (below)")
+            if a.captured_for != a.gpu.name:
+                lines.append(f"  captured for {a.captured_for}: {a.capture_note}")
+            if a.estimate and a.estimate.get("caveat"):
+                lines.append(f"  {a.estimate['caveat']}")
+            elif a.gpu_note and a.value is None:
+                lines.append(f"  note: {a.gpu_note}")
+        lines.append("")
+        best = next((a for a in self.answers if a.value is not None), None)
+        if best is not None:
+            at = with_value(self.command, self.knob, best.value)
+            extra = [w for w in best.run_args if w not in ("--policy", "pytorch")]
+            lines.append(f"confirm an answer: allocsim capture --gpu {shlex.quote(best.gpu.name)} --steps "
+                         f"{self.steps} -o at.parquet -- {shell_words(at)}")
+            lines.append(f"  then: allocsim run at.parquet --policy pytorch --gpu {shlex.quote(best.gpu.name)}"
+                         + (" " + shlex.join(extra) if extra else ""))
+        if self.out_dir:
+            lines.append(f"captures and the script's output kept in {self.out_dir}; replay the search:")
+            lines += [f"  {command}" for command in self.replay]
+        else:
+            lines.append("captures deleted (give -o DIR to keep them)")
+        return "\n".join(lines)
+
+    def _range_text(self, a: GpuAnswer) -> str:
+        if a.range_low == a.range_high == a.value:
+            return f"{a.value} ({a.range_note})"
+        low = "nothing" if a.range_low is None else str(a.range_low)
+        return f"{low} to {a.range_high} ({a.range_note})"
+
+
+METHOD = ("each value captured on the CPU (allocsim capture: cuda on the meta device), the captures scaled "
+          "(allocsim scale: each allocation's size a law of the value), the largest fitting value searched on the "
+          "trace predicted at each value probed (scale --find-max: PyTorch's defaults, then allocsim advise), against "
+          "the GPU's memory less the CUDA context and libraries as run --gpu counts them")
+
+
+# ----------------------------------------------------------------------------------------- capture
+LOG_HEADER = "# allocsim fit: output of "
+
+
+def capture_paths(command: Sequence[str], knob: str, value: int, gpu: GpuModel, folder: str) -> tuple[str, str]:
+    """The capture's trace and the script's output: ``DIR/train.B4.rtx-4090.parquet`` and ``.log``."""
+    stem = f"{_script_stem(command)}.{knob}{value}.{_slug(gpu.name)}"
+    return os.path.join(folder, stem + ".parquet"), os.path.join(folder, stem + ".log")
+
+
+def check_capture_paths(paths: Sequence[tuple[str, str]]) -> None:
+    """Refuse (ValueError, one line) before any capture a file in ``-o DIR`` that fit did not write."""
+    from .commands.convert import check_output
+    from .output_file import check_output_file
+
+    def ours(log: str) -> bool:
+        try:
+            with open(log, encoding="utf-8", errors="replace") as fh:
+                return fh.read(len(LOG_HEADER)) == LOG_HEADER
+        except OSError:
+            return False
+
+    for path, log in paths:
+        check_output(path)
+        check_output_file(log, ours=ours, what="the script's output an allocsim fit wrote")
+
+
+def _capture_one(command: list[str], knob: str, value: int, gpu: GpuModel, folder: str, steps: int,
+                 timeout_s: float | None) -> tuple[Any, CaptureRun]:
+    from .torch_capture.session import capture
+
+    path, log = capture_paths(command, knob, value, gpu, folder)
+    argv = with_value(command, knob, value)
+    with open(log, "w", encoding="utf-8") as fh:
+        fh.write(f"{LOG_HEADER}`{shlex.join(argv)}` captured for {gpu.name}\n")
+        fh.flush()
+        result, _trace = capture(argv, path, steps=steps, gpu=gpu.capture_properties(), timeout_s=timeout_s,
+                                 stdout=fh, stderr=fh)
+    summary = result.summary or {}
+    return result, CaptureRun(value, gpu.name, path, log, result.seconds, int(summary.get("allocs", 0)),
+                              int(summary.get("peak_reserved_bytes", 0)))
+
+
+def _last_line(log: str) -> str:
+    try:
+        with open(log, encoding="utf-8", errors="replace") as fh:
+            lines = [line.strip() for line in fh if line.strip() and not line.startswith(LOG_HEADER)]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
+
+
+def _failure(result: Any, run: CaptureRun, knob: str, kept: bool) -> ScriptFailed:
+    """The one line that says which capture failed, its exit status, and the script's error line."""
+    from .torch_capture.session import EXIT_CANNOT_START
+
+    status = result.status if result.trace_path is not None else EXIT_CANNOT_START
+    why = result.message or "no reason given"
+    last = _last_line(run.log)
+    error = ""
+    if last and last not in why:
+        error = f"; the script's last line: {last}"
+    where = f" (its output: {run.log})" if kept else ""
+    return ScriptFailed(f"the capture at {knob} = {run.value} (for {run.gpu}) ended with exit status {status}: "
+                        f"{why}{error}{where}", status)
+
+
+def capture_all(command: list[str], knob: str, values: Sequence[int], reps: Sequence[GpuModel], folder: str,
+                steps: int, timeout_s: float | None, workers: int, kept: bool,
+                log: Callable[[str], None]) -> list[CaptureRun]:
+    """Every (card, value) capture, ``workers`` at a time; ``ScriptFailed`` for the first that did not finish."""
+    jobs = [(gpu, value) for gpu in reps for value in values]
+    runs: dict[tuple[str, int], tuple[Any, CaptureRun]] = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as pool:
+        futures = {pool.submit(_capture_one, command, knob, value, gpu, folder, steps, timeout_s): (gpu, value)
+                   for gpu, value in jobs}
+        for future in concurrent.futures.as_completed(futures):
+            gpu, value = futures[future]
+            runs[(gpu.name, value)] = future.result()
+            log(f"captured {knob} = {value} for {gpu.name} ({runs[(gpu.name, value)][1].seconds:.1f} s)")
+    for gpu, value in jobs:           # the first failure in the order asked: the smallest value first
+        result, run = runs[(gpu.name, value)]
+        if result.status != 0 or result.trace_path is None:
+            raise _failure(result, run, knob, kept)
+    return [runs[(gpu.name, value)][1] for gpu, value in jobs]
+
+
+# ----------------------------------------------------------------------------------------- search
+def value_range(scaler: Any, capacity_bytes: int, params: dict[str, Any] | None, value: int, multiple: int,
+                limit_value: int) -> tuple[int | None, int | None, str]:
+    """``(lower, upper, note)``: the largest value that fits with ``params`` at the high and at the low end.
+
+    Where the inputs determine every size at ``value`` (no open range, or both ends equal), both are
+    ``value``. Otherwise two searches with the one setting, one replay per probe: downward from
+    ``value`` on the high ends (the value that fits whatever the open laws are) and upward from it on
+    the low ends (the most the inputs allow).
+    """
+    from .metrics.verdict import GIVEN
+    from .runner import Capacity, simulate_trace
+    from .scale.findmax import largest_fitting
+    from .scale.ranges import end_traces, recorded_range
+
+    at = scaler.at(Fraction(value), with_range=False).trace
+    rng = recorded_range(at)
+    if end_traces(at) is None or rng is None or (rng["low"] == rng["high"]).all():
+        return value, value, "the inputs determine every size at the answer"
+    capacity = Capacity(capacity_bytes, GIVEN)
+
+    def fits(k: int, end: int) -> bool:
+        trace = scaler.at(Fraction(k * multiple), with_range=False).trace
+        ends = end_traces(trace)
+        chosen = trace if ends is None else ends[end]
+        return bool(simulate_trace(chosen, "pytorch", params, capacity=capacity, fast=True).summary["verdict"]["fits"])
+
+    k = value // multiple
+    limit = max(k, limit_value // multiple)
+    def high_end(j: int) -> bool:            # larger sizes: the value that fits whatever the open laws are
+        return fits(j, 1)
+
+    def low_end(j: int) -> bool:             # smaller sizes: the most the inputs allow
+        return fits(j, 0)
+
+    lower = k if high_end(k) else largest_fitting(high_end, 0, k, k)[0]
+    upper = largest_fitting(low_end, k, None, limit, k)[0] if low_end(k) else k
+    lower_value = lower * multiple if lower else None
+    upper_value = max(upper * multiple, value)
+    n_open = len(rng["alloc_id"])
+    if lower_value == upper_value:
+        return lower_value, upper_value, (f"{n_open} allocation sizes the inputs leave open; the same answer at both "
+                                          "ends of their laws, with this setting")
+    return lower_value, upper_value, (f"{n_open} allocation sizes the inputs leave open: the answer searched again "
+                                      "at each end of their laws, with this setting (the lower fits whatever they "
+                                      "are)")
+
+
+def _answer(gpu: GpuModel, captured_for: GpuModel, found: Any, scaler: Any, capacity: int, in_trace: bool,
+            multiple: int, limit_value: int) -> GpuAnswer:
+    from .advise.knobs import preset_for
+
+    best, recorded = found.best, found.recorded
+    preset = preset_for("pytorch", None, capacity)
+    params = best.at_value.params if best.at_value is not None else None
+    setting = preset.alloc_conf(params) if params else ""
+    run_args = list(best.at_value.run_args) if best.at_value is not None else []
+
+    def estimate(answer: Any) -> dict[str, Any] | None:
+        if answer.value is None or answer.at_value is None or answer.at_value.peak_reserved_bytes is None:
+            return None
+        return gpu_estimate(gpu, answer.at_value.peak_reserved_bytes, workspaces_in_trace=in_trace)
+
+    def why_not(answer: Any) -> str:
+        return answer.at_failing.line if answer.at_failing is not None else ""
+
+    if best.value is not None:
+        low, high, note = value_range(scaler, capacity, params, best.value, multiple, limit_value)
+    else:
+        low, high, note = None, None, "nothing fits"
+    return GpuAnswer(
+        gpu=gpu, captured_for=captured_for.name,
+        capture_note="" if captured_for is gpu else what_differs(captured_for, gpu),
+        capacity_bytes=capacity, value=best.value, at_limit=best.value is not None and best.first_failing is None,
+        setting=setting, run_args=run_args, estimate=estimate(best), first_failing=best.first_failing,
+        why_not=why_not(best) if best.value is not None else (why_not(found.bound) or why_not(best)),
+        defaults_value=recorded.value, defaults_estimate=estimate(recorded), defaults_why_not=why_not(recorded),
+        range_low=low, range_high=high, range_note=note, bound_value=found.bound.value,
+        extrapolation=found.extrapolation(), gpu_note=label_note(gpu), find_max=found.to_dict())
+
+
+# ----------------------------------------------------------------------------------------- fit
+def check_command(command: Sequence[str]) -> str:
+    """The knob of ``command`` once it names an interpreter and an existing script (ValueError otherwise)."""
+    from .torch_capture.session import child_command
+
+    command = list(command)
+    if not command or (len(command) < 2 and not command[0].endswith(".py")):
+        raise ValueError("give the script after --, e.g. allocsim fit -- python train.py --batch {B}")
+    knob = knob_of(command)
+    script = child_command(with_value(command, knob, 1))[4:]
+    if script and script[0] != "-m" and not os.path.isfile(script[0]):
+        raise ValueError(f"no script {script[0]!r}")
+    return knob
+
+
+def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Sequence[int] = DEFAULT_VALUES,
+        steps: int = DEFAULT_STEPS, out_dir: str | None = None, scale_name: str | None = None, multiple: int = 1,
+        max_value: int | None = None, advise: bool = True, workers: int | None = None,
+        timeout_s: float | None = None, per_gpu: bool = False,
+        log: Callable[[str], None] = lambda message: None) -> FitResult:
+    """Capture, scale and search (module doc); ``ValueError`` / ``AllocsimError`` on bad input,
+    ``ScriptFailed`` when a capture did not finish."""
+    from .scale import load_input
+    from .scale.build import Scaler
+    from .scale.findmax import find_max
+    from .sweep.executors import make_executor
+    from .trace.inference.workspaces import cublas_workspaces_in_trace
+
+    command = list(command)
+    knob = check_command(command)
+    values = sorted(set(int(v) for v in values))
+    if len(values) < 2 or values[0] < 1:
+        raise ValueError("give two or more different values >= 1 to capture, e.g. --values 2,4")
+    if steps < 0:
+        raise ValueError(f"--steps must be >= 0, got {steps}")
+    if multiple < 1:
+        raise ValueError(f"--multiple-of must be >= 1, got {multiple}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    models = [find_gpu(name) for name in (gpus or DEFAULT_GPUS)]
+    models = list({m.name: m for m in models}.values())           # a card asked twice is answered once
+    scale_name = scale_name or scale_name_for(knob)
+    groups = group_gpus(models, per_gpu)
+    if out_dir is not None:
+        from .output_file import check_output_folder
+
+        check_output_folder(out_dir)
+        if os.path.isdir(out_dir):
+            check_capture_paths([capture_paths(command, knob, v, rep, out_dir) for rep, _ in groups for v in values])
+        os.makedirs(out_dir, exist_ok=True)
+        folder = out_dir
+    else:
+        folder = tempfile.mkdtemp(prefix="allocsim-fit-")
+    n_workers = workers or os.cpu_count() or 1
+    try:
+        t0 = time.monotonic()
+        captures = capture_all(command, knob, values, [rep for rep, _ in groups], folder, steps, timeout_s,
+                               n_workers, out_dir is not None, log)
+        t1 = time.monotonic()
+        answers: list[GpuAnswer] = []
+        replay: list[str] = []
+        executor = make_executor(workers=workers) if advise else None
+        with executor if executor is not None else contextlib.nullcontext():
+            for rep, members in groups:
+                mine = [c for c in captures if c.gpu == rep.name]
+                inputs = [load_input(c.path, Fraction(c.value)) for c in mine]
+                scaler = Scaler(inputs, scale_name)
+                in_trace = all(cublas_workspaces_in_trace(item.trace.meta) for item in inputs)
+                for gpu in members:
+                    log(f"searching the largest {knob} that fits {gpu.name}")
+                    capacity = allocator_capacity(gpu, in_trace)
+                    found = find_max(scaler, capacity, policy="pytorch", multiple=multiple, max_value=max_value,
+                                     advise=advise, executor=executor)
+                    answers.append(_answer(gpu, rep, found, scaler, capacity, in_trace, multiple, found.max_value))
+                    replay.append(shlex.join(["allocsim", "scale", *(f"{c.path}@{c.value}" for c in mine),
+                                              "--name", scale_name, "--gpu", gpu.name, "--find-max",
+                                              *(["--multiple-of", str(multiple)] if multiple != 1 else []),
+                                              *(["--max-value", str(max_value)] if max_value else [])]))
+        t2 = time.monotonic()
+    finally:
+        if out_dir is None:
+            shutil.rmtree(folder, ignore_errors=True)
+    if out_dir is None:               # nothing to point at any more
+        captures = [dataclasses.replace(c, path=None, log=None) for c in captures]
+        replay = []
+    order = {m.name: i for i, m in enumerate(models)}
+    answers.sort(key=lambda a: order[a.gpu.name])
+    return FitResult(command, knob, scale_name, values, steps, captures, answers, t1 - t0, t2 - t1,
+                     out_dir, replay)
+
+
+__all__ = ["DEFAULT_GPUS", "DEFAULT_STEPS", "DEFAULT_VALUES", "FitResult", "GpuAnswer", "ScriptFailed",
+           "capture_class", "check_command", "fit", "group_gpus", "knob_of", "parse_values", "scale_name_for",
+           "value_range", "with_value"]
