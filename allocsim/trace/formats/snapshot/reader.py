@@ -74,6 +74,7 @@ from ...schema import (
     check_schema,
     empty_frame,
     frame_from_columns,
+    table_from_columns,
     text_column,
 )
 from ....settings.pytorch_sizes import K_MIN_BLOCK_SIZE, K_SMALL_BUFFER
@@ -520,8 +521,8 @@ class _SnapshotReader:
     @staticmethod
     def _with_frames(trace: Trace, tables: dict[str, dict[str, Any]]) -> Trace:
         # (finish_snapshot_trace checks the schema once the trace is complete)
-        trace.frames = frame_from_columns(tables["frames"], FRAME_DTYPES)
-        trace.stacks = frame_from_columns(tables["stacks"], STACK_DTYPES)
+        trace.frames = table_from_columns(tables["frames"], FRAME_DTYPES)
+        trace.stacks = table_from_columns(tables["stacks"], STACK_DTYPES)
         return trace
 
     def read_scanned(self, scan: dict[str, Any]) -> Trace | None:
@@ -832,8 +833,10 @@ class _SnapshotReader:
             initial_segments=self._segments_frame(initial_segments),
             initial_blocks=self._initial_blocks(initial, initial_segments),
             decisions=frame_from_columns(decisions, DECISION_DTYPES),
-            frames=frame_from_columns(tables["frames"], FRAME_DTYPES),
-            stacks=frame_from_columns(tables["stacks"], STACK_DTYPES),
+            # Kept as columns: the frame strings stay shared as the file shares them (a DataFrame
+            # would copy each one per frame) until something asks for the DataFrame.
+            frames=table_from_columns(tables["frames"], FRAME_DTYPES),
+            stacks=table_from_columns(tables["stacks"], STACK_DTYPES),
             recorded_series=empty_frame(RECORDED_SERIES_DTYPES),
         )
 
