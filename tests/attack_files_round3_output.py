@@ -174,3 +174,27 @@ def surrogate_rmm(folder: Path) -> Path:
                      b"1\xed\xa0\x80,10:00:00.000001,allocate,0x1000,512,0x0\n"
                      b"1,10:00:00.000002,free,0x1000,512,0x0\n")
     return path
+
+
+def surrogate_native(folder: Path, suffix: str) -> Path:
+    """allocsim CSV (``.csv``) or Parquet (``.parquet``) whose header JSON holds ``\\ud800`` escapes
+    in a step label, a note and (CSV, whose side tables are in its header) an op name."""
+    import pyarrow.parquet as pq
+
+    from allocsim.trace import read_trace, write_trace
+
+    trace = read_trace(hostile_text_kineto(folder, text="MARK"))
+    trace.meta.notes.append("note MARK")
+    path = folder / f"surrogate_native{suffix}"
+    write_trace(trace, path)
+    if suffix == ".csv":
+        header, _, rest = path.read_text(encoding="utf-8").partition("\n")
+        path.write_text(header.replace("MARK", "\\ud800").replace("ProfilerStep#1", "ProfilerStep#1\\ud800")
+                        + "\n" + rest, encoding="utf-8")
+        return path
+    table = pq.read_table(path)
+    meta = dict(table.schema.metadata)
+    meta[b"allocsim"] = (meta[b"allocsim"].replace(b"MARK", b"\\ud800")
+                         .replace(b"ProfilerStep#1", b"ProfilerStep#1\\ud800"))
+    pq.write_table(table.replace_schema_metadata(meta), path)
+    return path
