@@ -198,3 +198,24 @@ def surrogate_native(folder: Path, suffix: str) -> Path:
                          .replace(b"ProfilerStep#1", b"ProfilerStep#1\\ud800"))
     pq.write_table(table.replace_schema_metadata(meta), path)
     return path
+
+
+# ------------------------------------------------------------------------------- output targets
+def scale_inputs(folder: Path) -> tuple[Path, Path]:
+    """Two snapshots of one program at batch 1 and 2 (four allocations a step growing with the batch)."""
+    paths = []
+    for batch in (1, 2):
+        entries, t = [], 0
+        for _step in range(3):
+            for i in range(4):
+                frames = [{"filename": "train.py", "line": 10 + i, "name": "forward"}]
+                entries.append({"action": "alloc", "addr": (1 << 30) + i * 64 * MiB, "size": (i + 1) * MiB * batch,
+                                "stream": 0, "time_us": t, "frames": frames})
+                t += 1
+            for i in range(4):
+                for act in ("free_requested", "free_completed"):
+                    entries.append({"action": act, "addr": (1 << 30) + i * 64 * MiB, "size": (i + 1) * MiB * batch,
+                                    "stream": 0, "time_us": t, "frames": []})
+                t += 1
+        paths.append(_snapshot(folder / f"b{batch}.pickle", entries))
+    return paths[0], paths[1]

@@ -401,3 +401,145 @@ def test_no_command_fails_on_encoding(tmp_path, cli, kind):
         code, out, err = cli(*argv)
         assert code == 0, f"{argv[0]}: {err}"
     assert read_trace(tmp_path / "c.parquet").meta.notes     # the converted trace reads back, note and all
+
+
+# ------------------------------------------------------------------------------- output files
+def _output_argv(folder: Path, command: str, target: str) -> list:
+    """``command`` writing to ``target`` (a file for report, scale, convert; a folder for run and plot)."""
+    from tests.attack_files_round3_output import scale_inputs
+
+    trace = distinct_stacks_snapshot(folder, 20)
+    b1, b2 = scale_inputs(folder)
+    return {"report": ["report", trace, "-o", target],
+            "scale": ["scale", f"{b1}@1", f"{b2}@2", "--to", "4", "-o", target],
+            "convert": ["convert", trace, "-o", target],
+            "run": ["run", trace, "--policy", "pytorch", "--fast", "-o", target],
+            "plot": ["plot", trace, "--fast", "-o", target],
+            "plot two policies": ["plot", trace, "--fast", "--policy", "pytorch", "--policy", "bestfit", "-o", target]}[command]
+
+
+_FILE_COMMANDS = {"report": "page.html", "scale": "out.parquet", "convert": "out.csv"}
+_FOLDER_COMMANDS = {"run": "summary.json", "plot": "timeline.png", "plot two policies": "bestfit/timeline.svg"}
+
+
+def _no_reading(monkeypatch):
+    """Fail the test if a trace is read: the output is checked before any work."""
+    import allocsim.commands.common as common
+    import allocsim.trace as trace_package
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a trace was read before the output was checked")
+
+    monkeypatch.setattr(common, "read_trace", refuse)
+    monkeypatch.setattr(trace_package, "read_trace", refuse)
+
+
+def _refused(code: int, err: str, target: str) -> str:
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and f"-o {target}:" in lines[0], err
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", sorted(_FILE_COMMANDS))
+def test_a_users_file_is_never_replaced(tmp_path, cli, monkeypatch, command):
+    """``echo notes > n.txt; allocsim report X -o n.txt`` replaced the notes (report, scale)."""
+    target = tmp_path / _FILE_COMMANDS[command]
+    target.write_bytes(b"notes\n")
+    argv = _output_argv(tmp_path, command, str(target))
+    _no_reading(monkeypatch)
+    line = _refused(*cli(*argv)[::2], str(target))
+    assert "refusing to replace it" in line and target.read_bytes() == b"notes\n"
+
+
+@pytest.mark.parametrize("command", sorted(_FOLDER_COMMANDS))
+def test_a_users_file_in_an_output_folder_is_never_replaced(tmp_path, cli, monkeypatch, command):
+    folder = tmp_path / "out"
+    target = folder / _FOLDER_COMMANDS[command]
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"notes\n")
+    argv = _output_argv(tmp_path, command, str(folder))
+    _no_reading(monkeypatch)
+    line = _refused(*cli(*argv)[::2], str(folder))
+    assert str(target) in line and target.read_bytes() == b"notes\n"
+
+
+@pytest.mark.parametrize("command", [*sorted(_FILE_COMMANDS), *sorted(_FOLDER_COMMANDS)])
+def test_a_fifo_never_hangs_a_command(tmp_path, command):
+    """``-o`` naming a FIFO (or a FIFO where a folder's file goes) hung report and scale on open()."""
+    import os
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    if command in _FILE_COMMANDS:
+        fifo = target = tmp_path / _FILE_COMMANDS[command]
+    else:
+        target, fifo = folder, folder / _FOLDER_COMMANDS[command]
+        fifo.parent.mkdir(exist_ok=True)
+    os.mkfifo(fifo)
+    argv = [str(a) for a in _output_argv(tmp_path, command, str(target))]
+    started = time.perf_counter()
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _CLI, *argv], capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert time.perf_counter() - started < 60
+    line = _refused(done.returncode, done.stderr, str(target))
+    assert "FIFO" in line and fifo.is_fifo()
+
+
+@pytest.mark.parametrize("command", [*sorted(_FILE_COMMANDS), *sorted(_FOLDER_COMMANDS)])
+def test_a_missing_folder_is_refused_before_any_work(tmp_path, cli, monkeypatch, command):
+    target = tmp_path / "no" / "such" / ("x.parquet" if command == "scale" else "x.html" if command == "report"
+                                         else "x.csv" if command == "convert" else "dir")
+    argv = _output_argv(tmp_path, command, str(target))
+    _no_reading(monkeypatch)
+    assert "does not exist" in _refused(*cli(*argv)[::2], str(target))
+
+
+@pytest.mark.parametrize("command", [*sorted(_FILE_COMMANDS), "run", *(
+    pytest.param(c, marks=pytest.mark.full) for c in ("plot", "plot two policies"))])   # (drawing: 8-17 s)
+def test_each_command_replaces_its_own_output(tmp_path, cli, command):
+    """What a command wrote carries allocsim's mark: running it again replaces it."""
+    target = tmp_path / (_FILE_COMMANDS.get(command) or "out")
+    argv = _output_argv(tmp_path, command, str(target))
+    for _ in range(2):
+        code, out, err = cli(*argv)
+        assert code == 0, err
+
+
+def test_output_marks_recognise_only_allocsim_files(tmp_path):
+    """Each kind of file is ours only with allocsim's mark (the lead's ``capture`` calls
+    ``output_file.check_trace_output``, which replaces only ``output_marks.is_allocsim_trace`` files)."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from matplotlib.figure import Figure
+
+    from allocsim.output_file import check_trace_output
+    from allocsim.output_marks import FIGURE_METADATA, is_allocsim_trace, write_json, write_table, written_by_allocsim
+    from allocsim.trace import write_trace
+
+    trace = read_trace(distinct_stacks_snapshot(tmp_path, 3))
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ours.mkdir(), theirs.mkdir()
+    write_trace(trace, ours / "t.parquet"), write_trace(trace, ours / "t.csv"), write_trace(trace, ours / "t.csv.gz")
+    write_table(pd.DataFrame({"x": [1]}), ours / "x.parquet")
+    write_json({"a": 1}, ours / "x.json", "allocsim-test/1")
+    pq.write_table(pa.table({"x": [1]}), theirs / "x.parquet")
+    (theirs / "x.json").write_text('{"schema": "theirs", "allocsim": 1}')
+    (theirs / "t.csv").write_text("t_ns,kind\n# allocsim\n")
+    figure = Figure()
+    figure.add_subplot().plot([1, 2])
+    for ext in ("png", "svg"):
+        figure.savefig(ours / f"f.{ext}", metadata=FIGURE_METADATA[ext])
+        figure.savefig(theirs / f"f.{ext}")
+    assert all(written_by_allocsim(str(p)) for p in ours.iterdir()), [p.name for p in ours.iterdir()
+                                                                       if not written_by_allocsim(str(p))]
+    assert not any(written_by_allocsim(str(p)) for p in theirs.iterdir())
+    assert is_allocsim_trace(str(ours / "t.parquet")) and not is_allocsim_trace(str(ours / "x.parquet"))
+    check_trace_output(str(ours / "t.parquet"))
+    with pytest.raises(ValueError, match="is not an allocsim trace"):
+        check_trace_output(str(theirs / "x.parquet"))
+    with pytest.raises(ValueError, match="unknown extension"):
+        check_trace_output(str(tmp_path / "t.txt"))
