@@ -99,12 +99,16 @@ def repair_surrogates(trace: Any) -> int:
     trace.labels, n = repair_value(list(trace.labels))
     changed += n
     meta = trace.meta
-    for field in ("source", "notes", "repairs", "version_hints", "allocator_settings", "recorded",
-                  "device_properties"):
+    for field in ("source", "notes", "repairs", "version_hints", "allocator_settings", "device_properties"):
         value, n = repair_value(getattr(meta, field))
         if n:
             setattr(meta, field, value)
             changed += n
+    # ``meta.recorded`` is inferred from the file's numbers; only its copy of the settings is file text,
+    # counted above (walking the rest, 100k recorded OOMs and all, would cost a second per large trace).
+    for run in meta.recorded.values():
+        if isinstance(run, dict) and run.get("settings") is not None:
+            run["settings"] = repair_value(run["settings"])[0]
     if changed:
         meta.notes.append(surrogate_note(changed))
     return changed
