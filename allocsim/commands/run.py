@@ -346,11 +346,11 @@ def exit_status(summary: dict[str, Any]) -> int:
 
 def state_only(args: argparse.Namespace, trace: Any) -> dict[str, Any]:
     """The recorded-state report of a snapshot without history (nothing to replay); saved with ``-o``."""
-    import json
     import os
 
     from ..engine import select_device
     from ..metrics.state import state_report
+    from ..output_marks import write_json
 
     # Every device when none is chosen: a state report has no single replay to run.
     report = state_report(trace if args.device is None else select_device(trace, args.device),
@@ -359,8 +359,6 @@ def state_only(args: argparse.Namespace, trace: Any) -> dict[str, Any]:
     devices = [int(d) for d in trace.devices]
     report["device"] = args.device if args.device is not None else (devices[0] if len(devices) == 1 else None)
     if args.out_dir:
-        from ..output_marks import write_json
-
         os.makedirs(args.out_dir, exist_ok=True)
         write_json(report, os.path.join(args.out_dir, "state.json"), report["schema"])
     return report
