@@ -94,7 +94,15 @@ def note_rounded_sizes(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; bad input exits 2 with a one-line message, never a traceback."""
+    """Run the command line; bad input exits 2 with a one-line message, never a traceback. Everything it
+    prints goes through ``terminal.printable``: no text from a trace reaches the terminal raw."""
+    from .terminal import escaped_output
+
+    with escaped_output():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(attach_dash_values(sys.argv[1:] if argv is None else list(argv)))
     note_rounded_sizes(args)
@@ -103,5 +111,18 @@ def main(argv: list[str] | None = None) -> int:
     except (AllocsimError, ValueError) as exc:
         print(f"allocsim {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except MemoryError:     # (a simulated OutOfMemory is an AllocsimError: caught above)
+        from .trace.reading.headroom import out_of_memory_line
+
+        print(f"allocsim {args.command}: error: {out_of_memory_line(_inputs(args))}", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         return 0
+
+
+def _inputs(args: argparse.Namespace) -> str:
+    """The trace files a command was given, for a message (``the input`` when it names none)."""
+    files = [getattr(args, "trace", None), *(getattr(args, "traces", None) or []),
+             *(getattr(args, "inputs", None) or []), getattr(args, "input", None)]
+    files = [f for f in files if isinstance(f, str)]
+    return ", ".join(files) if files else "the input"

@@ -2,9 +2,10 @@
 ``check_output_file(path)`` (files) or ``check_output_folder(path)`` (folders) first.
 
 The rules every ``-o`` follows: the parent folder must already exist and accept new files (nothing
-is created silently); a device, FIFO, socket or directory is never written over; and, where the
-caller says what its own files look like (``ours``), an existing non-empty file that is not one of
-them is left alone. Each refusal is a ``ValueError`` whose one line starts with ``-o PATH:``.
+is created silently); a device, FIFO, socket or directory is never written over (a FIFO would hang
+the write); and an existing non-empty file that allocsim did not write is left alone (``ours``, and
+``output_marks`` for how each kind of file is recognised; a folder checks the files the command
+writes in it). Each refusal is a ``ValueError`` whose one line starts with ``-o PATH:``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-from typing import Callable
+from typing import Callable, Iterable
 
 
 def _kind(mode: int) -> str:
@@ -73,8 +74,12 @@ def check_output_file(path: str, option: str = "-o", *, ours: Callable[[str], bo
         raise ValueError(f"{option} {path}: {folder_beside} (written beside it) exists and is not a folder")
 
 
-def check_output_folder(path: str, option: str = "-o") -> None:
-    """Refuse (ValueError, one line) an output folder that is something else or whose parent is missing."""
+def check_output_folder(path: str, option: str = "-o", files: Iterable[str] = ()) -> None:
+    """Refuse (ValueError, one line) an output folder that is something else or whose parent is missing,
+    or in which one of ``files`` (names relative to it: what the command writes there; ``sub/`` a
+    folder) exists and is not a regular file allocsim wrote (``output_marks.written_by_allocsim``)."""
+    from .output_marks import written_by_allocsim
+
     if os.path.lexists(path):
         try:
             mode = os.stat(path).st_mode
@@ -86,3 +91,35 @@ def check_output_folder(path: str, option: str = "-o") -> None:
         check_parent(path, option, folder=path)
     else:
         check_parent(path, option)
+    for name in files:
+        target = os.path.join(path, name)
+        try:
+            st = os.stat(target)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise ValueError(f"{option} {path}: cannot check {target} ({exc.strerror or type(exc).__name__})") from None
+        if name.endswith("/"):      # a folder the command writes into
+            if not stat.S_ISDIR(st.st_mode):
+                raise ValueError(f"{option} {path}: {target} exists and is not a folder")
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{option} {path}: {target} is {_kind(st.st_mode)}; refusing to write over it")
+        if st.st_size and not written_by_allocsim(target):
+            raise ValueError(f"{option} {path}: {target} exists and is not a file allocsim wrote; refusing to "
+                             "replace it (remove it or choose another folder)")
+
+
+#: What a trace output may be named (``convert``, ``scale``, ``capture``): Parquet, or CSV when it ends so.
+TRACE_SUFFIXES = (".parquet", ".csv", ".csv.gz")
+
+
+def check_trace_output(path: str, option: str = "-o") -> None:
+    """Refuse, before any work, a trace output path (``-o OUT.parquet``) that must not or cannot be
+    written: an unknown extension, a missing folder, a FIFO or device, or an existing file that is not
+    an allocsim trace (``output_marks.is_allocsim_trace``: only those are replaced)."""
+    from .output_marks import is_allocsim_trace
+
+    if not path.endswith(TRACE_SUFFIXES):
+        raise ValueError(f"{option} {path}: unknown extension; name the output .parquet, .csv or .csv.gz")
+    check_output_file(path, option, ours=is_allocsim_trace, what="an allocsim trace")

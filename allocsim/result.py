@@ -18,7 +18,14 @@ import pandas as pd
 from .metrics.series import build_timeseries, with_derived
 from .metrics.summary import OOM_COLUMNS, RunInfo, RunOutput, summarize
 from .metrics.verdict import format_duration_ns
+from .output_marks import write_json, write_table
 from .units import format_bytes
+
+
+#: The files ``RunResult.save`` may write in its folder.
+RESULT_FILES = ("summary.json", "timeseries.parquet", "perf.json", "ooms.parquet", "timeseries_timed.parquet")
+#: ``perf.json``'s first key.
+PERF_SCHEMA = "allocsim-perf/1"
 
 
 @dataclasses.dataclass
@@ -50,20 +57,21 @@ class RunResult:
 
     def save(self, out_dir: str | os.PathLike) -> dict[str, Path]:
         """Write summary.json, timeseries.parquet (with derived columns), perf.json, ooms.parquet after an OOM,
-        and timeseries_timed.parquet when the timed replay is kept beside the trace-order one."""
+        and timeseries_timed.parquet when the timed replay is kept beside the trace-order one (``RESULT_FILES``),
+        each with allocsim's mark (``output_marks``)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {"summary": out / "summary.json", "timeseries": out / "timeseries.parquet",
                  "perf": out / "perf.json"}
-        paths["summary"].write_text(self.to_json() + "\n", encoding="utf-8")
-        with_derived(self.timeseries).to_parquet(paths["timeseries"], index=False)
-        paths["perf"].write_text(json.dumps(self.perf, indent=2) + "\n", encoding="utf-8")
+        paths["summary"].write_text(self.to_json() + "\n", encoding="utf-8")   # (its first key: "schema")
+        write_table(with_derived(self.timeseries), paths["timeseries"])
+        write_json(self.perf, paths["perf"], PERF_SCHEMA)
         if len(self.ooms):
             paths["ooms"] = out / "ooms.parquet"
-            self.ooms.to_parquet(paths["ooms"], index=False)
+            write_table(self.ooms, paths["ooms"])
         if self.timed_timeseries is not None:
             paths["timeseries_timed"] = out / "timeseries_timed.parquet"
-            with_derived(self.timed_timeseries).to_parquet(paths["timeseries_timed"], index=False)
+            write_table(with_derived(self.timed_timeseries), paths["timeseries_timed"])
         return paths
 
     def format_text(self) -> str:

@@ -259,8 +259,8 @@ def waste_by_site(trace: Trace, build_policy: Callable[[], Any], event_index: in
     from .metrics.sites.rows import SiteAccountingError
     from .metrics.sites.waste import WasteTracker
 
-    prefix = trace if event_index + 1 >= len(trace) else dataclasses.replace(
-        trace, events=trace.events.iloc[:event_index + 1].reset_index(drop=True))
+    prefix = trace if event_index + 1 >= len(trace) else trace.replace(
+        events=trace.events.iloc[:event_index + 1].reset_index(drop=True))
     tracker = WasteTracker(trace, event_index)
     run_fast(prefix, build_policy(), continue_on_oom=continue_on_oom, observer=tracker)
     if tracker.result is None:

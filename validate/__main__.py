@@ -35,7 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one validation command; bad input exits 2 with a one-line message."""
+    """Run one validation command; bad input exits 2 with a one-line message (printed as ``allocsim``
+    prints: no text from a trace reaches the terminal raw)."""
+    from allocsim.terminal import escaped_output
+
+    with escaped_output():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

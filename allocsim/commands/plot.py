@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AllocsimError
+from ..output_file import check_output_file, check_output_folder
+from ..output_marks import FIGURE_METADATA, write_table, written_by_allocsim
 from ..units import parse_bytes
 from .common import add_read_args, note_picked_device, trace_limits
 from .info import add_site_args, site_options
@@ -83,36 +85,51 @@ def register(subparsers) -> None:
 
 
 # ----------------------------------------------------------------------------- saving
+#: Figures ``plot`` may draw, each as PNG and SVG (``heatmap_K_POLICY`` too, one per sweep group).
+FIGURE_STEMS = ("timeline", "attribution", "segments", "latency", "comparison", "sites", "heatmap", "pareto")
+#: Tables ``plot`` may write beside them.
+PLOT_TABLES = ("comparison.parquet", "sites_timeline.parquet", "sweep_rows.parquet")
+
+
+def output_names(copies: bool = True) -> tuple[str, ...]:
+    """Every fixed file name ``plot`` may write in one folder (checked before any work); without
+    ``copies`` (re-drawing a result directory in place) the figures only."""
+    figures = tuple(f"{stem}.{ext}" for stem in FIGURE_STEMS for ext in ("png", "svg"))
+    return (*figures, *((*RESULT_FILES, *PLOT_TABLES) if copies else ()))
+
+
 class Writer:
-    """Saves figures (PNG + SVG) and tables into one directory and lists what it wrote."""
+    """Saves figures (PNG + SVG) and tables into one directory, each with allocsim's mark, and lists
+    what it wrote; a path that is not ours to write (a FIFO, a user's file) is refused before it is touched."""
 
     def __init__(self, out: Path):
         self.out = out
         self.written: list[Path] = []
         out.mkdir(parents=True, exist_ok=True)
 
+    def _path(self, name: str) -> Path:
+        path = self.out / name
+        check_output_file(str(path), "-o", ours=written_by_allocsim, what="a file allocsim wrote")
+        return path
+
     def figure(self, stem: str, draw, size: tuple[float, float] = (10, 4.5), **kwargs: Any) -> None:
         """Draw with ``draw(ax=...)`` on a fresh Figure (no pyplot state) and save it twice."""
         from matplotlib.figure import Figure
 
+        paths = {ext: self._path(f"{stem}.{ext}") for ext in ("png", "svg")}
         fig = Figure(figsize=size, layout="constrained")
         ax = draw(ax=fig.add_subplot(), **kwargs)
         if stem == "segments":
             fig.set_size_inches(11, 1.6 + 0.25 * max(len(ax.get_yticks()), 4))
-        for ext in ("png", "svg"):
-            path = self.out / f"{stem}.{ext}"
+        for ext, path in paths.items():
             # "tight": legends placed beside or below the axes and long titles are never cut off.
-            fig.savefig(path, dpi=120 if ext == "png" else None, bbox_inches="tight", pad_inches=0.15)
+            fig.savefig(path, dpi=120 if ext == "png" else None, bbox_inches="tight", pad_inches=0.15,
+                        metadata=FIGURE_METADATA[ext])
             self.written.append(path)
 
     def table(self, name: str, df: pd.DataFrame) -> None:
-        path = self.out / name
-        df.to_parquet(path, index=False)
-        self.written.append(path)
-
-    def json(self, name: str, data: Any) -> None:
-        path = self.out / name
-        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        path = self._path(name)
+        write_table(df, path)
         self.written.append(path)
 
 
@@ -370,7 +387,7 @@ def plot_sweep(src: Path, out: Path, metric: str, capacity: int | None) -> list[
     for k, ((trace, policy), part) in enumerate(groups):
         if not varying_params(part):
             continue
-        stem = "heatmap" if len(groups) == 1 else f"heatmap_{k}_{policy}"
+        stem = "heatmap" if len(groups) == 1 else f"heatmap_{k}_{_folder(str(policy))}"   # (a file's text: no "/")
         n_x = max(part[c].astype(str).nunique() for c in varying_params(part))
         w.figure(stem, plot_sweep_heatmap, size=(5.5 + 1.2 * n_x, 2.0 + 0.45 * len(part) / max(n_x, 1)),
                  rows=part, metric=metric, title=f"{metric_label(metric)}: {policy}\non {Path(str(trace)).name}")
@@ -398,19 +415,36 @@ def _sweep_capacity(rows: pd.DataFrame) -> int | None:
 
 
 # ----------------------------------------------------------------------------- entry point
+def check_output(out: Path, subfolders: list[str], copies: bool = True) -> None:
+    """Refuse, before any work, an output folder in which a file ``plot`` may write (in it or in
+    ``subfolders``) is a FIFO, a device or a file allocsim did not write (see ``output_file``)."""
+    names = output_names(copies)
+    check_output_folder(str(out), "-o", files=[*names, *(f"{sub}/" for sub in subfolders),
+                                              *(f"{sub}/{name}" for sub in subfolders for name in names)])
+
+
 def run(args: argparse.Namespace) -> list[Path]:
     """Dispatch on what INPUT is; return the paths written."""
     src = Path(args.input)
     if src.is_dir():
-        return plot_result_dir(src, Path(args.out_dir) if args.out_dir else src)
+        out = Path(args.out_dir) if args.out_dir else src
+        check_output(out, [] if (src / "summary.json").is_file()
+                     else [p.name for p in src.iterdir() if (p / "summary.json").is_file()],
+                     copies=out.resolve() != src.resolve())
+        return plot_result_dir(src, out)
     if not src.exists():
         raise ValueError(f"{src}: no such file or directory")
     if not args.out_dir:
         raise ValueError("-o DIR is required when plotting a trace or a sweep")
     out = Path(args.out_dir)
     if is_sweep_file(src):
+        check_output(out, [])
         capacity = parse_bytes(args.capacity, round_down=True) if args.capacity is not None else None
         return plot_sweep(src, out, args.metric, capacity)
+    from ..settings.alloc_conf import parse_policy_spec
+
+    labels = _labels([parse_policy_spec(text) for text in (args.policy or ["pytorch"])])
+    check_output(out, [_folder(label) for label in labels] if len(labels) > 1 else [])
     return plot_trace(args, out)
 
 

@@ -23,6 +23,8 @@ import time
 from typing import Any, Callable
 
 from ..errors import AllocsimError
+from ..output_file import check_output_file
+from ..output_marks import is_report_page
 from ..units import parse_bytes
 from .common import add_trace_args
 
@@ -69,12 +71,10 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.sites < 1:
             raise ValueError(f"--sites must be >= 1, got {args.sites}")
-        out_dir = os.path.dirname(os.path.abspath(args.out))
-        if not os.path.isdir(out_dir):
-            raise ValueError(f"-o {args.out}: folder {out_dir} does not exist")
+        check_output_file(args.out, ours=is_report_page, what="a page allocsim report wrote")   # before any work
         html, data = build_report(args.trace, args.policy or ["pytorch"], capacity=args.capacity, device=args.device,
                                   sites=args.sites, advise=args.advise, read_options=_read_options(args))
-        with open(args.out, "w", encoding="utf-8") as fh:
+        with open(args.out, "w", encoding="utf-8", errors="backslashreplace") as fh:
             fh.write(html)
     except (AllocsimError, ValueError, OSError) as exc:
         print(f"allocsim report: error: {exc}", file=sys.stderr)

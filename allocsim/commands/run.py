@@ -359,11 +359,11 @@ def exit_status(summary: dict[str, Any]) -> int:
 
 def state_only(args: argparse.Namespace, trace: Any) -> dict[str, Any]:
     """The recorded-state report of a snapshot without history (nothing to replay); saved with ``-o``."""
-    import json
     import os
 
     from ..engine import select_device
     from ..metrics.state import state_report
+    from ..output_marks import write_json
 
     # Every device when none is chosen: a state report has no single replay to run.
     report = state_report(trace if args.device is None else select_device(trace, args.device),
@@ -373,8 +373,7 @@ def state_only(args: argparse.Namespace, trace: Any) -> dict[str, Any]:
     report["device"] = args.device if args.device is not None else (devices[0] if len(devices) == 1 else None)
     if args.out_dir:
         os.makedirs(args.out_dir, exist_ok=True)
-        with open(os.path.join(args.out_dir, "state.json"), "w", encoding="utf-8") as fh:
-            json.dump(report, fh, indent=2)
+        write_json(report, os.path.join(args.out_dir, "state.json"), report["schema"])
     return report
 
 
@@ -403,7 +402,9 @@ def main(args: argparse.Namespace) -> int:
         state_options(args)
         site_options(args)
         if args.out_dir:
-            check_output_folder(args.out_dir)
+            from ..result import RESULT_FILES
+
+            check_output_folder(args.out_dir, files=(*RESULT_FILES, "state.json"))
         trace = load_trace(args)
         state = state_only(args, trace) if is_state_only(trace) else None
         result = execute(args, trace) if state is None else None

@@ -119,6 +119,10 @@ def _check_args(args: argparse.Namespace) -> None:
             raise ValueError("give --to VALUE (or --capacity SIZE --find-max)")
         if args.output is None:
             raise ValueError("give -o OUT for the trace at --to")
+    if args.output is not None:
+        from ..output_file import check_trace_output
+
+        check_trace_output(args.output)      # before any input is read
 
 
 def main(args: argparse.Namespace) -> int:

@@ -109,6 +109,19 @@ def split_check(split: dict[str, int], total_bytes: int, where: str) -> dict[str
 
 
 # ----------------------------------------------------------------------------- per stack
+def _per_value(test: Any, values: list) -> np.ndarray:
+    """``test`` of each value, run once per distinct value: frames share their strings (one file name
+    for thousands of frames), and a file's strings may be long, so the work follows the distinct text."""
+    seen: dict[Any, bool] = {}
+    out = np.zeros(len(values), dtype=bool)
+    for i, value in enumerate(values):
+        hit = seen.get(value)
+        if hit is None:
+            hit = seen[value] = bool(test(value))
+        out[i] = hit
+    return out
+
+
 def _stack_flags(trace: Trace) -> dict[str, np.ndarray]:
     """Per stack id: which of the rules' frame tests it meets (one pass over the distinct stacks)."""
     st, fr = trace.table("stacks"), trace.table("frames")
@@ -121,15 +134,14 @@ def _stack_flags(trace: Trace) -> dict[str, np.ndarray]:
     names = [str(v) for v in fr["name"].tolist()]
     files = [str(v) for v in fr["filename"].tolist()]
     per_frame = {
-        "workspace": np.array([bool(_WORKSPACE.search(n)) for n in names], dtype=bool),
-        "optimizer": np.array([bool(_OPTIMIZER.search(n)) or (n == "step" and "optim" in f.lower())
-                               for n, f in zip(names, files)], dtype=bool),
-        "accumulate": np.array([bool(_ACCUMULATE.search(n)) for n in names], dtype=bool),
-        "kv_cache": np.array([bool(_KV_CACHE.search(n)) for n in names], dtype=bool),
-        "engine": np.array([bool(_ENGINE.search(n)) for n in names], dtype=bool),
-        "build": np.array([(n in _BUILD_NAMES and any(b in f.replace("\\", "/") for b in _BUILD_FILES))
-                           or f.replace("\\", "/").endswith("torch/nn/parameter.py") for n, f in zip(names, files)],
-                          dtype=bool),
+        "workspace": _per_value(lambda n: bool(_WORKSPACE.search(n)), names),
+        "optimizer": _per_value(lambda nf: bool(_OPTIMIZER.search(nf[0])) or (nf[0] == "step" and "optim" in nf[1].lower()),
+                                list(zip(names, files))),
+        "accumulate": _per_value(lambda n: bool(_ACCUMULATE.search(n)), names),
+        "kv_cache": _per_value(lambda n: bool(_KV_CACHE.search(n)), names),
+        "engine": _per_value(lambda n: bool(_ENGINE.search(n)), names),
+        "build": _per_value(lambda nf: (nf[0] in _BUILD_NAMES and any(b in nf[1].replace("\\", "/") for b in _BUILD_FILES))
+                            or nf[1].replace("\\", "/").endswith("torch/nn/parameter.py"), list(zip(names, files))),
     }
     frame_ids = fr["frame_id"]
     pos = np.zeros(int(frame_ids.max()) + 1 if len(frame_ids) else 0, dtype=np.int64)

@@ -259,16 +259,20 @@ def _packed(report: dict[str, Any], capacity: int | None, request: dict[str, Any
 
 
 # ----------------------------------------------------------------------------- every device
+#: The first key of a state report (and of ``run -o``'s ``state.json``).
+STATE_SCHEMA = "allocsim-state/1"
+
+
 def state_report(trace: Trace, *, request_bytes: int | None = None, capacity_bytes: int | None = None,
                  site_filter: SiteFilter | None = None, top_sites: int = DEFAULT_TOP) -> dict[str, Any]:
-    """The recorded state of every device of ``trace``: ``{"history", "devices": {...}, "how_to_record"}``."""
+    """The recorded state of every device of ``trace``: ``{"schema", "history", "devices": {...}, "how_to_record"}``."""
     devices = trace.devices or [0]
     per_device = {}
     for device in devices:
         part = trace.for_device(device) if len(devices) > 1 else trace
         per_device[str(device)] = device_state(part, request_bytes=request_bytes, capacity_bytes=capacity_bytes,
                                                site_filter=site_filter, top_sites=top_sites)
-    return {"history": has_history(trace), "source": trace.meta.source, "devices": per_device,
+    return {"schema": STATE_SCHEMA, "history": has_history(trace), "source": trace.meta.source, "devices": per_device,
             "how_to_record": HOW_TO_RECORD}
 
 

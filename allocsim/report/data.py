@@ -15,14 +15,22 @@ import numpy as np
 
 from ..metrics.categories import CATEGORIES, Categories, category_timeline
 from ..metrics.decimate import bucket_max, bucket_starts
+from ..metrics.sites.rule import MAX_FRAME_PART_CHARS, frame_text
 from ..trace.schema import EventKind, Trace
 
 #: Buckets shipped per timeline: the page re-buckets them per pixel, so zooming in keeps every peak.
 TIMELINE_COLUMNS = 8192
-#: Pieces shipped per segment map at most (the rest summed per segment into one "not shown" piece).
+#: Pieces shipped per segment map at most (the rest counted as "not shown").
 MAX_PIECES = 60000
+#: Pieces shipped over all the page's segment maps at most: with the frame caps below, this bounds
+#: the page's size whatever the trace and the number of policies.
+MAX_PAGE_PIECES = 240_000
 #: Frames shipped per stack at most.
 MAX_FRAMES = 60
+#: Characters of frame text one page holds at most (each frame is cut by ``frame_text`` too).
+MAX_PAGE_FRAME_CHARS = 4 << 20
+#: Frames over all the page's stacks at most (a stack is a list of frame numbers).
+MAX_PAGE_STACK_FRAMES = 1_000_000
 
 SEGMENT_STATES = ("requested", "rounding", "pending_free", "gc_queue", "free", "stranded", "device_rounding")
 
@@ -38,15 +46,55 @@ class PolicyRun:
 
 
 class StackTable:
-    """Interns the stacks the page shows: frame texts once, each stack a list of frame numbers."""
+    """Interns the stacks the page shows: frame texts once, each stack a list of frame numbers.
+
+    The frame columns are read once (never per stack: a trace where every allocation has its own
+    stack made that quadratic), each frame's text is cut by ``frame_text``, and the page holds at
+    most ``MAX_PAGE_FRAME_CHARS`` characters of frame text and ``MAX_PAGE_STACK_FRAMES`` frames over
+    all its stacks: a stack met after that shows one line saying so, counted in ``cut_stacks``.
+    """
 
     def __init__(self, trace: Trace, program: np.ndarray):
         self.trace = trace
         self.program = program
         self.frames: list[str] = []
-        self._frame_no: dict[str, int] = {}
+        self._frame_no: dict[int, int] = {}
         self.stacks: list[list[int]] = []
         self._stack_no: dict[int, int] = {}
+        self._columns: tuple[list, list, list] | None = None
+        self.text_chars = 0
+        self.frame_refs = 0
+        self.cut_stacks = 0
+        self.clipped_frames = 0
+        self._cut_frame: int | None = None
+
+    def _frame_columns(self) -> tuple[list, list, list]:
+        if self._columns is None:
+            fr = self.trace.table("frames")
+            self._columns = (fr["filename"].tolist(), fr["line"].tolist(), fr["name"].tolist())
+        return self._columns
+
+    def _number(self, row: int, user: bool) -> int:
+        n = self._frame_no.get(row)
+        if n is None:
+            files, lines, names = self._frame_columns()
+            file, name = str(files[row]), str(names[row])
+            if len(file) > MAX_FRAME_PART_CHARS or len(name) > MAX_FRAME_PART_CHARS:
+                self.clipped_frames += 1
+            text = frame_text(file, int(lines[row]), name)
+            text = "* " + text if user else text
+            n = self._frame_no[row] = len(self.frames)
+            self.frames.append(text)
+            self.text_chars += len(text)
+        return n
+
+    def _cut(self) -> list[int]:
+        self.cut_stacks += 1
+        if self._cut_frame is None:
+            self._cut_frame = len(self.frames)
+            self.frames.append(f"(frames not shown: the page holds at most {MAX_PAGE_FRAME_CHARS:,} characters "
+                               f"of frame text and {MAX_PAGE_STACK_FRAMES:,} frames over all its stacks)")
+        return [self._cut_frame]
 
     def add(self, stack_id: int) -> int:
         """The page's number of ``stack_id`` (-1: no frames): program frames first, then the rest."""
@@ -57,20 +105,14 @@ class StackTable:
             return known
         starts, rows = self.trace._stack_index()
         frame_rows = rows[starts[stack_id]:starts[stack_id + 1]]
-        fr = self.trace.frames
-        files, lines, names = fr["filename"].to_numpy(), fr["line"].to_numpy(), fr["name"].to_numpy()
-        user = [r for r in frame_rows.tolist() if self.program[r]]
-        other = [r for r in frame_rows.tolist() if not self.program[r]]
-        numbers = []
-        for r in (user + other)[:MAX_FRAMES]:
-            text = f"{files[r]}:{lines[r]} in {names[r]}" if files[r] else str(names[r])
-            if r in user:
-                text = "* " + text
-            n = self._frame_no.get(text)
-            if n is None:
-                n = self._frame_no[text] = len(self.frames)
-                self.frames.append(text)
-            numbers.append(n)
+        user = frame_rows[self.program[frame_rows]].tolist()
+        other = frame_rows[~self.program[frame_rows]].tolist()
+        shown = ([(r, True) for r in user] + [(r, False) for r in other])[:MAX_FRAMES]
+        if self.text_chars > MAX_PAGE_FRAME_CHARS or self.frame_refs + len(shown) > MAX_PAGE_STACK_FRAMES:
+            numbers = self._cut()
+        else:
+            numbers = [self._number(r, is_user) for r, is_user in shown]
+            self.frame_refs += len(numbers)
         self._stack_no[stack_id] = len(self.stacks)
         self.stacks.append(numbers)
         return self._stack_no[stack_id]
@@ -178,9 +220,9 @@ def recorded_reserved(trace: Trace) -> tuple[np.ndarray, np.ndarray] | None:
     return idx.astype(np.int64), values.astype(np.int64)
 
 
-def segment_map(table: Any, owners: dict[int, int], allocs: AllocTable) -> dict[str, Any]:
+def segment_map(table: Any, owners: dict[int, int], allocs: AllocTable, max_pieces: int = MAX_PIECES) -> dict[str, Any]:
     """A segment map as flat arrays: per segment its address, size, pool; per piece its segment, offset,
-    size, state and (live pieces) the page's allocation row."""
+    size, state and (live pieces) the page's allocation row; at most ``max_pieces`` pieces (``truncated``: the rest)."""
     if table is None or not len(table):
         return {"segments": [], "pieces": [], "truncated": 0}
     segs = table.drop_duplicates("segment")
@@ -190,7 +232,7 @@ def segment_map(table: Any, owners: dict[int, int], allocs: AllocTable) -> dict[
     pieces: list[list[int]] = []
     truncated = 0
     for r in table.itertuples(index=False):
-        if len(pieces) >= MAX_PIECES:
+        if len(pieces) >= max_pieces:
             truncated += 1
             continue
         owner = -1
@@ -215,11 +257,16 @@ def report_data(trace: Trace, runs: list[PolicyRun], categories: Categories, pro
     stacks = StackTable(trace, program)
     allocs = AllocTable(trace, categories, stacks)
     out_runs = []
+    pieces_left = MAX_PAGE_PIECES
+    cut_pieces = 0
     for run in runs:
         s = run.result.summary
         sites = s.get("sites") or {}
-        maps = {name: {"event_index": int(ev), **segment_map(table, owners, allocs)}
-                for name, (ev, table, owners) in run.maps.items()}
+        maps = {}
+        for name, (ev, table, owners) in run.maps.items():
+            maps[name] = {"event_index": int(ev), **segment_map(table, owners, allocs, min(MAX_PIECES, pieces_left))}
+            pieces_left -= len(maps[name]["pieces"])
+            cut_pieces += maps[name]["truncated"]
         out_runs.append({
             "label": run.label, "verdict": run.verdict_line, "fits": (s.get("verdict") or {}).get("fits"),
             "peak_requested_bytes": s.get("peak_requested_bytes"), "peak_allocated_bytes": s.get("peak_allocated_bytes"),
@@ -236,5 +283,21 @@ def report_data(trace: Trace, runs: list[PolicyRun], categories: Categories, pro
         "timelines": timelines(trace, runs), "runs": out_runs,
         "category_timeline": category_timeline(trace, categories, TIMELINE_COLUMNS),
         "allocs": allocs.rows, "stacks": stacks.stacks, "frames": stacks.frames,
-        "advice": advice, "advice_text": advice_text,
+        "advice": advice, "advice_text": advice_text, "cuts": page_cuts(stacks, cut_pieces),
     }
+
+
+def page_cuts(stacks: StackTable, cut_pieces: int) -> list[str]:
+    """What the page leaves out to stay small, one sentence each (the page shows them under its title)."""
+    cuts = []
+    if stacks.clipped_frames:
+        cuts.append(f"{stacks.clipped_frames:,} frames have a file or function name longer than "
+                    f"{MAX_FRAME_PART_CHARS} characters: their middle is cut, marked [N characters cut]")
+    if stacks.cut_stacks:
+        cuts.append(f"{stacks.cut_stacks:,} stacks are shown without their frames: the page holds at most "
+                    f"{MAX_PAGE_FRAME_CHARS:,} characters of frame text and {MAX_PAGE_STACK_FRAMES:,} frames "
+                    "over all its stacks")
+    if cut_pieces:
+        cuts.append(f"{cut_pieces:,} pieces of the segment maps are not drawn: a map shows at most {MAX_PIECES:,} "
+                    f"and the page {MAX_PAGE_PIECES:,} (each map says how many it leaves out)")
+    return cuts

@@ -39,6 +39,7 @@ canvas{display:block;background:#fff;border:1px solid #ddd}
 pre{background:#fff;border:1px solid #ddd;padding:8px;overflow-x:auto;font-size:12px}
 details summary{cursor:pointer} .frames{font:12px monospace;color:#333;text-align:left;white-space:pre-wrap}
 .cols{display:flex;gap:24px;flex-wrap:wrap}
+.cuts{color:#555;font-size:13px;margin-top:8px}
 """
 
 _SCRIPT = r"""
@@ -79,6 +80,8 @@ function allocText(row){ const a=D.allocs[row]; if(!a) return "";
     "\nlifetime: from "+born+" to "+died+"\nstack (program frames first, marked *):\n"+stackText(a[5]); }
 
 // ------------------------------------------------------------------ verdicts and summary
+function cuts(){
+  const box=document.getElementById("cuts"); (D.cuts||[]).forEach(c=>box.appendChild(el("div",{},"not shown: "+c))); }
 function verdicts(){
   const box=document.getElementById("verdicts");
   D.runs.forEach(r=>{ const cls=r.fits===true?"fits":(r.fits===false?"oom":"nocap");
@@ -260,7 +263,7 @@ function advice(){
   if(D.advice_text){ const d=el("details"); d.appendChild(el("summary",{},"the whole advice, as allocsim advise prints it")); d.appendChild(el("pre",{},D.advice_text)); box.appendChild(d); }
 }
 
-verdicts(); categories(); drawTimeline(); timelineEvents(); catTimelineEvents(); mapEvents(); mapChoices(); sites(); advice();
+cuts(); verdicts(); categories(); drawTimeline(); timelineEvents(); catTimelineEvents(); mapEvents(); mapChoices(); sites(); advice();
 document.body.dataset.ready="1";
 """
 
@@ -300,6 +303,7 @@ def render(data: dict[str, Any]) -> str:
 <header><h1>{_escape(title)}</h1>
 <div>{_escape(data.get('format') or '')} trace, {int(data.get('events') or 0):,} events; every figure is an exact byte count from the replay (allocsim run --fast)</div></header>
 <main>
+<div id="cuts" class="cuts"></div>
 <h2>Verdict</h2><div id="verdicts"></div>
 <table id="summary"></table>
 <h2>Memory by category</h2><div id="cats" class="cols"></div>

@@ -93,7 +93,10 @@ def hash_traces(paths: list[str], log: Callable[[str], None]) -> list[tuple[str,
 def _progress(total: int, enabled: bool):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, disable=not enabled, file=sys.stderr, unit="run", dynamic_ncols=True,
+    from ..terminal import raw_stream
+
+    # The bar redraws itself with CR and cursor moves of its own: it writes past the escaping.
+    return tqdm(total=total, disable=not enabled, file=raw_stream(sys.stderr), unit="run", dynamic_ncols=True,
                 desc="sweep", smoothing=0.1)
 
 

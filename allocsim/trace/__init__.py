@@ -81,10 +81,12 @@ def read_trace(path: str | os.PathLike, *, format: str | None = None, lenient: b
         # Readers name the record for every failure they foresee; this net keeps a damaged file
         # the reader did not foresee from ever surfacing as a traceback.
         raise TraceFormatError(path, None, f"malformed {fmt} data: {type(exc).__name__}: {quote(str(exc))}") from None
+    from .reading.surrogates import repair_surrogates
     from .reading.validate import check_live_bytes, check_time_range
 
     check_time_range(path, trace.column("t_ns"))
     check_live_bytes(path, trace)
+    repair_surrogates(trace)     # once, for every reader and route: nothing later meets a lone surrogate
     return trace
 
 

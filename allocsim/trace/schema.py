@@ -241,6 +241,13 @@ class Trace:
     def __len__(self) -> int:
         return len(self.table("events"))
 
+    def replace(self, **changes: Any) -> "Trace":
+        """A new trace with ``changes`` (as ``dataclasses.replace``), the other tables passed on as held:
+        columns stay columns, so no DataFrame (and no copy of the frame strings) is built for them."""
+        fields = {f.name: (self.__dict__[_HELD + f.name] if f.name in TABLE_DTYPES else getattr(self, f.name))
+                  for f in dataclasses.fields(self)}
+        return Trace(**{**fields, **changes})
+
     @property
     def devices(self) -> list[int]:
         """Devices that appear anywhere in the trace, sorted."""
@@ -278,8 +285,8 @@ class Trace:
             initial_segments=self.initial_segments.loc[self.initial_segments["device"] == device].reset_index(drop=True),
             initial_blocks=self.initial_blocks.loc[self.initial_blocks["device"] == device].reset_index(drop=True),
             decisions=decisions.reset_index(drop=True),
-            frames=self.frames,
-            stacks=self.stacks,
+            frames=self.__dict__[_HELD + "frames"],     # as held: columns stay columns
+            stacks=self.__dict__[_HELD + "stacks"],
             recorded_series=self._series_for(device, keep),
         )
 
@@ -300,27 +307,28 @@ class Trace:
         if stack_id + 1 >= len(starts):
             raise ValueError(f"no stack {stack_id} in this trace ({len(starts) - 1} stacks)")
         frame_rows = rows[starts[stack_id]:starts[stack_id + 1]]
-        fr = self.frames
-        names, files, lines = fr["name"].to_numpy(), fr["filename"].to_numpy(), fr["line"].to_numpy()
+        fr = self.table("frames")
+        names, files, lines = fr["name"], fr["filename"], fr["line"]
         return [(str(files[r]), int(lines[r]), str(names[r])) for r in frame_rows]
 
     def _stack_index(self) -> tuple[np.ndarray, np.ndarray]:
         """(first row of each stack id, frame rows in (stack, depth) order), cached per stacks table."""
+        held = (self.__dict__[_HELD + "stacks"], self.__dict__[_HELD + "frames"])
         cached = getattr(self, "_stack_cache", None)
-        if cached is not None and cached[0] is self.stacks and cached[1] is self.frames:
+        if cached is not None and cached[0] is held[0] and cached[1] is held[1]:
             return cached[2]
-        st = self.stacks
-        sid = st["stack_id"].to_numpy()
-        order = np.lexsort((st["depth"].to_numpy(), sid))
+        st = self.table("stacks")
+        sid = st["stack_id"]
+        order = np.lexsort((st["depth"], sid))
         sid_sorted = sid[order]
         n_stacks = int(sid_sorted[-1]) + 1 if len(sid_sorted) else 0
         starts = np.searchsorted(sid_sorted, np.arange(n_stacks))
-        frame_ids = self.frames["frame_id"].to_numpy()
+        frame_ids = self.table("frames")["frame_id"]
         frame_pos = np.empty(int(frame_ids.max()) + 1 if len(frame_ids) else 0, dtype=np.int64)
         frame_pos[frame_ids] = np.arange(len(frame_ids))
-        rows = frame_pos[st["frame_id"].to_numpy()[order]] if len(order) else np.empty(0, np.int64)
+        rows = frame_pos[st["frame_id"][order]] if len(order) else np.empty(0, np.int64)
         result = (np.append(starts, len(rows)), rows)
-        self._stack_cache = (self.stacks, self.frames, result)
+        self._stack_cache = (*held, result)
         return result
 
     def column(self, name: str) -> np.ndarray:

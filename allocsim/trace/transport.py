@@ -23,7 +23,7 @@ from .schema import (
     STACK_DTYPES,
     Trace,
     TraceMeta,
-    frame_from_columns,
+    table_from_columns,
 )
 
 #: Every table of a ``Trace`` with its schema.
@@ -44,10 +44,10 @@ def trace_to_payload(trace: Trace) -> dict[str, Any]:
     """Plain columns and JSON-able metadata of ``trace``."""
     tables: dict[str, dict[str, Any]] = {}
     for name, dtypes in TABLES.items():
-        frame: pd.DataFrame = getattr(trace, name)
+        table = trace.table(name)      # the columns as held: no DataFrame (text stays Python objects)
         cols: dict[str, Any] = {}
         for col, dtype in dtypes.items():
-            values = frame[col].to_numpy()
+            values = table[col]
             if dtype == np.dtype("object"):
                 codes, uniques = pd.factorize(pd.Series(values, dtype=object))
                 cols[col + _CODES_SUFFIX] = codes.astype(np.int32)
@@ -71,5 +71,5 @@ def payload_to_trace(payload: dict[str, Any]) -> Trace:
                 out[col] = uniques[codes] if len(codes) else np.empty(0, dtype=object)
             else:
                 out[col] = cols[col]
-        tables[name] = frame_from_columns(out, dtypes)
+        tables[name] = table_from_columns(out, dtypes)
     return Trace(meta=TraceMeta.from_dict(payload["meta"]), labels=[str(x) for x in payload["labels"]], **tables)

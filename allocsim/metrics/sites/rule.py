@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, NamedTuple
 
 if TYPE_CHECKING:
     import numpy as np
@@ -40,6 +40,10 @@ DEFAULT_SKIP = (STDLIB, "torch/")
 MAX_PATTERN_CHARS = 256
 #: Program frames a row shows at most (the site first, then its callers).
 MAX_SHOWN_FRAMES = 12
+#: Characters of a frame's file name, and of its function name, shown at most (``clip_text``): a
+#: trace may hold frame strings of up to ``string_chars`` (65,536), and every site name, table row
+#: and report line is built from them.
+MAX_FRAME_PART_CHARS = 240
 
 RULE = ("a code site is the innermost frame of the program: the first stack frame, innermost first, whose file "
         "is Python source (.py or a <...> pseudo-file) and whose path matches none of the skipped paths ({skip}); "
@@ -156,16 +160,41 @@ def _stdlib_module(relative: str) -> bool:
     return (top[:-3] if top.endswith(".py") else top) in STDLIB_MODULES
 
 
+def clip_text(text: str, max_chars: int = MAX_FRAME_PART_CHARS) -> str:
+    """``text``, or its start and end around a ``...[N characters cut]...`` mark when it is longer than ``max_chars``.
+
+    Both ends are kept: a path's file name is at its end, a C++ signature's function name at its start.
+    """
+    if len(text) <= max_chars:
+        return text
+    keep = max_chars // 2
+    return f"{text[:keep]}...[{len(text) - 2 * keep:,} characters cut]...{text[-keep:]}"
+
+
 def frame_text(filename: str, line: int, name: str) -> str:
-    """``path/to/file.py:123 in forward`` (an operator frame: its name)."""
+    """``path/to/file.py:123 in forward`` (an operator frame: its name), each part cut to
+    ``MAX_FRAME_PART_CHARS`` (``clip_text``), so no frame a file holds makes a site name or a page line long."""
     if not filename and not line:
-        return name
-    return f"{filename}:{line} in {name}"
+        return clip_text(name)
+    return f"{clip_text(filename)}:{line} in {clip_text(name)}"
 
 
 def source_format(trace: Trace) -> str:
     """The format the trace was recorded in (a converted file remembers it)."""
     return str(trace.meta.version_hints.get("converted_from") or trace.meta.format)
+
+
+class _FrameFacts(NamedTuple):
+    """One frame as the fallback naming rule sees it (``SiteIndex._facts``)."""
+
+    name: str
+    engine: bool             #: inside the autograd engine
+    node: str | None         #: the autograd node it names
+    at_op: str | None        #: ``aten::X`` of an ``at::_ops::X::call`` frame
+    step: bool               #: a ``ProfilerStep#N`` annotation
+    operator: bool           #: a Kineto operator frame (no file)
+    dygraph: str | None      #: Paddle: the op of an ``<op> dygraph`` event
+    paddle_op: str           #: Paddle: the name without its inner-event suffix
 
 
 @dataclass
@@ -185,6 +214,7 @@ class SiteIndex:
         self.paddle = source_format(self.trace) == "paddle"
         self.names: list[str] = []
         self._number: dict[str, int] = {}
+        self._frame_facts: dict[tuple[str, bool], _FrameFacts] = {}
         fr = self.trace.table("frames")
         self._files = fr["filename"]
         self._lines = fr["line"]
@@ -250,42 +280,57 @@ class SiteIndex:
     def _stack_rows(self, stack: int) -> np.ndarray:
         return self._rows[self._starts[stack]:self._starts[stack + 1]]
 
+    def _facts(self, row: int) -> _FrameFacts:
+        """What naming a stack without a program frame asks of frame ``row``, worked out once per distinct
+        name: a file's frame strings may be long, and many frames and stacks share each one."""
+        name, file = str(self._names[row]), str(self._files[row])
+        key = (name, not file, file == "aten")
+        facts = self._frame_facts.get(key)
+        if facts is None:
+            node = _BACKWARD_NODE.search(name)
+            at_op = _AT_OP.search(name)
+            # an allocsim capture names its operator frame ``aten::X`` in file ``aten``
+            captured_op = name if file == "aten" and name.startswith("aten::") else None
+            facts = self._frame_facts[key] = _FrameFacts(
+                name=name, engine="torch::autograd::Engine::" in name,
+                node=(node.group(1) or node.group(2) or node.group(3).rsplit("::", 1)[-1]) if node else None,
+                at_op=f"aten::{at_op.group(1)}" if at_op else captured_op, step=_STEP.match(name) is not None,
+                operator=not file and not name.startswith("<built-in"),
+                dygraph=name[:-len(" dygraph")] if name.endswith(" dygraph") else None,
+                paddle_op=_PADDLE_INNER.sub("", name) if self.paddle else name)
+        return facts
+
     def _fallback(self, stack: int) -> str:
         """The name of a stack without a program frame: its autograd node, else its operator."""
-        names = [str(n) for n in self._names[self._stack_rows(stack)].tolist()]
-        files = [str(f) for f in self._files[self._stack_rows(stack)].tolist()]
-        in_engine = self.kineto or any("torch::autograd::Engine::" in n for n in names)
+        facts = [self._facts(row) for row in self._stack_rows(stack).tolist()]
+        in_engine = any(f.engine for f in facts)
+        if self.kineto or in_engine:
+            for f in facts:
+                if f.node is not None:
+                    return f"[backward] {clip_text(f.node)}"
+        op = self._operator(facts)
+        op = clip_text(op) if op else op
         if in_engine:
-            for n in names:
-                m = _BACKWARD_NODE.search(n)
-                if m:
-                    node = m.group(1) or m.group(2) or m.group(3).rsplit("::", 1)[-1]
-                    return f"[backward] {node}"
-        op = self._operator(names, files)
-        if any("torch::autograd::Engine::" in n for n in names):
             return f"[backward] {op}" if op else "[backward] autograd engine"
         return f"[op] {op}" if op else "[native code]"
 
-    def _operator(self, names: list[str], files: list[str]) -> str | None:
+    def _operator(self, facts: list[_FrameFacts]) -> str | None:
         """The outermost operator of a stack (Kineto: enclosing CPU op; snapshot: ``at::_ops::X::call``)."""
         if self.paddle:
             # Paddle's operator events are named "<op> dygraph"; inner events (kernel launch,
             # infer_meta) and outer ones (API calls, layers) name the same op less precisely.
-            for n in names:
-                if n.endswith(" dygraph"):
-                    return n[:-len(" dygraph")]
-            real = [_PADDLE_INNER.sub("", n) for n in names if not _STEP.match(n)]
+            for f in facts:
+                if f.dygraph is not None:
+                    return f.dygraph
+            real = [f.paddle_op for f in facts if not f.step]
             return (real or [None])[0]
         if self.kineto:
-            ops = [n for n, f in zip(names, files) if not f and not n.startswith("<built-in")]
-            real = [n for n in ops if not _STEP.match(n)]
-            return (real or ops or [None])[-1]
-        for n, f in zip(reversed(names), reversed(files)):
-            m = _AT_OP.search(n)
-            if m:
-                return f"aten::{m.group(1)}"
-            if f == "aten" and n.startswith("aten::"):      # an allocsim capture's operator frame
-                return n
+            ops = [f for f in facts if f.operator]
+            real = [f.name for f in ops if not f.step]
+            return (real or [f.name for f in ops] or [None])[-1]
+        for f in reversed(facts):
+            if f.at_op is not None:
+                return f.at_op
         return None
 
     # ------------------------------------------------------------------ lookups

@@ -69,13 +69,45 @@ def memory_framework(path: str, data: bytes) -> str:
     return "paddle" if any(f in data for f in _PADDLE_TOP_KEYS) else "kineto"
 
 
+#: Formats whose files are text: a NUL byte in one is damage, never data.
+TEXT_FORMATS = ("kineto", "paddle", "rmm-csv", "allocsim-csv")
+_ZERO_FILL = "a sparse file, or a copy filled with zeros where it was cut?"
+
+
+def refuse_zero_fill(path: str, head: bytes, size_bytes: int) -> None:
+    """Refuse, from its first and last bytes, a file that holds zero bytes where no trace format has
+    any (``head``: its first bytes after decompression): no format starts or ends with one (a pickle
+    ends with its STOP opcode, Parquet with ``PAR1``, JSON and CSV with text, gzip with its checksum
+    and length, which are not checked), so a sparse or zero-filled file is refused before it is read."""
+    with open(path, "rb") as fh:
+        first = fh.read(2)
+        fh.seek(max(0, size_bytes - 4096))
+        tail = fh.read(4096)
+    if first[:1] == b"\x00" or head[:1] == b"\x00":
+        raise TraceFormatError(path, None, f"starts with zero bytes, as no trace format does ({_ZERO_FILL})")
+    if first != b"\x1f\x8b" and tail.endswith(b"\x00"):
+        zeros = len(tail) - len(tail.rstrip(b"\x00"))
+        run = f"{zeros:,}" if zeros < len(tail) else f"at least {zeros:,}"
+        raise TraceFormatError(path, None, f"ends in {run} zero bytes, as no trace format does ({_ZERO_FILL})")
+
+
 def detect_format(path: str | os.PathLike) -> str:
     """Return one of ``FORMATS`` for the file at ``path``, or raise ``TraceFormatError`` saying why not."""
     path = os.fspath(path)
-    check_regular_file(path)   # one line for a directory, FIFO, device file, missing or unreadable file
+    size_bytes = check_regular_file(path)   # one line for a directory, FIFO, device file, missing or unreadable file
     head = read_head(path)
     if not head:
         raise TraceFormatError(path, None, "empty file (after decompression)")
+    refuse_zero_fill(path, head, size_bytes)
+    fmt = _format_of(path, head)
+    zero = head.find(b"\x00")
+    if fmt in TEXT_FORMATS and zero >= 0:
+        raise TraceFormatError(path, f"byte {zero:,}", f"a zero byte in a text trace (JSON and CSV hold none: "
+                               f"{_ZERO_FILL})")
+    return fmt
+
+
+def _format_of(path: str, head: bytes) -> str:
     if head[:4] == b"PAR1":
         return "allocsim-parquet"
     if head[:1] == b"\x80" or path.endswith((".pickle", ".pkl")):

@@ -27,6 +27,7 @@ from ...units import MiB
 from ..reading.builder import MAX_SIZE_BYTES
 from ..reading.ipc_check import IpcFormatError, ipc_stream_bounds
 from ..reading.limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, open_binary
+from ..reading.surrogates import repair_value, surrogate_note
 from ..schema import (
     EVENT_DTYPES,
     OPTIONAL_COLUMNS,
@@ -349,6 +350,11 @@ def _load_header(path: str, raw: bytes | str | None, limits: Limits = DEFAULT_LI
         raise TraceFormatError(path, "header", f"allocsim_format is not an integer: {quote(version)}")
     if version > FORMAT_VERSION:
         raise TraceFormatError(path, "header", f"written by a newer allocsim (format {quote(version)})")
+    # JSON's \ud800 escapes make lone surrogates, which the tables built from the header (Arrow text
+    # columns) cannot hold: they are repaired here, as ``read_trace`` repairs every other reader's.
+    header, repaired = repair_value(header)
+    if repaired:
+        header.setdefault("meta", {}).setdefault("notes", []).append(surrogate_note(repaired))
     return header
 
 

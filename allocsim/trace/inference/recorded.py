@@ -188,6 +188,7 @@ class _DeviceRecording:
         # The requests of this device as a per-device replay sees them (markers belong to every device).
         self.kept = np.flatnonzero((ev["device"].to_numpy() == device) | (kinds == int(EventKind.MARKER)))
         self.kinds = kinds
+        self.t_col = ev["t_ns"].to_numpy()
         self.inserts: list[_Insert] = []
         self.notes: list[str] = []
         self._points: list[tuple[dict[str, Any], Any]] = []    # (point, _Insert or old event index)
@@ -240,11 +241,11 @@ class _DeviceRecording:
                stream: int = 0) -> _Insert:
         pos = self.position(k)
         t = self.t_ns[row_slice[0]] if row_slice else 0
-        t_col = self.trace.events["t_ns"]
+        t_col = self.t_col
         if pos > 0:
-            t = max(t, int(t_col.iat[pos - 1]))
+            t = max(t, int(t_col[pos - 1]))
         if pos < self.n_events:
-            t = min(t, int(t_col.iat[pos]))
+            t = min(t, int(t_col[pos]))
         ins = _Insert(pos, kind, t, alloc_id, size_bytes, stream, self.device,
                       [int(self.rows[j]) for j in row_slice])
         self.inserts.append(ins)
@@ -266,11 +267,9 @@ class _DeviceRecording:
         for k in sorted(groups):
             if model is not None:
                 model.advance(k)
-            items = groups[k]
-            while any(self.action[j] == "oom" for j in items):
-                cut = next(n for n, j in enumerate(items) if self.action[j] == "oom")
-                next_id = self._recorded_oom(k, items[:cut + 1], next_id, model)
-                items = items[cut + 1:]
+            failed, items = self._split_at_ooms(groups[k])
+            for run in failed:
+                next_id = self._recorded_oom(k, run, next_id, model)
             self._release(k, items, peak, model)
         self._infer_capacity()
         return next_id
@@ -281,10 +280,19 @@ class _DeviceRecording:
             lead += 1
         return lead
 
+    def _split_at_ooms(self, items: list[int]) -> tuple[list[list[int]], list[int]]:
+        """``items`` cut after each ``oom`` entry: (the runs that end in one, the rest), in one pass
+        (a file may record any number of OOMs before one request)."""
+        runs, start = [], 0
+        for n, j in enumerate(items):
+            if self.action[j] == "oom":
+                runs.append(items[start:n + 1])
+                start = n + 1
+        return runs, items[start:]
+
     def _needs_cache_check(self, k: int, items: list[int], peak: int) -> bool:
         """True when only the allocator's cache at request k can tell empty_cache from the OOM path."""
-        while any(self.action[j] == "oom" for j in items):
-            items = items[next(n for n, j in enumerate(items) if self.action[j] == "oom") + 1:]
+        items = self._split_at_ooms(items)[1]
         lead = self._lead(items)
         if not lead or lead == len(items) or k >= len(self.kept):
             return False

@@ -176,12 +176,10 @@ def counted_part(trace: Trace) -> Trace:
 
 def _gpu_part(trace: Trace) -> Trace:
     """The GPU devices' events and start state of a trace that also holds host memory."""
-    import dataclasses
-
     ev = trace.events
     keep = (ev["device"].to_numpy() >= 0) | (ev["kind"].to_numpy() == EventKind.MARKER)
     gpu = lambda frame: frame.loc[frame["device"].to_numpy() >= 0].reset_index(drop=True)
-    return dataclasses.replace(trace, events=ev.loc[keep].reset_index(drop=True),
+    return trace.replace(events=ev.loc[keep].reset_index(drop=True),
                                initial_allocs=gpu(trace.initial_allocs), initial_segments=gpu(trace.initial_segments),
                                initial_blocks=gpu(trace.initial_blocks))
 

@@ -117,3 +117,13 @@ def over_room(path: str, room: Headroom) -> TraceFormatError:
     the limit to raise, and is the same on every route."""
     return TraceFormatError(path, None, f"reading it needs more memory than this process may take under "
                             f"{room.limit}; raise that limit")
+
+
+def out_of_memory_line(what: str) -> str:
+    """The one line for a ``MemoryError`` met while working on ``what`` (a trace, after reading it):
+    the limit that stopped the process, to raise, or that no limit was set."""
+    room = headroom()
+    if room is not None:
+        return (f"ran out of memory working on {what}: the process may take no more under {room.limit}; "
+                "raise that limit")
+    return f"ran out of memory working on {what} (no process limit is set: the machine's memory is used up)"

@@ -87,15 +87,33 @@ def decode_payload(blob: bytes) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------- the child
+#: The child's address-space cap (set by ``_cap_child``; ``cap_phase`` lowers it for one phase).
+_child_cap: int | None = None
+
+
 def _cap_child(limits: Limits) -> None:
     import resource
 
+    global _child_cap
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     want = vm_size_bytes() + limits.memory_bytes
     if soft != resource.RLIM_INFINITY:
         want = min(want, soft)
     if hard != resource.RLIM_INFINITY:
         want = min(want, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+    _child_cap = want
+
+
+def cap_phase(more_bytes: int | None) -> None:
+    """In the child: allow the next phase ``more_bytes`` beyond what the process holds now (never more
+    than the child's cap); None puts the child's cap back. Outside a child: nothing."""
+    if _child_cap is None:
+        return
+    import resource
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    want = _child_cap if more_bytes is None else min(_child_cap, vm_size_bytes() + more_bytes)
     resource.setrlimit(resource.RLIMIT_AS, (want, hard))
     signal.signal(signal.SIGALRM, signal.SIG_DFL)    # the alarm kills, even inside C code
     signal.signal(signal.SIGINT, signal.SIG_DFL)

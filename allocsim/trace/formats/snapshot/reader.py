@@ -74,6 +74,7 @@ from ...schema import (
     check_schema,
     empty_frame,
     frame_from_columns,
+    table_from_columns,
     text_column,
 )
 from ....settings.pytorch_sizes import K_MIN_BLOCK_SIZE, K_SMALL_BUFFER
@@ -357,6 +358,18 @@ def _c_unpickle_seconds(n_bytes: int, limits: Limits) -> int:
     return int(min(limits.seconds, 3 + n_bytes // 2_000_000))
 
 
+#: Memory the C unpickler may take per byte of pickle (real snapshots: 3 to 13 times their size; a
+#: file of one-byte empty sets or dicts: 56 to 216 times), and at least this much in all. Past it the
+#: pure-Python unpickler takes over, which refuses sets at their first opcode.
+_C_UNPICKLE_BYTES_PER_BYTE = 32
+_C_UNPICKLE_FLOOR_BYTES = 256 << 20
+
+
+def _c_unpickle_bytes(n_bytes: int) -> int:
+    """Memory allowed to the C unpickler for a pickle of ``n_bytes`` (see ``_C_UNPICKLE_BYTES_PER_BYTE``)."""
+    return max(_C_UNPICKLE_FLOOR_BYTES, _C_UNPICKLE_BYTES_PER_BYTE * n_bytes)
+
+
 def _read_isolated(path: str, lenient: bool, limits: Limits, data: bytes | None = None,
                    frames: bool = True) -> Trace:
     def work(use_c: bool) -> Callable[[Callable[[str], None]], dict]:
@@ -367,8 +380,10 @@ def _read_isolated(path: str, lenient: bool, limits: Limits, data: bytes | None 
                 phase(name)
                 if name == "unpickling (C)":
                     signal.alarm(max(1, _c_unpickle_seconds(n_bytes[0], limits)))
+                    isolate.cap_phase(_c_unpickle_bytes(n_bytes[0]))
                 elif name in ("unpickling", "parsing"):
                     signal.alarm(max(1, int(limits.seconds)))
+                    isolate.cap_phase(None)
             return trace_to_payload(_parse(path, lenient, limits, use_c=use_c, phase=timed_phase, data=data,
                                            frames=frames, on_size=lambda n: n_bytes.__setitem__(0, n)))
         return run
@@ -520,8 +535,8 @@ class _SnapshotReader:
     @staticmethod
     def _with_frames(trace: Trace, tables: dict[str, dict[str, Any]]) -> Trace:
         # (finish_snapshot_trace checks the schema once the trace is complete)
-        trace.frames = frame_from_columns(tables["frames"], FRAME_DTYPES)
-        trace.stacks = frame_from_columns(tables["stacks"], STACK_DTYPES)
+        trace.frames = table_from_columns(tables["frames"], FRAME_DTYPES)
+        trace.stacks = table_from_columns(tables["stacks"], STACK_DTYPES)
         return trace
 
     def read_scanned(self, scan: dict[str, Any]) -> Trace | None:
@@ -832,8 +847,10 @@ class _SnapshotReader:
             initial_segments=self._segments_frame(initial_segments),
             initial_blocks=self._initial_blocks(initial, initial_segments),
             decisions=frame_from_columns(decisions, DECISION_DTYPES),
-            frames=frame_from_columns(tables["frames"], FRAME_DTYPES),
-            stacks=frame_from_columns(tables["stacks"], STACK_DTYPES),
+            # Kept as columns: the frame strings stay shared as the file shares them (a DataFrame
+            # would copy each one per frame) until something asks for the DataFrame.
+            frames=table_from_columns(tables["frames"], FRAME_DTYPES),
+            stacks=table_from_columns(tables["stacks"], STACK_DTYPES),
             recorded_series=empty_frame(RECORDED_SERIES_DTYPES),
         )
 
