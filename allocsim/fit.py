@@ -313,7 +313,7 @@ def capture_paths(command: Sequence[str], knob: str, value: int, gpu: GpuModel, 
 
 def check_capture_paths(paths: Sequence[tuple[str, str]]) -> None:
     """Refuse (ValueError, one line) before any capture a file in ``-o DIR`` that fit did not write."""
-    from .commands.convert import check_output
+    from .output_file import check_trace_output as check_output
     from .output_file import check_output_file
 
     def ours(log: str) -> bool:

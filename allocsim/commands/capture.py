@@ -73,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
     """Check everything the capture needs, run it, and report the trace it wrote."""
     from ..gpus import find_gpu
     from ..torch_capture.session import EXIT_OK, capture, child_command
-    from .convert import check_output
+    from ..output_file import check_trace_output as check_output
 
     command = list(args.command)
     if command and command[0] == "--":
