@@ -14,6 +14,7 @@ COMMANDS = {
     "replay": "validate.replay_cmd",       # policies on a real device (CuPy or host memory)
     "calibrate": "validate.calibrate_cmd", # measure the device's costs into a cost-model file
     "xmem": "validate.xmem_cmd",           # CPU capture + GPU model vs xMem's published ground truth
+    "milabench": "validate.milabench_cmd", # the GPU's own memory learned and checked on milabench's tables
 }
 
 
