@@ -138,7 +138,8 @@ class GpuModel:
                               "of its transformer benchmarks, validate/milabench_calibration.json) + this card's "
                               f"local memory {format_bytes(self.local_bytes)} ({self.sm_count} SMs x "
                               f"{self.max_threads_per_sm} threads x 1 KiB); checked on milabench's H100 and H200 "
-                              "tables; other CUDA, driver and library versions are not measured"
+                              "tables, where the cards held about 320 MiB more than this (docs/capture.md, 'The "
+                              "GPU's own memory'); other CUDA, driver and library versions are not measured"
                               if self.context_bytes == CONTEXT0_BYTES_FITTED + self.local_bytes else
                               "given by hand (estimate)"),
             "library_bytes": "calibrated: median of (xMem 001-Anova ground - allocsim reserved peak - cuBLAS "

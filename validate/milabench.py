@@ -103,7 +103,7 @@ LEFT_OUT = {
     "multigpu": "several GPUs (DDP, NCCL buffers): one process's capture is not the run",
     "jax": "JAX, not PyTorch",
     "graph": "PyTorch Geometric / torch-scatter kernels not reproduced",
-    "other": "not a reproduced benchmark",
+    "other": "a benchmark not reproduced here (timm models, retired benchmarks: davit_large, opt, resnet152, rwkv, ...)",
     "rocm": "ROCm (AMD MI325): allocsim has no HIP/MIOpen model; rows kept for reference, neither fitted nor checked",
     "outlier": "below a smaller batch's memory in the same table (a failed or partial run)",
     "legacy-hf": None,
@@ -390,7 +390,7 @@ def local_bytes(model_name: str) -> int:
 def library_key(row: dict[str, Any]) -> str:
     """The library version a row ran with: 'torch X / cuDNN Y'."""
     lib = row.get("libraries") or {}
-    cudnn = lib.get("nvidia-cudnn-cu12") or lib.get("nvidia-cudnn-cu11") or "?"
+    cudnn = lib.get("nvidia-cudnn-cu12") or lib.get("nvidia-cudnn-cu11") or "not pinned (in the torch wheel)"
     return f"torch {lib.get('torch', '?')} / cuDNN {cudnn}"
 
 

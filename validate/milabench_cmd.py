@@ -45,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
         data = milabench.extract(args.extract)
         milabench.dump_rows(data)
         usable = sum(milabench.usable(r) for r in data["rows"])
-        print(f"{len(data['rows'])} rows ({usable} reproduced) written to {milabench.ROWS_PATH}")
+        print(f"{len(data['rows'])} rows ({usable} reproduced) written to validate/milabench_rows.json")
         return 0
     data = milabench.load()
     rows = milabench.select(data["rows"], "all")
@@ -56,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
         calibration = milabench.calibrate(rows, args.work, args.python, args.jobs, _log)
         with open(milabench.CALIBRATION_PATH, "w", encoding="utf-8") as fh:
             json.dump(calibration, fh, indent=1)
-        print(f"terms written to {milabench.CALIBRATION_PATH}\n\n{milabench.format_terms(calibration)}\n")
+        print(f"terms written to validate/milabench_calibration.json\n\n{milabench.format_terms(calibration)}\n")
     elif os.path.exists(milabench.CALIBRATION_PATH):
         with open(milabench.CALIBRATION_PATH, encoding="utf-8") as fh:
             calibration = json.load(fh)
