@@ -14,8 +14,10 @@ A GPU's memory during a PyTorch training run is
 
 ``gpu_estimate`` adds them up; the verdict compares the total with the GPU's memory. Each figure says
 where it comes from in ``sources``; ``library_bytes`` is calibrated on measured runs only (see
-``validate/xmem_calibration.json``) and ``context_bytes`` is an estimate that no ground truth here
-includes, so the verdict near the limit has that uncertainty.
+``validate/xmem_calibration.json``) and ``context_bytes`` is fitted on milabench's L40S table (torch
+2.6 / CUDA 12.6) and moved to other cards by their local memory (``python -m validate milabench``:
+on milabench's H100 and H200 tables the cards held about 320 MiB more), so the verdict near the
+limit has that uncertainty.
 """
 
 from __future__ import annotations
