@@ -210,3 +210,16 @@ def test_a_pinned_multiprocess_dataloader_feeds_the_device(tmp_path):
     assert sizes[:2] == [10 * 2 * 4, 2 * 4]                    # weight, bias
     assert sizes[2:4] == [16 * 10 * 4, 16 * 8]                 # the first batch's x and y copied to the device
     assert sizes.count(16 * 10 * 4) == 2                        # and the second batch's x
+
+
+def test_a_read_back_inside_a_tensor_method_is_zero(tmp_path):
+    # ``x in t`` calls ``(x == t).any().item()`` inside Tensor.__contains__, where the capture's
+    # torch-function mode is off (transformers' warn_if_padding_and_no_attention_mask does this): the
+    # dispatch level answers the read-back with zero, so ``in`` is False whatever x is.
+    script = tmp_path / "contains.py"
+    script.write_text("import torch\nt = torch.ones(1000, device='cuda')\n"
+                      "assert (0 in t) is False and (1 in t) is False\n"
+                      "y = torch.ones(10, device='cuda')\n")
+    status, trace = capture_file(script, tmp_path / "contains.parquet")
+    assert status == 0
+    assert _allocs(trace)[0] == 4000 and _allocs(trace)[-1] == 40

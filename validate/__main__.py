@@ -15,6 +15,7 @@ COMMANDS = {
     "calibrate": "validate.calibrate_cmd", # measure the device's costs into a cost-model file
     "xmem": "validate.xmem_cmd",           # CPU capture + GPU model vs xMem's published ground truth
     "snapshots": "validate.snapshots_cmd", # CPU captures of public scripts vs the GPU snapshots they wrote
+    "milabench": "validate.milabench_cmd", # the GPU's own memory learned and checked on milabench's tables
 }
 
 

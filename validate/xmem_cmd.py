@@ -26,6 +26,11 @@ def register(subparsers) -> None:
                              "add, and the gap left to the ground truth (replayed in this process)")
     parser.add_argument("--work", default="xmem-work", metavar="DIR", help="where captures are kept and reused")
     parser.add_argument("--jobs", type=int, default=2, help="captures at a time (default 2)")
+    parser.add_argument("--python", default=None, metavar="PYTHON",
+                        help="the interpreter that runs the training script (torch and torchvision; default: this one)")
+    parser.add_argument("--milabench-terms", action="store_true",
+                        help="also show each row with the cuDNN term fitted on milabench's calibrate rows "
+                             "(validate/milabench_calibration.json) added, beside xMem's own Anova fit")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.set_defaults(func=main)
 
@@ -43,6 +48,8 @@ def main(args: argparse.Namespace) -> int:
                   f"got {args.workspace_ratio!r}")
             return 2
         ratios = xmem.as_ratios_pair(values[0], values[-1])
+    if args.python:
+        xmem.PYTHON = args.python
     rows = xmem.load_rows("calibrate" if args.calibrate else args.set)
     if args.calibrate:
         fitted = xmem.calibrate(rows, args.work, "RTX 3060", args.jobs)
@@ -73,4 +80,6 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps({"results": results, "summary": xmem.summarize(results)}, indent=1))
     else:
         print(xmem.format_table(results))
+        if args.milabench_terms:
+            print("\n" + xmem.format_with_cudnn_term(results))
     return 0

@@ -453,6 +453,18 @@ class StorageTracker:
             self.active = False
 
 
+_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
+
+
+def _zero_scalar(dtype: torch.dtype) -> Any:
+    """The Python zero ``.item()`` gives for ``dtype``."""
+    if dtype == torch.bool:
+        return False
+    if dtype.is_complex:
+        return 0j
+    return 0.0 if dtype.is_floating_point else 0
+
+
 class Recorder(TorchDispatchMode):
     """The dispatch mode of one thread: every operator's outputs go to the shared ``StorageTracker``."""
 
@@ -462,6 +474,10 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is _LOCAL_SCALAR and args and isinstance(args[0], torch.Tensor) and args[0].device.type == CAPTURE_DEVICE:
+            # A read-back the torch-function mode did not see (``Tensor.__contains__`` and other Python
+            # methods call ``.item()`` while that mode is off): zero, as every read-back answers.
+            return _zero_scalar(args[0].dtype)
         out = func(*args, **kwargs)
         self.tracker.on_operator(func, args, kwargs, out)
         return out
