@@ -175,9 +175,17 @@ def test_windows_of_a_python_stacks_snapshot_align_past_the_forward_pass(shared_
 def test_the_same_runs_scaled_keep_every_size(shared_dir):
     path = real_snapshot(shared_dir, "Wedsonlin__medium_128_training_memory_snapshot.pickle")
     first = load_input(str(path), Fraction(1))
+    import dataclasses
+
+    from allocsim.errors import AllocsimError
     from allocsim.scale import prepare_input
 
-    again = prepare_input(first.trace, Fraction(2), path=str(path))
+    with pytest.raises(AllocsimError, match="hold the same events"):       # one recording twice is refused
+        scale_inputs([first, prepare_input(first.trace, Fraction(2), path=str(path))], Fraction(4), "batch")
+    # a second run with the same sizes (its clock 1 ns later): every size is constant
+    events = first.trace.events.copy()
+    events["t_ns"] = events["t_ns"] + 1
+    again = prepare_input(dataclasses.replace(first.trace, events=events), Fraction(2), path=str(path))
     result = scale_inputs([first, again], Fraction(4), "batch")
     report = result.report
     assert report.keyer == "code-site" and first.steps.source == "none"
