@@ -275,22 +275,20 @@ class StorageTracker:
             self._host[key] = weakref.ref(storage, lambda _ref, key=key: self._host_released(key))
 
     @contextlib.contextmanager
-    def host(self) -> Iterator[None]:
-        """Outputs made inside the block are host storages (not recorded)."""
-        self.flags.host += 1
+    def _raised(self, flag: str) -> Iterator[None]:
+        setattr(self.flags, flag, getattr(self.flags, flag) + 1)
         try:
             yield
         finally:
-            self.flags.host -= 1
+            setattr(self.flags, flag, getattr(self.flags, flag) - 1)
 
-    @contextlib.contextmanager
-    def to_device(self) -> Iterator[None]:
+    def host(self) -> Any:
+        """Outputs made inside the block are host storages (not recorded)."""
+        return self._raised("host")
+
+    def to_device(self) -> Any:
         """Outputs made inside the block are device storages (a copy of a host tensor to ``cuda``)."""
-        self.flags.device_copy += 1
-        try:
-            yield
-        finally:
-            self.flags.device_copy -= 1
+        return self._raised("device_copy")
 
     def _outputs_on_host(self, args: tuple, kwargs: dict) -> bool:
         if self.flags.device_copy:
