@@ -43,9 +43,10 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils import _device as torch_device_module
 from torch.utils._pytree import tree_map
 
-from . import cuda_api
+from . import accelerator, cuda_api, legacy
 from .autocast import CudaAutocast
 from .tracker import CAPTURE_DEVICE, Recorder, StorageTracker
 
@@ -62,6 +63,22 @@ _FACTORIES = {getattr(torch, name) for name in (
     "empty", "zeros", "ones", "full", "rand", "randn", "randint", "randperm", "arange", "range", "linspace",
     "logspace", "eye", "empty_strided", "tril_indices", "triu_indices", "bartlett_window",
     "hann_window", "hamming_window", "blackman_window", "kaiser_window") if hasattr(torch, name)}
+
+
+def _is_index(value: Any) -> bool:
+    """A bare device index (``module.to(0)``, ``device=0``): the current accelerator's device ``value``."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _cuda_index(value: Any) -> Any:
+    """An integer device as the GPU run reads it (``cuda:N``); anything else unchanged."""
+    return torch.device("cuda", value) if _is_index(value) else value
+
+
+def _default_is_cuda() -> bool:
+    """Whether ``torch.set_default_device("cuda")`` or ``with torch.device("cuda"):`` is in force."""
+    current = torch_device_module.CURRENT_DEVICE
+    return current is not None and current.type == "cuda"
 
 
 def _is_cuda(value: Any) -> bool:
@@ -107,6 +124,8 @@ class CudaOnMeta(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         tracker = self.tracker
+        if _is_index(kwargs.get("device")):
+            kwargs["device"] = _cuda_index(kwargs["device"])
         self_t = args[0] if args and isinstance(args[0], torch.Tensor) else None
         on_meta = self_t is not None and self_t.device.type == CAPTURE_DEVICE
         if self_t is not None:
@@ -124,10 +143,19 @@ class CudaOnMeta(TorchFunctionMode):
                 return _readback(func, self_t, args, kwargs)
             elif func is torch.Tensor.record_stream:
                 return None
-        if func is _PARSE_TO or func is torch.device:
-            # a device object stays "cuda" (the script sees its GPU); Module.to moves through Tensor.to above
-            return func(*args, **kwargs)
+            elif func is torch.Tensor.type:
+                return self._legacy_type(self_t, args, kwargs)
+            elif on_meta and func is torch.Tensor.get_device:
+                return -1 if tracker.is_host(self_t) else 0
+        if func is torch.device:
+            # torch.device(0) names the current accelerator's device 0; a device object stays "cuda"
+            return func(*((_cuda_index(args[0]),) + tuple(args[1:]) if args else args), **kwargs)
+        if func is _PARSE_TO:
+            # Module.to(0): the integer is a device; Module.to moves through Tensor.to above
+            return func(*((_cuda_index(args[0]),) + tuple(args[1:]) if args else args), **kwargs)
         device_arg = kwargs.get("device")
+        if device_arg is None and _default_is_cuda() and func in torch_device_module._device_constructors():
+            device_arg = kwargs["device"] = "cuda"      # torch.set_default_device("cuda")
         if func in _FACTORIES and _is_cpu(device_arg):
             return self._host_factory(func, args, kwargs)
         if device_arg is not None:
@@ -142,11 +170,31 @@ class CudaOnMeta(TorchFunctionMode):
         args = tuple(_map(a) for a in args)
         return func(*args, **kwargs)
 
+    def _legacy_type(self, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:
+        """``Tensor.type()`` / ``Tensor.type(torch.cuda.HalfTensor)`` with the legacy names meaning what they do on a GPU."""
+        wanted = args[1] if len(args) > 1 else kwargs.get("dtype")
+        on_device = self.tracker.is_device(t)
+        if wanted is None:
+            return legacy.type_name(t, on_device)
+        options = {"non_blocking": bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))}
+        if isinstance(wanted, torch.dtype):
+            return t if wanted == t.dtype else t.to(wanted, **options)
+        parsed = legacy.parse_type(wanted)
+        if parsed is None:
+            return torch.Tensor.type(*args, **kwargs)
+        dtype, to_device = parsed
+        if to_device:
+            return self._to_device(t, dict(options, dtype=dtype))
+        if on_device:
+            return self._to_host(t, {"dtype": dtype})
+        return t if dtype == t.dtype else t.to(dtype)
+
     def _to_target(self, args: tuple, kwargs: dict) -> Any:
         """Where ``Tensor.to(...)`` sends the tensor (None: it stays where it is)."""
         target = kwargs.get("device", kwargs.get("other"))
         if target is None and len(args) > 1 and not isinstance(args[1], (torch.dtype, bool)):
             target = args[1]
+        target = _cuda_index(target)
         if isinstance(target, torch.Tensor):
             if target.device.type != CAPTURE_DEVICE:
                 return target.device
@@ -340,6 +388,16 @@ def _compile_eager(tracker: StorageTracker) -> Any:
     return compile
 
 
+def _default_device(original: Any) -> Any:
+    """``torch.get_default_device()`` saying ``cuda:0`` (not the capture's ``meta``) under ``set_default_device("cuda")``."""
+    def get_default_device() -> torch.device:
+        if _default_is_cuda():
+            current = torch_device_module.CURRENT_DEVICE
+            return torch.device("cuda", current.index or 0)
+        return original()
+    return get_default_device
+
+
 @contextlib.contextmanager
 def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> Iterator[CudaAutocast]:
     """Map ``cuda`` to ``meta`` and answer ``torch.cuda`` as ``gpu`` would, inside the block (this thread and those it starts)."""
@@ -355,17 +413,13 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
         clear_autocast_cache()
         autocast.clear_cache()
 
-    # torch.accelerator is what the DataLoader's pin-memory thread and newer code ask instead
-    accelerator_shims = {"is_available": lambda: True, "device_count": lambda: 1,
-                         "current_device_index": lambda: 0, "set_device_index": lambda device: None,
-                         "synchronize": lambda device=None: None}
-    accelerator = getattr(torch, "accelerator", None)
+    cuda_table = cuda_api.shims(tracker, gpu)
+    # torch.accelerator is what the DataLoader, accelerate and newer scripts ask instead of torch.cuda
+    table = {**cuda_table, **accelerator.shims(cuda_table), **legacy.shims(tracker.is_device)}
+    table[(torch, "get_default_device")] = _default_device(torch.get_default_device)
     with contextlib.ExitStack() as stack:
-        for (owner, name), fn in cuda_api.shims(tracker, gpu).items():
+        for (owner, name), fn in table.items():
             stack.enter_context(_patched(owner, name, fn))
-        for name, fn in accelerator_shims.items():
-            if accelerator is not None and hasattr(accelerator, name):
-                stack.enter_context(_patched(accelerator, name, fn))
         stack.enter_context(_patched(torch, "clear_autocast_cache", clear_both))
         stack.enter_context(_patched(torch, "load", _load_to_device(torch.load)))
         stack.enter_context(_patched(torch, "compile", _compile_eager(tracker)))
