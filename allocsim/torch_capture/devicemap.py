@@ -46,7 +46,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _device as torch_device_module
 from torch.utils._pytree import tree_map
 
-from . import accelerator, cuda_api, legacy
+from . import accelerator, cuda_api, dataparallel, legacy, optimizers
 from .autocast import CudaAutocast
 from .tracker import CAPTURE_DEVICE, Recorder, StorageTracker
 
@@ -302,12 +302,6 @@ def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
             setattr(owner, name, old)
 
 
-def _foreach_devices_with_meta(original):
-    def supported(*args, **kwargs):
-        return list(original(*args, **kwargs)) + [CAPTURE_DEVICE]
-    return supported
-
-
 class ThreadModes:
     """The modes a thread runs the script under: the function mode, the recorder, and autocast's key."""
 
@@ -401,8 +395,6 @@ def _default_device(original: Any) -> Any:
 @contextlib.contextmanager
 def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> Iterator[CudaAutocast]:
     """Map ``cuda`` to ``meta`` and answer ``torch.cuda`` as ``gpu`` would, inside the block (this thread and those it starts)."""
-    import torch.optim.optimizer as optimizer_mod   # noqa: PLC0415
-
     gpu = dict(gpu or {})
     autocast = CudaAutocast(tracker.is_device)
     autocast.install()
@@ -415,7 +407,9 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
 
     cuda_table = cuda_api.shims(tracker, gpu)
     # torch.accelerator is what the DataLoader, accelerate and newer scripts ask instead of torch.cuda
-    table = {**cuda_table, **accelerator.shims(cuda_table), **legacy.shims(tracker.is_device)}
+    table = {**cuda_table, **accelerator.shims(cuda_table), **legacy.shims(tracker.is_device),
+             **optimizers.shims(tracker.is_device), **dataparallel.shims(tracker.is_device)}
+    optimizers.install()
     table[(torch, "get_default_device")] = _default_device(torch.get_default_device)
     with contextlib.ExitStack() as stack:
         for (owner, name), fn in table.items():
@@ -426,11 +420,6 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
         stack.enter_context(_patched(torch.Tensor, "pin_memory", lambda self, *a, **k: self))
         stack.enter_context(_patched(torch.Tensor, "is_pinned", lambda self, *a, **k: False))
         stack.enter_context(_patched(torch.Tensor, "is_cuda", property(tracker.is_device)))
-        stack.enter_context(_patched(optimizer_mod, "_get_foreach_kernels_supported_devices",
-                                     _foreach_devices_with_meta(optimizer_mod._get_foreach_kernels_supported_devices)))
-        for name in ("_accelerator_graph_capture_health_check", "_cuda_graph_capture_health_check"):
-            if hasattr(torch.optim.Optimizer, name):   # asks the driver whether a graph is being captured
-                stack.enter_context(_patched(torch.optim.Optimizer, name, lambda self: None))
         stack.enter_context(_patched(threading.Thread, "_bootstrap_inner", _threads_captured(modes)))
         stack.enter_context(modes.entered())
         yield autocast
