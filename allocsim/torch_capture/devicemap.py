@@ -46,7 +46,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _device as torch_device_module
 from torch.utils._pytree import tree_map
 
-from . import accelerator, cuda_api, dataparallel, legacy, optimizers
+from . import accelerator, cuda_api, dataparallel, legacy, optimizers, sdpa
 from .autocast import CudaAutocast
 from .tracker import CAPTURE_DEVICE, Recorder, StorageTracker
 
@@ -120,6 +120,8 @@ class CudaOnMeta(TorchFunctionMode):
     def __init__(self, tracker: StorageTracker):
         super().__init__()
         self.tracker = tracker
+        self.capability = (int(tracker.gpu.get("major", 8)), int(tracker.gpu.get("minor", 0)))
+        self.sdpa_backends: set[str] = set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
@@ -164,9 +166,15 @@ class CudaOnMeta(TorchFunctionMode):
         if func is F.dropout and args and _dropout_fused(args, kwargs):
             return _native_dropout(args, kwargs)
         if func is F.scaled_dot_product_attention:
-            fused = _fused_attention(args, kwargs)
-            if fused is not None:
-                return fused
+            chosen = sdpa.attention(args, kwargs, tracker.is_device, self.capability, tracker.torch_version)
+            if chosen is not None:
+                out, backend = chosen
+                if backend not in self.sdpa_backends:
+                    self.sdpa_backends.add(backend)
+                    tracker.note(f"scaled_dot_product_attention ran the {backend} kernel, as CUDA picks it for "
+                                 f"compute capability {self.capability[0]}.{self.capability[1]} with torch "
+                                 f"{torch.__version__.split('+')[0]} (allocsim.torch_capture.sdpa)")
+                return out
         args = tuple(_map(a) for a in args)
         return func(*args, **kwargs)
 
@@ -257,35 +265,6 @@ def _native_dropout(args: tuple, kwargs: dict) -> torch.Tensor:
     if given.get("inplace", False):
         return given["input"].copy_(out)
     return out
-
-
-_SDPA_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-
-
-def _fused_attention(args: tuple, kwargs: dict) -> Any:
-    """The flash or memory-efficient kernel's output for a meta ``scaled_dot_product_attention``, else None."""
-    given = dict(zip(_SDPA_NAMES, args)) | kwargs
-    q, k, v = given.get("query"), given.get("key"), given.get("value")
-    mask = given.get("attn_mask")
-    if not all(isinstance(t, torch.Tensor) and t.device.type == CAPTURE_DEVICE for t in (q, k, v)):
-        return None
-    if given.get("enable_gqa") or q.dim() != 4 or q.shape[-1] > 256 or k.shape[1] != q.shape[1]:
-        return None
-    dropout_p, is_causal, scale = given.get("dropout_p", 0.0), given.get("is_causal", False), given.get("scale")
-    aten = torch.ops.aten
-    if torch.is_autocast_enabled("cuda") and q.dtype == torch.float32:
-        # autocast casts SDPA's inputs to its dtype before the kernel is chosen
-        low = torch.get_autocast_dtype("cuda")
-        q, k, v = (t.to(low) for t in (q, k, v))
-        if isinstance(mask, torch.Tensor) and mask.is_floating_point():
-            mask = mask.to(low)
-    if mask is None and q.dtype in (torch.float16, torch.bfloat16):
-        return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
-    if mask is None or (isinstance(mask, torch.Tensor) and mask.dtype == q.dtype):
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        return aten._scaled_dot_product_efficient_attention(q, k, v, mask, needs_grad, dropout_p, is_causal,
-                                                            scale=scale)[0]
-    return None
 
 
 @contextlib.contextmanager
