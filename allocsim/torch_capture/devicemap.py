@@ -46,7 +46,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _device as torch_device_module
 from torch.utils._pytree import tree_map
 
-from . import accelerator, cuda_api, dataparallel, legacy, optimizers, sdpa
+from . import accelerator, cuda_api, dataparallel, datadep, legacy, optimizers, sdpa
 from .autocast import CudaAutocast
 from .tracker import CAPTURE_DEVICE, Recorder, StorageTracker
 
@@ -103,8 +103,9 @@ def _host_zeros(t: torch.Tensor) -> torch.Tensor:
     return torch.zeros(t.shape, dtype=t.dtype)
 
 
-def _readback(func: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:
-    host = _host_zeros(t)
+def _readback(func: Any, t: torch.Tensor, args: tuple, kwargs: dict, values: datadep.Values) -> Any:
+    known = values.get(t)
+    host = known if known is not None else _host_zeros(t)
     if func is torch.Tensor.__format__:
         return format(host.item() if host.dim() == 0 else host, *args[1:])
     return func(host, *args[1:], **kwargs)
@@ -117,9 +118,10 @@ def _nbytes(t: Any) -> int:
 class CudaOnMeta(TorchFunctionMode):
     """The torch-function half of the mapping: device arguments, host tensors, CUDA kernels' choices, read-backs."""
 
-    def __init__(self, tracker: StorageTracker):
+    def __init__(self, tracker: StorageTracker, values: datadep.Values):
         super().__init__()
         self.tracker = tracker
+        self.values = values
         self.capability = (int(tracker.gpu.get("major", 8)), int(tracker.gpu.get("minor", 0)))
         self.sdpa_backends: set[str] = set()
 
@@ -142,7 +144,7 @@ class CudaOnMeta(TorchFunctionMode):
             elif on_meta and func is torch.Tensor.cpu:
                 return self_t if tracker.is_host(self_t) else self._to_host(self_t, {})
             elif on_meta and func in _READBACK:
-                return _readback(func, self_t, args, kwargs)
+                return _readback(func, self_t, args, kwargs, self.values)
             elif func is torch.Tensor.record_stream:
                 return None
             elif func is torch.Tensor.type:
@@ -287,12 +289,14 @@ class ThreadModes:
     def __init__(self, tracker: StorageTracker, autocast: CudaAutocast):
         self.tracker = tracker
         self.autocast = autocast
+        self.values = datadep.Values(HOST_ABSTRACT_BYTES)
 
     @contextlib.contextmanager
     def entered(self) -> Iterator[None]:
         """Enter the capture in the calling thread (the main thread, or a thread the script started)."""
         self.autocast.enable_thread()
-        with Recorder(self.tracker), CudaOnMeta(self.tracker):
+        with Recorder(self.tracker), datadep.ValueMode(self.tracker, self.values), \
+                CudaOnMeta(self.tracker, self.values):
             yield
 
 
