@@ -19,6 +19,11 @@ kernel for them) or take the branch zeros take. The answer here, per tensor:
   trace says so in a note. ``repeat_interleave(repeats)`` has no upper bound: with values it gets its
   real size, without them torch's own error stops the script (pass ``output_size=``).
 
+A CPU tensor meeting a device tensor where CUDA refuses it (a non-scalar CPU operand of an
+element-wise operator) raises CUDA's "Expected all tensors to be on the same device, but found at
+least two devices, cuda:0 and cpu!" instead of the meta kernel's "Tensor on device cpu is not on
+the expected device meta!"; CPU scalars (0-dim) and CPU index tensors pass, as on CUDA.
+
 Boolean-mask indexing (``x[mask]``, ``x[mask] = v``) on CUDA expands the mask with ``nonzero`` on the
 device (``expandTensors`` in ``aten/src/ATen/native/IndexingUtils.h``); the mode does the same, so the
 trace has that ``nonzero`` output as the GPU run does, with the real or the upper-bound row count.
@@ -26,6 +31,7 @@ trace has that ``nonzero`` output as the GPU run does, with the real or the uppe
 
 from __future__ import annotations
 
+import re
 import threading
 import weakref
 from typing import Any
@@ -108,7 +114,13 @@ class ValueMode(TorchDispatchMode):
                 with _disable_current_modes():
                     host_out = func(*host_args, **host_kwargs)
                 return self._device_like(func, args, kwargs, host_out, keep_values=True)
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except RuntimeError as exc:
+            cuda_message = cuda_device_error(str(exc))
+            if cuda_message is None:
+                raise
+            raise RuntimeError(cuda_message) from None
         self._keep_values(func, args, kwargs, out)
         return out
 
@@ -200,6 +212,22 @@ class ValueMode(TorchDispatchMode):
             else:
                 expanded.append(index)
         return expanded
+
+
+_META_DEVICE_ERROR = re.compile(r"Tensor on device (\S+) is not on the expected device (\S+)!")
+
+
+def _cuda_name(device: str) -> str:
+    return "cuda:0" if device == CAPTURE_DEVICE else device
+
+
+def cuda_device_error(message: str) -> str | None:
+    """The error CUDA's TensorIterator raises where a meta kernel says "Tensor on device cpu is not on the expected device meta!"."""
+    match = _META_DEVICE_ERROR.search(message)
+    if match is None:
+        return None
+    found, expected = (_cuda_name(d) for d in match.groups())
+    return f"Expected all tensors to be on the same device, but found at least two devices, {expected} and {found}!"
 
 
 def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
