@@ -69,5 +69,8 @@ def shims(is_device: Any) -> dict[tuple[Any, str], Any]:
     import torch.nn.parallel.comm as comm  # noqa: PLC0415
     from torch.nn.parallel import DataParallel  # noqa: PLC0415
 
+    # Scatter.forward calls record_stream with the capture's stream inside autograd.Function, where the
+    # function mode does not see it: a no-op there too (one timeline: nothing to keep alive longer)
     return {(DataParallel, "forward"): _forward(DataParallel.forward, is_device),
-            (comm, "scatter"): _scatter(comm.scatter, is_device)}
+            (comm, "scatter"): _scatter(comm.scatter, is_device),
+            (torch.Tensor, "record_stream"): lambda self, stream: None}
