@@ -8,8 +8,9 @@ driver for a primary context and fails, and a CPU-only build refuses ``cuda`` te
 
 What the mapping does, each because the CUDA run does it:
 
-* every ``device`` argument that names ``cuda`` (a string, a ``torch.device``, ``Tensor.cuda()``,
-  ``Module.cuda()``) names ``meta`` instead;
+* every ``device`` argument that names ``cuda`` (a string, a ``torch.device``, an integer index,
+  ``Tensor.cuda()``, ``Module.cuda()``, ``Module.to(0)``, the default device set by
+  ``torch.set_default_device("cuda")``) names ``meta`` instead; ``torch.device(0)`` is ``cuda:0``;
 * large CPU tensors are never materialised: a factory without a device (``torch.empty/zeros/randn``,
   so every ``nn.Module`` built on the CPU) whose result would take ``HOST_ABSTRACT_BYTES`` or more
   makes an abstract *host* tensor on ``meta`` (no memory, no trace record), and ``.to("cuda")`` of
@@ -17,14 +18,14 @@ What the mapping does, each because the CUDA run does it:
   values. The capture's own memory and time therefore do not grow with the model's size;
 * ``.cpu()`` of a device tensor is a host tensor (abstract when large, zeros when small);
 * reading a value back (``item()``, ``float()``, ``tolist()``, ``numpy()``, printing it with a
-  format) gives zeros: the run's numbers are not computed, only its memory. Data-dependent control
-  flow therefore takes the branch zeros take (a loss is 0.0, a mask is all False);
-* optimizers take their CUDA default, the multi-tensor ``foreach`` kernels;
+  format) gives the tensor's values when they are cheap (small tensors from the data, ``datadep``)
+  and zeros otherwise: the model's numbers are not computed, only its memory;
+* optimizers take their CUDA steps (``optimizers``), ``DataParallel`` runs on its one GPU
+  (``dataparallel``), the legacy ``torch.cuda.*Tensor`` types work (``legacy``), ``torch.accelerator``
+  is the GPU (``accelerator``);
 * ``F.dropout`` in training is ``native_dropout``, CUDA's fused kernel with a one-byte mask;
-* ``F.scaled_dot_product_attention`` is the kernel PyTorch picks on an Ampere-or-newer GPU: flash
-  attention for half precision without a mask, memory-efficient attention for float32 or a float
-  mask (no L x L matrix is kept); a boolean mask, ``enable_gqa`` or a head size over 256 keep the
-  generic path;
+* ``F.scaled_dot_product_attention`` runs the backend CUDA selects for the GPU and torch version
+  (``sdpa``), with the mask conversion and padding of ``attention.cpp``;
 * ``torch.cuda`` answers as the capture's GPU would (``cuda_api``); ``torch.autocast("cuda")``
   casts as CUDA's autocast does (``autocast``); pinned memory is ordinary host memory;
   ``Tensor.record_stream`` is a no-op; ``Tensor.is_cuda`` is True for device tensors;
