@@ -17,7 +17,6 @@ import os
 import runpy
 import signal
 import sys
-import traceback
 
 EXIT_SCRIPT_FAILED = 3
 EXIT_INTERRUPTED = 130
@@ -140,7 +139,9 @@ def main(args: list[str]) -> int:
     except BaseException as exc:   # the user's code: any error ends the capture, the trace is kept
         status = EXIT_SCRIPT_FAILED
         failure = f"the script raised {type(exc).__name__}: {exc}"
-        traceback.print_exc()
+        from .tracebacks import print_script_traceback  # noqa: PLC0415
+
+        print_script_traceback(exc)        # as `python SCRIPT` shows it: no child.py or runpy frames
     finally:
         # the records are complete from here on: a second Ctrl-C must not cut them short
         signal.signal(signal.SIGINT, signal.SIG_IGN)
