@@ -15,6 +15,9 @@ segments. The rule below is learned from the segment addresses of real snapshots
 3. **Where in the free ranges.** A small segment (``SMALL_SEGMENT_BYTES``, PyTorch's 2 MiB
    small-pool segment, or less) takes the bottom of the lowest free range; a larger one the top of
    the highest free range it fits in.
+4. **Another driver.** Real segments below ``LOW_DRIVER_TOP_ADDR`` come from drivers (WSL,
+   Windows) whose layouts are packed upwards: with such a range in use, ``place`` declines and the
+   device puts the segment above everything, as in creation order.
 
 Addresses are fake (they start below ``TOP_ADDR``); only their order matters to a policy. Every
 query here is O(log n) in the free ranges (a treap keyed by start address whose nodes carry the
@@ -36,8 +39,10 @@ CHUNK_BYTES = 32 * MiB
 SMALL_SEGMENT_BYTES = 2 * MiB
 #: The first chunk ends here (Linux user space ends at 2**47; real segments sit just below it).
 TOP_ADDR = 1 << 47
-#: No chunk goes below this: past it the device hands out addresses above everything instead.
-FLOOR_ADDR = 1 << 32
+#: No chunk goes below this. Real segments at lower addresses (0x3..., 0x7..., 0xb...: WSL and
+#: Windows, whose drivers pack segments upwards) mean another driver: with such a range in use, or
+#: once chunks would pass it, the device hands out addresses above everything instead.
+LOW_DRIVER_TOP_ADDR = 1 << 44
 
 
 class _Node:
@@ -115,7 +120,8 @@ class FreeRanges:
         return size
 
     def add(self, start: int, size: int) -> None:
-        """Free ``[start, start + size)`` (it must overlap no free range), merging touching neighbours."""
+        """Free ``[start, start + size)``, merging touching neighbours (a part already free stays free once)."""
+        self.carve(start, size)
         end = start + size
         before = self.start_ending_at.get(start)
         if before is not None:
@@ -209,7 +215,7 @@ class DriverAddresses:
         self.lowest_chunk: int | None = None   # base of the lowest chunk made so far
 
     def place(self, footprint: int, lowest_in_use: int | None, overlaps: Callable[[int, int], bool]) -> int | None:
-        """The address for a new segment of ``footprint`` bytes, or None when no chunk fits above ``FLOOR_ADDR``.
+        """The address for a new segment of ``footprint`` bytes, or None when no chunk fits above ``LOW_DRIVER_TOP_ADDR``.
 
         ``lowest_in_use`` is the lowest start of any range the device holds (None: none);
         ``overlaps(addr, size)`` tells whether a range collides with one. The device carves every
@@ -233,7 +239,7 @@ class DriverAddresses:
                 below = bound
         chunk = align_up(footprint, CHUNK_BYTES)
         base = (below - chunk) // CHUNK_BYTES * CHUNK_BYTES
-        if base < FLOOR_ADDR:
+        if base < LOW_DRIVER_TOP_ADDR:
             return None
         self.lowest_chunk = base
         if footprint < chunk:
