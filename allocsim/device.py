@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from sortedcontainers import SortedList
 
-from .driver_addresses import CHUNK_BYTES, DriverAddresses
+from .driver_addresses import TOP_ADDR, DriverAddresses
 from .errors import AllocsimError
 from .units import MiB, align_up
 
@@ -108,6 +108,10 @@ class SimulatedDevice:
     def _set_address_order(self, order: str) -> None:
         self.address_order = order
         self._driver = DriverAddresses() if order == "driver" else None
+        if self._driver is not None:
+            # The driver's chunks lie below TOP_ADDR; bump addresses (its fallback, reserved virtual
+            # ranges) start above it, so the two never meet however many of either a trace makes.
+            self._next_addr = max(self._next_addr, TOP_ADDR)
 
     def footprint(self, size_bytes: int) -> int:
         """Bytes the device really reserves for a ``size_bytes`` request."""
@@ -158,8 +162,6 @@ class SimulatedDevice:
             starts = self._occupied_starts
             addr = self._driver.place(footprint, starts[0] if starts else None, self._overlaps)
             if addr is not None:
-                # Bump addresses (the fallback, reserved virtual ranges) stay above every chunk.
-                self._next_addr = max(self._next_addr, align_up(addr + footprint, CHUNK_BYTES))
                 return addr
         return self._bump_address(footprint)
 
