@@ -24,6 +24,7 @@ from typing import Any
 
 from ..metrics.categories import CAPTURE_FILE, CAPTURE_PREFIX, CATEGORIES
 from ..policies.base import Policy
+from ..trace.inference.completeness import short_reason
 from ..trace.reading.builder import TraceBuilder
 from ..trace.reading.frames import FrameTable
 from ..trace.schema import FRAME_DTYPES, STACK_DTYPES, frame_from_columns
@@ -231,6 +232,9 @@ class _Converter:
                               f"(first: {self.first_bad})")
         if status != EXIT_OK:
             meta.notes.append(f"incomplete: {message}")
+            steps = summary.get("optimizer_steps", 0)
+            meta.incomplete = short_reason(f"{message or f'the capture ended with status {status}'}; "
+                                           f"{steps} optimizer step{'' if steps == 1 else 's'} recorded")
         trace = self.builder.finish()
         tables = self.frames.tables()
         trace.frames = frame_from_columns(tables["frames"], FRAME_DTYPES)
