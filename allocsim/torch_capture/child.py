@@ -121,6 +121,9 @@ def main(args: list[str]) -> int:
 
     channel_pid = os.getpid()
     os._exit = exit_now
+    # Started with SIGINT ignored (a background job, nohup), Python installs no KeyboardInterrupt:
+    # the SIGINT allocsim sends for Ctrl-C and --timeout must still end the script as Ctrl-C does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     tracker.marker("ProfilerStep#0")
     try:
         with Roles(tracker).installed() as roles, cuda_on_meta(tracker, gpu) as autocast:
