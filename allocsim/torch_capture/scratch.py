@@ -106,7 +106,9 @@ class ScriptWrites:
     def line(self, cwd: str) -> str:
         """One sentence: what was written, removed and renamed instead, what was refused, where it went."""
         def shown(path: str) -> str:
-            return os.path.relpath(path, cwd) if path == cwd or path.startswith(cwd.rstrip("/") + "/") else path
+            if not path.startswith(cwd.rstrip("/") + "/"):
+                return path
+            return os.path.relpath(path, cwd) + ("/" if path.endswith("/") else "")    # a folder stays one
 
         def listed(items: list[str]) -> str:
             more = f", and {len(items) - SHOWN} more" if len(items) > SHOWN else ""

@@ -494,7 +494,7 @@ class WriteGuard:
         sys.dont_write_bytecode = True                # no __pycache__ beside the user's modules
         for name in ("open", "stat", "lstat", "access", "listdir", "scandir", "mkdir", "remove", "unlink", "rmdir",
                      "rename", "replace", "truncate", "chmod", "chown", "lchown", "utime", "symlink", "link",
-                     "mkfifo", "mknod", "chdir", "getcwd", "setxattr", "removexattr"):
+                     "mkfifo", "mknod", "chdir", "getcwd", "setxattr", "removexattr", "listxattr", "getxattr"):
             if hasattr(os, name):
                 self._orig[name] = getattr(os, name)
         self._orig["rmtree"] = shutil.rmtree
@@ -718,6 +718,9 @@ def _patch_python_api(guard: WriteGuard) -> None:
     for name in ("chmod", "chown", "lchown", "utime", "setxattr", "removexattr"):
         if name in orig:
             patches[(os, name)] = metadata(name)
+    for name in ("listxattr", "getxattr"):
+        if name in orig:
+            patches[(os, name)] = reader(name)
     for (owner, name), fn in patches.items():
         setattr(owner, name, fn)
     # modules imported before the guard that hold the builtin open under another name
