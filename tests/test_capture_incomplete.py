@@ -51,8 +51,9 @@ for step in range(3):
 CASES = {
     "raised": ([], ["--mode", "raise"], 3, "the script raised ValueError: bad batch; 2 optimizer steps recorded"),
     "missing argument": ([], [], 3, "the script exited with 2; 0 optimizer steps recorded"),
-    "ctrl-c": ([], ["--mode", "sigint"], 130, "interrupted (Ctrl-C); 1 optimizer step recorded"),
-    "timeout": (["--timeout", "20"], ["--mode", "timeout"], 124, "stopped after --timeout 20 s"),
+    # under heavy load the script may take longer than the grace period to end, and is killed: said too
+    "ctrl-c": ([], ["--mode", "sigint"], 130, "interrupted (Ctrl-C)"),
+    "timeout": (["--timeout", "45"], ["--mode", "timeout"], 124, "stopped after --timeout 45 s"),   # after torch loads
     "steps reached": (["--steps", "2"], ["--mode", "steps"], 0, ""),
 }
 
