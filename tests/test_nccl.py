@@ -180,3 +180,12 @@ def test_missing_or_huge_manifest(tmp_path):
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(NcclInputError, match="not readable JSON"):
         job_from_manifest(str(tmp_path))
+
+
+def test_env_none_reads_the_process_environment(monkeypatch):
+    for name in [k for k in __import__("os").environ if k.startswith("NCCL_")]:
+        monkeypatch.delenv(name)
+    job = NcclJob(8, (Communicator(8, frozenset({"all_reduce"})),))
+    assert nccl_term(job)[1] == 774 * MiB
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    assert nccl_term(job)[1] == (196 + 288) * MiB
