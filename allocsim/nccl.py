@@ -187,14 +187,21 @@ def _version(job: NcclJob) -> tuple[int, int]:
 
 
 def _settings(job: NcclJob, env: Mapping[str, str]) -> _Settings:
+    from .errors import AllocsimError
     from .gpus import find_gpu
 
     notes: list[str] = []
     version = _version(job)
-    if job.gpu == "H800":
-        sm = 90
+    if str(job.gpu).upper() == "H800":
+        sm, card = 90, "H800"
     else:
-        sm = find_gpu(job.gpu).sm
+        try:
+            model = find_gpu(str(job.gpu)[:100])
+        except AllocsimError as exc:
+            raise NcclInputError(str(exc)) from None
+        sm, card = model.sm, model.name
+    if job.interconnect == "nvswitch" and card not in NVLINKS:
+        notes.append(f"{card} has no NVSwitch board: its channels are counted as on PCIe")
     buffs = (_env_int(env, "NCCL_LL_BUFFSIZE", LL_BUFFSIZE, 1, MAX_ENV_BYTES, notes),
              _env_int(env, "NCCL_LL128_BUFFSIZE", LL128_BUFFSIZE, 1, MAX_ENV_BYTES, notes),
              _env_int(env, "NCCL_BUFFSIZE", SIMPLE_BUFFSIZE, 1, MAX_ENV_BYTES, notes))
@@ -223,7 +230,7 @@ def _settings(job: NcclJob, env: Mapping[str, str]) -> _Settings:
                 frozenset(a.strip() for a in text[1:].split(","))
     gdr_level = str(env.get("NCCL_NET_GDR_LEVEL", ""))[:20].upper()
     return _Settings(
-        version=version, sm=sm, nvlinks=NVLINKS.get(job.gpu, 0), buffs=buffs, cumem=cumem_on,
+        version=version, sm=sm, nvlinks=NVLINKS.get(card, 0), buffs=buffs, cumem=cumem_on,
         nvls_enable=_env_int(env, "NCCL_NVLS_ENABLE", 2, 0, 2, notes) != 0,
         nvls_chunk=_env_int(env, "NCCL_NVLS_CHUNKSIZE", NVLS_CHUNKSIZE, 1, MAX_ENV_BYTES, notes),
         nvls_channels_env=(_env_int(env, "NCCL_NVLS_NCHANNELS", None, 1, 64, notes)

@@ -189,3 +189,11 @@ def test_env_none_reads_the_process_environment(monkeypatch):
     assert nccl_term(job)[1] == 774 * MiB
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
     assert nccl_term(job)[1] == (196 + 288) * MiB
+
+
+def test_gpu_aliases_and_unknown_cards():
+    assert nccl_term(_job(gpu="H100 SXM"))[1] == nccl_term(_job(gpu="H100"))[1]
+    with pytest.raises(NcclInputError, match="unknown GPU"):
+        nccl_term(_job(gpu="Voodoo 2"))
+    parts = nccl_term(_job(gpu="L40S"))[3]
+    assert "no NVSwitch board" in parts[-1]["source"]
