@@ -168,8 +168,14 @@ def run_capture(name: str, cfg: Mapping[str, Any], repos: Path, work: Path, pyth
     for spec in cfg.get("inputs", []):
         if spec["kind"] == "copy":   # a file of another pinned repository (pytorch/examples' WikiText-2)
             target = Path(expand(spec["path"], places))
+            if spec.get("if_missing") and target.exists():
+                continue
+            source_file = repos / tree_name(spec["repo"]) / spec["file"]
+            if not source_file.is_file():
+                return Outcome(name, None, None, f"inputs not made: {tree_name(spec['repo'])}/{spec['file']} "
+                               "is missing under --repos")
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(repos / tree_name(spec["repo"]) / spec["file"], target)
+            shutil.copyfile(source_file, target)
     made_here = [spec for spec in cfg.get("inputs", []) if spec["kind"] != "copy"]
     if made_here:
         inputs = [dict(spec, path=expand(spec["path"], places)) for spec in made_here]

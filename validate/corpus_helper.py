@@ -68,7 +68,8 @@ def make_input(spec: dict[str, Any], root: Path) -> str:
     kind, path = spec["kind"], root / spec["path"]
     path.parent.mkdir(parents=True, exist_ok=True)
     if kind == "text":
-        path.write_text(_text(int(spec["bytes"])), encoding="ascii")
+        head = spec.get("head", "")   # text the script needs verbatim (minGPT's chargpt samples from "O God, O God!")
+        path.write_text(head + _text(int(spec["bytes"]) - len(head)), encoding="ascii")
     elif kind == "tokens":
         import numpy as np
         rng = np.random.default_rng(0)
@@ -90,6 +91,8 @@ def make_input(spec: dict[str, Any], root: Path) -> str:
         for fname, n in (("training.pt", int(spec.get("train", 60000))), ("test.pt", int(spec.get("test", 10000)))):
             images = (torch.arange(n * 28 * 28, dtype=torch.int64) % 251).to(torch.uint8).reshape(n, 28, 28)
             torch.save((images, torch.arange(n) % 10), folder / fname)
+    elif kind == "hf_checkpoint":
+        _hf_checkpoint(path, spec["config"], spec.get("dtype", "bfloat16"))
     elif kind == "imagefolder":
         from PIL import Image
         size = int(spec.get("size", 64))
@@ -113,6 +116,27 @@ def make_input(spec: dict[str, Any], root: Path) -> str:
     else:
         raise ValueError(f"unknown input kind {kind!r}")
     return f"{kind}: {spec['path']}"
+
+
+def _hf_checkpoint(folder: Path, config: dict[str, Any], dtype_name: str) -> None:
+    """A Hugging Face checkpoint folder of zeros (``config.json``, ``model.safetensors``) for a published config.
+
+    The script under capture never reads the values (the capture computes nothing); its checkpointer
+    needs the file's names and shapes, which the model class built from ``config`` on the meta device gives.
+    """
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    dtype = getattr(torch, dtype_name)
+    tensors = {name: torch.zeros(t.shape, dtype=dtype) for name, t in model.state_dict().items()
+               if not (config.get("tie_word_embeddings") and name == "lm_head.weight")}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
 
 
 def _char_meta(vocab: int) -> dict[str, Any]:
@@ -185,6 +209,7 @@ def arithmetic(spec: dict[str, Any], tree: Path) -> dict[str, Any]:
         modules = build()
     dtype = getattr(torch, spec["dtype"]) if spec.get("dtype") else None
     frozen = tuple(spec.get("frozen", ()))
+    trainable_if = tuple(spec.get("trainable_if", ()))   # e.g. LoRA: only names with "lora_" train
     params, buffers, seen = [], [], set()
     for module in modules:
         for name, p in module.named_parameters():
@@ -192,7 +217,10 @@ def arithmetic(spec: dict[str, Any], tree: Path) -> dict[str, Any]:
                 continue
             seen.add(id(p))
             size = torch.empty((), dtype=dtype).element_size() if dtype and p.is_floating_point() else p.element_size()
-            params.append([p.numel(), size, bool(p.requires_grad) and not name.startswith(frozen)])
+            trains = bool(p.requires_grad) and not (frozen and name.startswith(frozen))
+            if trainable_if:
+                trains = trains and any(part in name for part in trainable_if)
+            params.append([p.numel(), size, trains])
         for b in module.buffers():
             if id(b) in seen:
                 continue
