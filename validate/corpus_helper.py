@@ -84,13 +84,6 @@ def make_input(spec: dict[str, Any], root: Path) -> str:
         for prefix, n in (("train", int(spec.get("train", 60000))), ("t10k", int(spec.get("test", 10000)))):
             _idx(raw / f"{prefix}-images-idx3-ubyte", [n, 28, 28], bytes(range(0, 256, 3)))
             _idx(raw / f"{prefix}-labels-idx1-ubyte", [n], bytes(range(10)))
-    elif kind == "lightning_mnist":
-        import torch   # Lightning's demo MNIST reads torch.save'd (images, targets) from MNIST/complete/
-        folder = path / "MNIST" / "complete"
-        folder.mkdir(parents=True, exist_ok=True)
-        for fname, n in (("training.pt", int(spec.get("train", 60000))), ("test.pt", int(spec.get("test", 10000)))):
-            images = (torch.arange(n * 28 * 28, dtype=torch.int64) % 251).to(torch.uint8).reshape(n, 28, 28)
-            torch.save((images, torch.arange(n) % 10), folder / fname)
     elif kind == "hf_checkpoint":
         _hf_checkpoint(path, spec["config"], spec.get("dtype", "bfloat16"))
     elif kind == "imagefolder":
@@ -200,13 +193,21 @@ def arithmetic(spec: dict[str, Any], tree: Path) -> dict[str, Any]:
     def build() -> list[Any]:
         return _build(spec, tree)
 
+    # A script that builds its model under another default dtype (torchtune: ``training.set_default_dtype``)
+    # is followed the same way, so tensors its code makes float32 on purpose (RoPE caches) stay float32.
+    default = torch.get_default_dtype()
+    if spec.get("default_dtype"):
+        torch.set_default_dtype(getattr(torch, spec["default_dtype"]))
     how = "meta"
     try:
-        with torch.device("meta"):
+        try:
+            with torch.device("meta"):
+                modules = build()
+        except Exception as exc:   # a constructor that reads values back (.item()) needs real tensors
+            how = f"cpu ({type(exc).__name__} on meta)"
             modules = build()
-    except Exception as exc:   # a constructor that reads values back (.item()) needs real tensors
-        how = f"cpu ({type(exc).__name__} on meta)"
-        modules = build()
+    finally:
+        torch.set_default_dtype(default)
     dtype = getattr(torch, spec["dtype"]) if spec.get("dtype") else None
     frozen = tuple(spec.get("frozen", ()))
     trainable_if = tuple(spec.get("trainable_if", ()))   # e.g. LoRA: only names with "lora_" train
