@@ -171,7 +171,9 @@ def _build(spec: dict[str, Any], tree: Path) -> list[Any]:
         if spec.get("overrides"):
             config.update_from_string(spec["overrides"])
         model = transformers.AutoModelForCausalLM.from_config(config)
-        if spec.get("resize_to") and model.get_input_embeddings().weight.shape[0] < int(spec["resize_to"]):
+        # run_clm.py resizes only to a larger tokenizer; accelerate's example resizes always (``resize_always``)
+        rows = model.get_input_embeddings().weight.shape[0]
+        if spec.get("resize_to") and (rows < int(spec["resize_to"]) or spec.get("resize_always")):
             model.resize_token_embeddings(int(spec["resize_to"]))
         return [model]
     if kind == "expression":
