@@ -189,3 +189,15 @@ def test_a_script_of_a_pinned_tree_is_captured_and_matches_its_arithmetic(tmp_pa
     assert row["changed"] == [] and row["rss_kib"] > 0 and row["peak_allocated_bytes"] >= 4 * weights
     again = corpus.run_capture("tiny", cfg, tmp_path / "repos", tmp_path / "work", sys.executable)
     assert again.reused and again.trace == row["trace"]
+
+
+def test_an_input_outside_the_configuration_s_folder_is_refused(tmp_path):
+    tree = tmp_path / "repos" / "someone+tiny"
+    tree.mkdir(parents=True)
+    (tree / "train.py").write_text("print('hi')\n")
+    cfg = {"repo": "someone/tiny", "commit": "0" * 40, "script": "train.py", "steps": 1,
+           "inputs": [{"kind": "text", "path": "{tree}/../../../escaped.txt", "bytes": 10}],
+           "arithmetic": {"kind": "expression", "build": []}, "optimizer": {}}
+    out = corpus.run_capture("tiny", cfg, tmp_path / "repos", tmp_path / "work", sys.executable)
+    assert out.trace is None and "is not under the configuration's folder" in out.error
+    assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "work" / "escaped.txt").exists()

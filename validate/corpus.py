@@ -136,6 +136,18 @@ class Outcome:
     reused: bool = False
 
 
+def _inside(folder: Path, path: Path) -> bool:
+    """Whether ``path`` resolves inside ``folder`` (a recipe's input never lands elsewhere)."""
+    return path.resolve().is_relative_to(folder.resolve())
+
+
+def _tail(path: Path, limit: int = 64 * 1024) -> str:
+    """The last ``limit`` bytes of a file, as text."""
+    with open(path, "rb") as fh:
+        fh.seek(max(0, path.stat().st_size - limit))
+        return fh.read().decode("utf-8", "replace")
+
+
 def _helper(python: str, command: str, payload: Mapping[str, Any], timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run([python, str(HELPER), command, json.dumps(payload)], capture_output=True, text=True,
                           timeout=timeout)
@@ -166,6 +178,8 @@ def run_capture(name: str, cfg: Mapping[str, Any], repos: Path, work: Path, pyth
     for folder in (places["data"], places["out"], home / "cache"):
         folder.mkdir(parents=True, exist_ok=True)
     for spec in cfg.get("inputs", []):
+        if not _inside(home, Path(expand(spec["path"], places))):
+            return Outcome(name, None, None, f"inputs not made: {spec['path']} is not under the configuration's folder")
         if spec["kind"] == "copy":   # a file of another pinned repository (pytorch/examples' WikiText-2)
             target = Path(expand(spec["path"], places))
             if spec.get("if_missing") and target.exists():
@@ -197,12 +211,17 @@ def run_capture(name: str, cfg: Mapping[str, Any], repos: Path, work: Path, pyth
             "--steps", str(cfg["steps"]), "--timeout", str(int(limit)), "-o", str(output), "--",
             python, str(places["tree"] / cfg["script"]), *(expand(a, places) for a in cfg.get("args", []))]
     t0 = time.perf_counter()
-    try:
-        done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=limit + 120)
-        status, stdout, stderr = done.returncode, done.stdout, done.stderr
-    except subprocess.TimeoutExpired as exc:
-        status, stdout, stderr = None, str(exc.stdout or ""), str(exc.stderr or "") + "\n(harness: killed)"
+    # The script's output goes to files (a chatty script cannot fill this process's memory); their tails are read.
+    with open(home / "stdout.txt", "wb") as out_fh, open(home / "stderr.txt", "wb") as err_fh:
+        try:
+            status = subprocess.run(argv, cwd=cwd, env=env, stdout=out_fh, stderr=err_fh,
+                                    timeout=limit + 120).returncode
+        except subprocess.TimeoutExpired:
+            status = None
     seconds = time.perf_counter() - t0
+    stdout, stderr = _tail(home / "stdout.txt"), _tail(home / "stderr.txt")
+    if status is None:
+        stderr += "\n(harness: killed)"
     after = hash_files(places.values())
     error = ""
     stops = [line for line in stderr.splitlines() if "the trace stops where" in line]
