@@ -80,6 +80,7 @@ def main(args: list[str]) -> int:
     from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: PLC0415
 
     from .devicemap import HOST_ABSTRACT_BYTES, cuda_on_meta  # noqa: PLC0415
+    from .distributed.rank import RankHooks  # noqa: PLC0415
     from .roles import Roles  # noqa: PLC0415
     from .tracker import StorageTracker  # noqa: PLC0415
 
@@ -123,7 +124,8 @@ def main(args: list[str]) -> int:
     os._exit = exit_now
     tracker.marker("ProfilerStep#0")
     try:
-        with Roles(tracker).installed() as roles, cuda_on_meta(tracker, gpu) as autocast:
+        rank = RankHooks(tracker, config.get("distributed"))
+        with rank.installed(), Roles(tracker).installed() as roles, cuda_on_meta(tracker, gpu) as autocast:
             handle = register_optimizer_step_post_hook(after_step)
             try:
                 _run(script)

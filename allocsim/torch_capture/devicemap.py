@@ -330,6 +330,17 @@ def _load_to_device(original_load: Any) -> Any:
     return load
 
 
+def _resize_recorded(tracker: StorageTracker) -> Any:
+    """``UntypedStorage.resize_`` that tells the tracker (it reaches no ATen operator the recorder sees)."""
+    resize = torch._C.StorageBase.resize_
+
+    def resize_(self: Any, size: int) -> Any:
+        out = resize(self, size)
+        tracker.storage_resized(self, int(size))
+        return out
+    return resize_
+
+
 def _compile_eager(tracker: StorageTracker) -> Any:
     """``torch.compile`` that returns the model or function unchanged: a capture runs eager (noted in the trace)."""
     def compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -369,6 +380,7 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
         stack.enter_context(_patched(torch, "clear_autocast_cache", clear_both))
         stack.enter_context(_patched(torch, "load", _load_to_device(torch.load)))
         stack.enter_context(_patched(torch, "compile", _compile_eager(tracker)))
+        stack.enter_context(_patched(torch.UntypedStorage, "resize_", _resize_recorded(tracker)))
         stack.enter_context(_patched(torch.Tensor, "pin_memory", lambda self, *a, **k: self))
         stack.enter_context(_patched(torch.Tensor, "is_pinned", lambda self, *a, **k: False))
         stack.enter_context(_patched(torch.Tensor, "is_cuda", property(tracker.is_device)))

@@ -13,6 +13,7 @@ through untouched.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import select
@@ -29,6 +30,7 @@ from ..trace.reading.frames import FrameTable
 from ..trace.schema import FRAME_DTYPES, STACK_DTYPES, frame_from_columns
 from . import FORMAT
 from .channel import ENV_CONFIG, ENV_FDS
+from .distributed.roles import JobFacts
 
 EXIT_OK, EXIT_CANNOT_START, EXIT_SCRIPT_FAILED, EXIT_TIMEOUT, EXIT_INTERRUPTED = 0, 2, 3, 124, 130
 #: Seconds the script gets to end after SIGINT (Ctrl-C, --timeout) before it is killed.
@@ -119,6 +121,9 @@ class _Converter:
         self.notes: list[str] = []
         self.bad_lines = 0
         self.first_bad = ""
+        self.facts = JobFacts()
+        # the request stream without times or addresses: equal for ranks that do the same work
+        self.fingerprint = hashlib.blake2b(digest_size=16)
 
     def handle(self, message: list[Any]) -> Any:
         """Apply one message; return the answer to send back for a question (else None)."""
@@ -134,6 +139,7 @@ class _Converter:
             self.live[int(addr)] = alloc_id
             self.allocs.append([index, child_stack, phase, None, None])
             self.model.malloc(alloc_id, int(size_bytes), int(stream))
+            self.fingerprint.update(b"A%d,%d;" % (int(size_bytes), int(stream)))
         elif kind == "F":
             _, t_ns, addr, stream = message
             alloc_id = self.live.pop(int(addr), None)
@@ -141,6 +147,7 @@ class _Converter:
             if alloc_id is not None:
                 self.allocs[alloc_id][4] = builder.next_event_index - 1
                 self.model.free(alloc_id)
+                self.fingerprint.update(b"F%d;" % alloc_id)
         elif kind == "S":
             _, child_stack, frames = message
             dicts = [{"filename": str(f), "line": int(line), "name": str(name)} for f, line, name in frames]
@@ -160,6 +167,8 @@ class _Converter:
             self.notes.append(str(message[1]))
         elif kind == "Q":
             return self.model.answer(str(message[1]))
+        elif kind == "X":
+            self.facts.add(message[1])
         elif kind == "D":
             self.summary = dict(message[1])
         return None
@@ -276,13 +285,17 @@ class _Interrupts:
 
 def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str, Any] | None = None,
             timeout_s: float | None = None, write: bool = True, stdout: Any = None,
-            stderr: Any = None) -> tuple[CaptureResult, Any]:
+            stderr: Any = None, env_extra: dict[str, str] | None = None,
+            distributed: dict[str, Any] | None = None) -> tuple[CaptureResult, Any]:
     """Run ``command`` (``[python, script, args...]``) under the capture; return the result and the ``Trace``.
 
     ``out_path`` is written (Parquet, or CSV for ``.csv``) unless ``write`` is False; the trace is
     None when the child could not start (no torch in that interpreter). ``stdout`` / ``stderr``: where
     the script's output goes (a file object or descriptor, as ``subprocess.Popen`` takes them; None:
-    this process's own).
+    this process's own). ``env_extra``: variables the script gets beside this process's (a
+    launcher's ``RANK``, ``WORLD_SIZE``...); ``distributed``: the rank's settings for the child
+    (``allocsim.torch_capture.distributed.rank``). The summary carries the job's ``facts`` and the
+    request stream's ``fingerprint``.
     """
     from ..trace import write_trace  # noqa: PLC0415
 
@@ -291,7 +304,8 @@ def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str,
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
     env[ENV_FDS] = f"{events_w},{answers_r}"
-    env[ENV_CONFIG] = json.dumps({"steps": int(steps), "gpu": gpu or {}})
+    env.update(env_extra or {})
+    env[ENV_CONFIG] = json.dumps({"steps": int(steps), "gpu": gpu or {}, "distributed": distributed or {}})
     converter = _Converter(out_path)
     t0 = time.monotonic()
     try:
@@ -376,7 +390,8 @@ def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str,
     if write:
         write_trace(trace, out_path)
     summary = dict(summary, allocs=converter.model.n_allocs, peak_allocated_bytes=converter.model.peak_allocated,
-                   peak_reserved_bytes=converter.model.peak_reserved)
+                   peak_reserved_bytes=converter.model.peak_reserved, facts=converter.facts.to_dict(),
+                   fingerprint=converter.fingerprint.hexdigest())
     return CaptureResult(status, out_path if write else None, summary, seconds, reason), trace
 
 

@@ -35,11 +35,12 @@ from typing import Any, Iterator
 import contextlib
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 from . import cublas, cuda_scratch, cudnn
 from .channel import Channel
+from .uploads import Uploads
 
 #: The device the script's ``cuda`` tensors live on during a capture.
 CAPTURE_DEVICE = "meta"
@@ -126,6 +127,7 @@ class StorageTracker:
         self._defer: dict[int, int] | None = None
         self._pending: tuple[int, dict[int, int], list[Any]] | None = None
         self.n_in_place = 0
+        self.uploads = Uploads()           # small host values copied to the device, for a copy back
 
     # ----------------------------------------------------------------- clock, stacks, streams
     def now_ns(self) -> int:
@@ -248,8 +250,36 @@ class StorageTracker:
             self.n_frees += 1
         return addr
 
+    def storage_resized(self, storage: Any, size_bytes: int) -> None:
+        """``storage.resize_(size_bytes)`` ran: a device storage's block goes back (0) or is requested anew.
+
+        FSDP frees an unsharded parameter between its uses by resizing its storage to 0 and back
+        (``free_storage`` / ``alloc_storage`` in torch/distributed/fsdp/_fully_shard/_fsdp_param.py),
+        which reaches no ATen operator: the CUDA caching allocator frees the block and allocates a
+        new one, as here.
+        """
+        if getattr(storage, "device", None) is None or storage.device.type != CAPTURE_DEVICE:
+            return
+        with self._lock:
+            if not self.active:
+                return
+            key = id(storage)
+            if key in self._host:
+                return
+            entry = self._live.get(key)
+            if entry is not None and entry[0]() is storage:
+                if entry[2] == size_bytes:
+                    return
+                self._free(key)
+            if size_bytes > 0:
+                self._alloc(storage, int(size_bytes), "UntypedStorage.resize_")
+
     def categorize(self, tensor: Any, category: str) -> None:
         """Say that ``tensor``'s device storage is a ``parameter``, ``gradient``, ``optimizer_state``, ..."""
+        if is_traceable_wrapper_subclass(tensor):          # a DTensor: its local tensor holds the memory
+            for name in tensor.__tensor_flatten__()[0]:
+                self.categorize(getattr(tensor, name), category)
+            return
         if not _on_meta(tensor):
             return
         with self._lock:
@@ -472,10 +502,19 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if any(is_traceable_wrapper_subclass(t) for t in _tensors(args, kwargs)):
+            # a DTensor (or another wrapper) holds no memory itself: its own dispatch runs the
+            # operator on its local tensors, which this mode then sees and records
+            return NotImplemented
         if func is _LOCAL_SCALAR and args and isinstance(args[0], torch.Tensor) and args[0].device.type == CAPTURE_DEVICE:
             # A read-back the torch-function mode did not see (``Tensor.__contains__`` and other Python
             # methods call ``.item()`` while that mode is off): zero, as every read-back answers.
             return _zero_scalar(args[0].dtype)
+        uploads = self.tracker.uploads
+        answer = uploads.dispatch(func, args, kwargs)      # a device-to-host copy C++ code makes
+        if answer is not NotImplemented:
+            return answer
         out = func(*args, **kwargs)
         self.tracker.on_operator(func, args, kwargs, out)
+        uploads.after(func, args, out)
         return out
