@@ -391,7 +391,7 @@ def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str,
         write_trace(trace, out_path)
     summary = dict(summary, allocs=converter.model.n_allocs, peak_allocated_bytes=converter.model.peak_allocated,
                    peak_reserved_bytes=converter.model.peak_reserved, facts=converter.facts.to_dict(),
-                   groups=converter.facts.groups,
+                   groups=converter.facts.groups, messages=converter.facts.messages,
                    fingerprint=converter.fingerprint.hexdigest())
     return CaptureResult(status, out_path if write else None, summary, seconds, reason), trace
 

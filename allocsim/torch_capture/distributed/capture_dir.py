@@ -44,13 +44,14 @@ class RankCapture:
 
 
 def _capture_rank(launch: Launch, rank: int, out_dir: str, steps: int, gpu: dict[str, Any],
-                  timeout_s: float | None, to_terminal: bool) -> RankCapture:
+                  timeout_s: float | None, to_terminal: bool,
+                  messages: list[dict[str, Any]] | None = None) -> RankCapture:
     from ..session import capture
 
     path = os.path.join(out_dir, trace_name(rank))
     log_path = None if to_terminal else os.path.join(out_dir, f"rank{rank}.log")
     env = launch.rank_env(rank)
-    settings = {"spawn_index": rank}
+    settings = {"spawn_index": rank, "messages": _bounded(messages or [])}
     if log_path is None:
         result, _trace = capture(launch.child_command(), path, steps=steps, gpu=gpu, timeout_s=timeout_s,
                                  env_extra=env, distributed=settings)
@@ -63,6 +64,20 @@ def _capture_rank(launch: Launch, rank: int, out_dir: str, steps: int, gpu: dict
     return RankCapture(rank, result.status, os.path.basename(result.trace_path) if result.trace_path else None,
                        os.path.basename(log_path) if log_path else None, result.seconds, result.message,
                        dict(result.summary or {}))
+
+
+#: Characters of pipeline messages handed to one capture (they travel in its environment).
+MAX_MESSAGES_CHARS = 96 << 10
+
+
+def _bounded(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out, total = [], 0
+    for m in messages:
+        total += len(m.get("payload", ""))
+        if total > MAX_MESSAGES_CHARS:
+            break
+        out.append(m)
+    return out
 
 
 def _entry(role: Role, run: RankCapture, index: int) -> RoleEntry:
@@ -121,13 +136,22 @@ def capture_job(launch: Launch, out_dir: str, *, steps: int = 0, gpu: dict[str, 
         todo.append(check[1])
     log(f"{len(roles)} role(s) in a world of {world}: capturing rank(s) {ranks_text(todo) or '-'}"
         + (f" (rank {check[1]} checks role {check[0]})" if check else ""))
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo) or 1))) as pool:
-        futures = {pool.submit(_capture_rank, launch, rank, out_dir, steps, gpu, timeout_s, False): rank
-                   for rank in todo}
-        for future in concurrent.futures.as_completed(futures):
-            run = future.result()
-            runs[run.rank] = run
+    if facts.stages:
+        # pipeline positions in order: each capture gets the shapes the earlier stages sent it
+        messages = list(facts.messages)
+        for rank in todo:
+            run = _capture_rank(launch, rank, out_dir, steps, gpu, timeout_s, False, messages)
+            runs[rank] = run
+            messages += _facts_of(run).messages
             log(f"captured rank {run.rank} ({run.seconds:.1f} s, exit {run.status})")
+    else:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo) or 1))) as pool:
+            futures = {pool.submit(_capture_rank, launch, rank, out_dir, steps, gpu, timeout_s, False): rank
+                       for rank in todo}
+            for future in concurrent.futures.as_completed(futures):
+                run = future.result()
+                runs[run.rank] = run
+                log(f"captured rank {run.rank} ({run.seconds:.1f} s, exit {run.status})")
     entries = [_entry(role, runs[role.representative], i) for i, role in enumerate(roles)]
     if check is not None:
         entries = _verified(entries, roles, check, runs[check[1]], manifest)
@@ -150,6 +174,7 @@ def _facts_of(run: RankCapture) -> JobFacts:
     facts.uneven_layouts = int(data.get("uneven_layouts") or 0)
     facts.notes = list(data.get("notes") or [])
     facts.groups = list(run.summary.get("groups") or [])
+    facts.messages = list(run.summary.get("messages") or [])
     return facts
 
 

@@ -145,6 +145,7 @@ class RankHooks:
         self.tracker = tracker
         self.facts = Facts(tracker.channel.send)
         self.spawn_index = int(config.get("spawn_index") or 0)
+        self.messages = [m for m in config.get("messages") or [] if isinstance(m, dict)]
         self.asked_backend = "nccl"
         self.in_rank = False           # a spawned rank is running here: later spawns are the rank's own
         self.processes_started = 0
@@ -390,9 +391,10 @@ class RankHooks:
         # getattr(torch, device.type)); the capture's device tensors are on meta and stand for cuda
         table.append((torch, "meta", torch.cuda))
         table.append((device_mesh.DeviceMesh, "__init__", _mesh_on_meta(device_mesh.DeviceMesh.__init__)))
-        from . import fsdp  # noqa: PLC0415
+        from . import fsdp, pipelining  # noqa: PLC0415
 
         table += fsdp.patches(self.tracker)
+        table += pipelining.patches(self, self.messages)
         try:
             from torch.distributed.pipelining.stage import _PipelineStageBase  # noqa: PLC0415
 

@@ -38,6 +38,9 @@ MAX_WORLD_SIZE = 1 << 20
 MAX_GROUP_RANKS = 1 << 21
 #: Pipeline stages kept per capture.
 MAX_STAGES = 4096
+#: Pipeline metadata messages kept per capture, and their total size (base64 characters).
+MAX_MESSAGES = 4096
+MAX_MESSAGE_CHARS = 1 << 22
 
 
 def _int(value: Any, low: int, high: int) -> int:
@@ -65,8 +68,10 @@ class JobFacts:
     shard_classes: list[int] | None = None
     uneven_layouts: int = 0
     notes: list[str] = dataclasses.field(default_factory=list)
+    messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     bad: int = 0
     _group_ranks: int = 0
+    _message_chars: int = 0
 
     def add(self, fact: Any) -> None:
         """Take one ``["X", fact]`` payload; a malformed one is counted and dropped."""
@@ -102,6 +107,14 @@ class JobFacts:
                 raise ValueError("class_of_rank must give one class per rank")
             self.shard_classes = [_int(c, 0, MAX_WORLD_SIZE) for c in classes]
             self.uneven_layouts = _int(fact.get("layouts", 0), 0, 1 << 30)
+        elif kind == "message":
+            payload = fact["payload"]
+            if not isinstance(payload, str):
+                raise ValueError("payload must be text")
+            if len(self.messages) < MAX_MESSAGES and self._message_chars + len(payload) <= MAX_MESSAGE_CHARS:
+                self._message_chars += len(payload)
+                self.messages.append({"src_stage": _int(fact["src_stage"], 0, MAX_WORLD_SIZE),
+                                      "dst_stage": _int(fact["dst_stage"], 0, MAX_WORLD_SIZE), "payload": payload})
         elif kind == "error":
             self.notes.append(str(fact.get("text", ""))[:300])
         else:
@@ -123,6 +136,7 @@ class Role:
     ranks: list[int]
     representative: int
     why: str                      # what sets this role apart, in words
+    position: int = 0             # its position in its pipeline group (the order pipeline roles are captured in)
 
     def to_dict(self) -> dict[str, Any]:
         return {"ranks": self.ranks, "ranks_text": ranks_text(self.ranks), "representative": self.representative,
@@ -193,8 +207,9 @@ def assign_roles(facts: JobFacts, world_size: int | None = None) -> tuple[list[R
                        else "pipeline position unknown (its group was not seen)")
         if shards is not None and len(set(shards)) > 1:
             why.append(f"shard class {shard_key}")
-        roles.append(Role(ranks, ranks[0], "; ".join(why) or "every rank does the same work"))
-    roles.sort(key=lambda role: role.representative)
+        position = stage_key if isinstance(stage_key, int) else world
+        roles.append(Role(ranks, ranks[0], "; ".join(why) or "every rank does the same work", position))
+    roles.sort(key=lambda role: (role.position, role.representative))
     return roles, notes
 
 
