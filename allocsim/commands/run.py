@@ -394,8 +394,13 @@ def main(args: argparse.Namespace) -> int:
 
     A snapshot without history gets the recorded-state report instead (``state_only``).
     """
+    from ..capture_folder import is_capture_folder_path
     from ..metrics.state import is_state_only
 
+    if is_capture_folder_path(args.trace):
+        from .per_rank import run_folder
+
+        return run_folder(args)
     try:
         resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf,
                        paddle_flags(args))   # bad input first

@@ -85,6 +85,7 @@ class _ThreadFlags(threading.local):
     host = 0            # > 0: outputs are host storages (a CPU factory, .cpu())
     device_copy = 0     # > 0: outputs are device storages whatever the inputs (host -> cuda copies)
     optimizer = 0       # > 0: inside an optimizer's step
+    category = ""       # the category of requests made now, when the code that makes them says it
 
 
 class StorageTracker:
@@ -189,6 +190,8 @@ class StorageTracker:
 
     def _sent_alloc(self, message: list[Any], size_bytes: int) -> None:
         self.channel.send(message)
+        if self.flags.category:
+            self.channel.send(["C", message[2], self.flags.category])
         self.n_allocs += 1
         self.live_bytes += size_bytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
@@ -319,6 +322,16 @@ class StorageTracker:
     def to_device(self) -> Any:
         """Outputs made inside the block are device storages (a copy of a host tensor to ``cuda``)."""
         return self._raised("device_copy")
+
+    @contextlib.contextmanager
+    def named(self, category: str) -> Iterator[None]:
+        """Requests made inside the block (this thread) are ``category`` (``communication``, ``parameter``...)."""
+        before = self.flags.category
+        self.flags.category = category
+        try:
+            yield
+        finally:
+            self.flags.category = before
 
     def _outputs_on_host(self, args: tuple, kwargs: dict) -> bool:
         if self.flags.device_copy:

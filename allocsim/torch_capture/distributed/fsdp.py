@@ -55,7 +55,7 @@ def _get_managed_states(tracker: Any, original: Any) -> Any:
 
 def _move_states_to_device(tracker: Any, original: Any) -> Any:
     def move_states_to_device(params: list, buffers: list, device: Any) -> None:
-        with torch.no_grad():
+        with torch.no_grad(), tracker.named("parameter"):
             for tensor in [*params, *buffers]:
                 if tracker.is_host(tensor):
                     tensor.data = tensor.to("cuda")       # the device copy the GPU run makes

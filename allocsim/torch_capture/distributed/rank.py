@@ -331,6 +331,53 @@ class RankHooks:
                 return original(propagator, op_schema)
         return propagate
 
+    def _communication_buffers(self) -> list[tuple[Any, str, Any]]:
+        """The functions whose device requests are a collective's buffers (category ``communication``).
+
+        DDP's gradient buckets and the flattened parameters it broadcasts at construction
+        (``DistributedDataParallel.__init__``), its buckets rebuilt after the first iteration
+        (``_pre_forward``); FSDP2's all-gather and reduce-scatter buffers (``foreach_all_gather``,
+        ``foreach_reduce`` as ``_fsdp_param_group`` calls them); a pipeline stage's receive buffers
+        (``_make_tensor_from_meta`` as ``stage`` calls it). FSDP2's unsharded parameters, made
+        where the all-gather is copied out (``foreach_all_gather_copy_out``), are ``parameter``.
+        """
+        tracker = self.tracker
+
+        def wrap(fn: Any, category: str = "communication") -> Any:
+            def named(*args: Any, **kwargs: Any) -> Any:
+                with tracker.named(category):
+                    return fn(*args, **kwargs)
+            named.__name__ = getattr(fn, "__name__", category)
+            return named
+
+        out: list[tuple[Any, str, Any]] = []
+        try:
+            from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: PLC0415
+
+            out += [(DDP, "__init__", wrap(DDP.__init__)), (DDP, "_pre_forward", wrap(DDP._pre_forward))]
+        except ImportError:
+            pass
+        try:
+            from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group_mod  # noqa: PLC0415
+
+            out += [(group_mod, name, wrap(getattr(group_mod, name))) for name in ("foreach_all_gather",
+                                                                                  "foreach_reduce")
+                    if hasattr(group_mod, name)]
+            # the unsharded parameters the all-gather is copied out into are the parameters' memory
+            if hasattr(group_mod, "foreach_all_gather_copy_out"):
+                out.append((group_mod, "foreach_all_gather_copy_out",
+                            wrap(group_mod.foreach_all_gather_copy_out, "parameter")))
+        except ImportError:
+            pass
+        try:
+            from torch.distributed.pipelining import stage as stage_mod  # noqa: PLC0415
+
+            if hasattr(stage_mod, "_make_tensor_from_meta"):
+                out.append((stage_mod, "_make_tensor_from_meta", wrap(stage_mod._make_tensor_from_meta)))
+        except ImportError:
+            pass
+        return out
+
     def finish(self) -> None:
         """Send the facts learned at the end (the ranks whose shards differ)."""
         try:
@@ -392,6 +439,8 @@ class RankHooks:
         table.append((torch, "meta", torch.cuda))
         table.append((device_mesh.DeviceMesh, "__init__", _mesh_on_meta(device_mesh.DeviceMesh.__init__)))
         from . import fsdp, pipelining  # noqa: PLC0415
+
+        table += self._communication_buffers()
 
         table += fsdp.patches(self.tracker)
         table += pipelining.patches(self, self.messages)
