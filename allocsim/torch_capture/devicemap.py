@@ -27,7 +27,8 @@ What the mapping does, each because the CUDA run does it:
   generic path;
 * ``torch.cuda`` answers as the capture's GPU would (``cuda_api``); ``torch.autocast("cuda")``
   casts as CUDA's autocast does (``autocast``); pinned memory is ordinary host memory;
-  ``Tensor.record_stream`` is a no-op; ``Tensor.is_cuda`` is True for device tensors;
+  ``Tensor.record_stream`` is recorded (the block goes back as ``stream_clock`` says);
+  ``Tensor.is_cuda`` is True for device tensors;
 * ``torch.compile`` returns the model or function unchanged: the capture runs eager;
 * a tensor the script makes on ``meta`` itself is taken for a CUDA tensor: ``device=x.device`` of a
   CUDA tensor names ``meta`` during a capture, and the two cannot be told apart.
@@ -121,9 +122,8 @@ class CudaOnMeta(TorchFunctionMode):
             elif on_meta and func is torch.Tensor.cpu:
                 return self_t if tracker.is_host(self_t) else self._to_host(self_t, {})
             elif on_meta and func in _READBACK:
+                tracker.host_waits()
                 return _readback(func, self_t, args, kwargs)
-            elif func is torch.Tensor.record_stream:
-                return None
         if func is _PARSE_TO or func is torch.device:
             # a device object stays "cuda" (the script sees its GPU); Module.to moves through Tensor.to above
             return func(*args, **kwargs)
@@ -175,6 +175,7 @@ class CudaOnMeta(TorchFunctionMode):
 
     def _to_host(self, t: torch.Tensor, options: dict) -> torch.Tensor:
         """A device tensor brought to the CPU: abstract when large, zeros when small."""
+        self.tracker.host_waits()
         dtype = options.get("dtype") or t.dtype
         if t.numel() * dtype.itemsize < HOST_ABSTRACT_BYTES:
             return torch.zeros(t.shape, dtype=dtype)
@@ -381,6 +382,9 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
         stack.enter_context(_patched(torch, "load", _load_to_device(torch.load)))
         stack.enter_context(_patched(torch, "compile", _compile_eager(tracker)))
         stack.enter_context(_patched(torch.UntypedStorage, "resize_", _resize_recorded(tracker)))
+        # torch's own record_stream refuses the capture's Stream objects before any mode sees the call
+        stack.enter_context(_patched(torch.Tensor, "record_stream",
+                                     lambda self, stream: tracker.record_stream(self, cuda_api.stream_number(stream))))
         stack.enter_context(_patched(torch.Tensor, "pin_memory", lambda self, *a, **k: self))
         stack.enter_context(_patched(torch.Tensor, "is_pinned", lambda self, *a, **k: False))
         stack.enter_context(_patched(torch.Tensor, "is_cuda", property(tracker.is_device)))

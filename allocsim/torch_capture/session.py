@@ -82,6 +82,14 @@ class _AllocatorModel:
         if alloc_id in self.policy.live:
             self.policy.free(alloc_id)
 
+    def free_requested(self, alloc_id: int) -> None:
+        if alloc_id in self.policy.live and alloc_id not in self.policy.pending:
+            self.policy.free_requested(alloc_id)
+
+    def free_completed(self, alloc_id: int) -> None:
+        if alloc_id in self.policy.live:
+            self.policy.free_completed(alloc_id)
+
     def stats(self) -> dict[str, int]:
         policy = self.policy
         return {
@@ -148,6 +156,21 @@ class _Converter:
                 self.allocs[alloc_id][4] = builder.next_event_index - 1
                 self.model.free(alloc_id)
                 self.fingerprint.update(b"F%d;" % alloc_id)
+        elif kind == "P":             # freed while other streams recorded uses: reusable at its "K"
+            _, t_ns, addr, stream = message
+            alloc_id = self.live.get(int(addr))
+            builder.free_requested(self.record, int(t_ns), 0, int(stream), int(addr))
+            if alloc_id is not None:
+                self.allocs[alloc_id][4] = builder.next_event_index - 1
+                self.model.free_requested(alloc_id)
+                self.fingerprint.update(b"P%d;" % alloc_id)
+        elif kind == "K":
+            _, t_ns, addr, stream = message
+            alloc_id = self.live.pop(int(addr), None)
+            builder.free_completed(self.record, int(t_ns), 0, int(stream), int(addr))
+            if alloc_id is not None:
+                self.model.free_completed(alloc_id)
+                self.fingerprint.update(b"K%d;" % alloc_id)
         elif kind == "S":
             _, child_stack, frames = message
             dicts = [{"filename": str(f), "line": int(line), "name": str(name)} for f, line, name in frames]

@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_flatten
 
 from . import cublas, cuda_scratch, cudnn
 from .channel import Channel
+from .stream_clock import StreamClock, released
 from .uploads import Uploads
 
 #: The device the script's ``cuda`` tensors live on during a capture.
@@ -129,6 +130,8 @@ class StorageTracker:
         self._pending: tuple[int, dict[int, int], list[Any]] | None = None
         self.n_in_place = 0
         self.uploads = Uploads()           # small host values copied to the device, for a copy back
+        self.clock = StreamClock()         # when blocks with record_stream uses go back (stream_clock)
+        self._uses: dict[int, set[int]] = {}   # id(storage) -> other streams that recorded uses of it
 
     # ----------------------------------------------------------------- clock, stacks, streams
     def now_ns(self) -> int:
@@ -218,9 +221,38 @@ class StorageTracker:
         if entry is None:
             return
         _ref, addr, size_bytes, stream, _category = entry
-        self.channel.send(["F", self.now_ns(), addr, stream])
+        uses = self._uses.pop(key, None)
+        if uses:
+            # freed while other streams recorded uses: the block goes back later (stream_clock)
+            self.channel.send(["P", self.now_ns(), addr, stream])
+            self.clock.defer(addr, stream, uses)
+        else:
+            self.channel.send(["F", self.now_ns(), addr, stream])
         self.n_frees += 1
         self.live_bytes -= size_bytes
+
+    def record_stream(self, tensor: Any, stream: int) -> None:
+        """``tensor.record_stream(stream)``: its block is in use on ``stream`` until that work is done."""
+        if not _on_meta(tensor):
+            return
+        with self._lock:
+            key = id(tensor.untyped_storage())
+            entry = self._live.get(key)
+            if entry is not None and int(stream) != entry[3]:
+                self._uses.setdefault(key, set()).add(int(stream))
+                self.clock.tick()
+
+    def learned(self, blocks: list[tuple[int, int]]) -> None:
+        """Blocks whose recorded uses the host now knows are done go back (``stream_clock``)."""
+        if blocks:
+            with self._lock:
+                if self.active:
+                    released(blocks, self.channel.send, self.now_ns)
+
+    def host_waits(self) -> None:
+        """A read-back (``item()``, ``cpu()``...) waited for the current stream's work."""
+        if self.clock.pending:
+            self.learned(self.clock.stream_synchronized(self.current_stream()))
 
     def _released(self, key: int) -> None:
         with self._lock:
@@ -488,9 +520,14 @@ class StorageTracker:
         self.channel.send(["N", text])
 
     def stop(self) -> None:
-        """Stop recording; storages still alive stay live in the trace (the script ended with them)."""
+        """Stop recording; storages still alive stay live in the trace (the script ended with them).
+
+        Blocks held for recorded uses on other streams go back now: the script ended, the device is idle.
+        """
         with self._lock:
             self._settle()
+            if self.active:
+                released(self.clock.release_all(), self.channel.send, self.now_ns)
             self.active = False
 
 
@@ -522,6 +559,7 @@ class Recorder(TorchDispatchMode):
         if func is _LOCAL_SCALAR and args and isinstance(args[0], torch.Tensor) and args[0].device.type == CAPTURE_DEVICE:
             # A read-back the torch-function mode did not see (``Tensor.__contains__`` and other Python
             # methods call ``.item()`` while that mode is off): zero, as every read-back answers.
+            self.tracker.host_waits()
             return _zero_scalar(args[0].dtype)
         uploads = self.tracker.uploads
         answer = uploads.dispatch(func, args, kwargs)      # a device-to-host copy C++ code makes
