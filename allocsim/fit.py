@@ -181,6 +181,8 @@ class GpuAnswer:
     extrapolation: float | None
     gpu_note: str | None          # an unverified card's label note (gpus.label_note)
     find_max: dict[str, Any]
+    limiting_rank: int | None = None           # a distributed job: the lowest rank of the role that stops first
+    per_role: list[dict[str, Any]] | None = None   # a distributed job: each role's ranks and answer
 
     @property
     def fits(self) -> bool:
@@ -266,6 +268,12 @@ class FitResult:
                 if a.extrapolation is not None and a.extrapolation > 2:
                     lines.append(f"  {a.value} is {a.extrapolation:.3g}x the largest value captured "
                                  f"({max(self.values)}): confirm it with one capture (below)")
+            if a.limiting_rank is not None and a.per_role:
+                limit = next((r for r in a.per_role if a.limiting_rank in r["ranks"]), None)
+                others = "; ".join(f"ranks {r['ranks_text']}: {r['value'] if r['value'] is not None else 'nothing'}"
+                                   for r in a.per_role)
+                lines.append(f"  limiting rank {a.limiting_rank}"
+                             + (f" (ranks {limit['ranks_text']})" if limit else "") + f"; per role: {others}")
             if a.captured_for != a.gpu.name:
                 lines.append(f"  captured for {a.captured_for}: {a.capture_note}")
             if a.estimate and a.estimate.get("caveat"):
@@ -277,9 +285,10 @@ class FitResult:
         if best is not None:
             at = with_value(self.command, self.knob, best.value)
             extra = [w for w in best.run_args if w not in ("--policy", "pytorch")]
+            out = "at" if best.limiting_rank is not None else "at.parquet"    # a job's capture is a folder
             lines.append(f"confirm an answer: allocsim capture --gpu {shlex.quote(best.gpu.name)} --steps "
-                         f"{self.steps} -o at.parquet -- {shell_words(at)}")
-            lines.append(f"  then: allocsim run at.parquet --policy pytorch --gpu {shlex.quote(best.gpu.name)}"
+                         f"{self.steps} -o {out} -- {shell_words(at)}")
+            lines.append(f"  then: allocsim run {out} --policy pytorch --gpu {shlex.quote(best.gpu.name)}"
                          + (" " + shlex.join(extra) if extra else ""))
         if self.out_dir:
             lines.append(f"captures and the script's output kept in {self.out_dir}; replay the search:")
@@ -472,9 +481,16 @@ def _answer(gpu: GpuModel, captured_for: GpuModel, found: Any, scaler: Any, capa
 # ----------------------------------------------------------------------------------------- fit
 def check_command(command: Sequence[str]) -> str:
     """The knob of ``command`` once it names an interpreter and an existing script (ValueError otherwise)."""
+    from .torch_capture.distributed.launcher import parse_launch
     from .torch_capture.session import child_command
 
     command = list(command)
+    if command:
+        launch = parse_launch(with_value(command, knob_of(command), 1))
+        if launch.launcher:
+            if launch.script[:1] != ["-m"] and not os.path.isfile(launch.script[0]):
+                raise ValueError(f"no script {launch.script[0]!r}")
+            return knob_of(command)
     if not command or (len(command) < 2 and not command[0].endswith(".py")):
         raise ValueError("give the script after --, e.g. allocsim fit -- python train.py --batch {B}")
     knob = knob_of(command)
@@ -490,7 +506,22 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
         timeout_s: float | None = None, per_gpu: bool = False,
         log: Callable[[str], None] = lambda message: None) -> FitResult:
     """Capture, scale and search (module doc); ``ValueError`` / ``AllocsimError`` on bad input,
-    ``ScriptFailed`` when a capture did not finish."""
+    ``ScriptFailed`` when a capture did not finish. A launcher command (``torchrun ...``) is fitted
+    per role of ranks (``fit_ranks``)."""
+    from .torch_capture.distributed.launcher import parse_launch
+
+    if parse_launch(list(command)).launcher:
+        from .fit_ranks import fit_job
+
+        knob_of(command)
+        values = sorted(set(int(v) for v in values))
+        if len(values) < 2 or values[0] < 1:
+            raise ValueError("give two or more different values >= 1 to capture, e.g. --values 2,4")
+        if steps < 0 or multiple < 1 or (workers is not None and workers < 1):
+            raise ValueError("--steps must be >= 0, --multiple-of and --workers >= 1")
+        return fit_job(command, gpus, values=values, steps=steps, out_dir=out_dir, scale_name=scale_name,
+                       multiple=multiple, max_value=max_value, advise=advise, workers=workers, timeout_s=timeout_s,
+                       per_gpu=per_gpu, log=log)
     from .scale import load_input
     from .scale.build import Scaler
     from .scale.findmax import find_max

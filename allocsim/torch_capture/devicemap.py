@@ -370,6 +370,7 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
     # torch.accelerator is what the DataLoader's pin-memory thread and newer code ask instead
     accelerator_shims = {"is_available": lambda: True, "device_count": lambda: 1,
                          "current_device_index": lambda: 0, "set_device_index": lambda device: None,
+                         "current_accelerator": lambda check_available=False: torch.device("cuda"),
                          "synchronize": lambda device=None: None}
     accelerator = getattr(torch, "accelerator", None)
     with contextlib.ExitStack() as stack:
@@ -378,6 +379,8 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
         for name, fn in accelerator_shims.items():
             if accelerator is not None and hasattr(accelerator, name):
                 stack.enter_context(_patched(accelerator, name, fn))
+        # the accelerator torch.distributed picks its default device mesh for (FSDP2's _init_default_mesh)
+        stack.enter_context(_patched(torch._C, "_get_accelerator", lambda check=False: torch.device("cuda")))
         stack.enter_context(_patched(torch, "clear_autocast_cache", clear_both))
         stack.enter_context(_patched(torch, "load", _load_to_device(torch.load)))
         stack.enter_context(_patched(torch, "compile", _compile_eager(tracker)))
