@@ -57,6 +57,10 @@ class Facts:
     def spawn(self, nprocs: int, index: int, how: str) -> None:
         self.send("spawn", nprocs=int(nprocs), index=int(index), how=how)
 
+    @property
+    def has_uneven(self) -> bool:
+        return bool(self._uneven)
+
     def uneven_shard(self, key: tuple, value: tuple) -> None:
         """A DTensor layout whose shards differ in shape between ranks (kept once)."""
         with self._lock:

@@ -64,21 +64,23 @@ def _move_states_to_device(tracker: Any, original: Any) -> Any:
 
 
 def patches(tracker: Any) -> list[tuple[Any, str, Any]]:
-    """``(owner, name, replacement)`` for FSDP2's state collection and move (none when FSDP2 is missing)."""
-    try:
-        from torch.distributed.fsdp._fully_shard import _fsdp_init  # noqa: PLC0415
-    except ImportError:
-        return []
+    """``(owner, name, replacement)`` for FSDP2's state collection and move (``_fsdp_init``)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_init  # noqa: PLC0415
+
     out = []
     if hasattr(_fsdp_init, "_get_managed_states"):
         out.append((_fsdp_init, "_get_managed_states", _get_managed_states(tracker, _fsdp_init._get_managed_states)))
     if hasattr(_fsdp_init, "_move_states_to_device"):
         out.append((_fsdp_init, "_move_states_to_device",
                     _move_states_to_device(tracker, _fsdp_init._move_states_to_device)))
-    try:
-        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup  # noqa: PLC0415
-    except ImportError:
-        return out
+    return out
+
+
+def group_patches() -> list[tuple[Any, str, Any]]:
+    """``(owner, name, replacement)`` for ``FSDPParamGroup`` (``_fsdp_param_group``)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup  # noqa: PLC0415
+
+    out = []
     if hasattr(FSDPParamGroup, "_validate_no_meta_params"):
         # every device tensor of a capture is on meta: the check that none was left uninitialised
         # there (FSDPParamGroup.lazy_init) would refuse them all

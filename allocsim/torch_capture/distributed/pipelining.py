@@ -57,12 +57,10 @@ def decode(text: str) -> Any:
 
 def patches(hooks: Any, messages: list[dict[str, Any]]) -> list[tuple[Any, str, Any]]:
     """``(owner, name, replacement)`` for the stage's metadata exchange and the schedule's vote."""
-    try:
-        from torch.distributed.pipelining import schedules  # noqa: PLC0415
-        from torch.distributed.pipelining._utils import InferenceMode, _StageBackwardMeta  # noqa: PLC0415
-        from torch.distributed.pipelining.stage import PipelineStage  # noqa: PLC0415
-    except ImportError:
-        return []
+    from torch.distributed.pipelining import schedules  # noqa: PLC0415
+    from torch.distributed.pipelining._utils import InferenceMode, _StageBackwardMeta  # noqa: PLC0415
+    from torch.distributed.pipelining.stage import PipelineStage  # noqa: PLC0415
+
     received: dict[tuple[int, int], list[str]] = {}
     for m in messages:
         received.setdefault((int(m["src_stage"]), int(m["dst_stage"])), []).append(str(m["payload"]))

@@ -331,55 +331,66 @@ class RankHooks:
                 return original(propagator, op_schema)
         return propagate
 
-    def _communication_buffers(self) -> list[tuple[Any, str, Any]]:
-        """The functions whose device requests are a collective's buffers (category ``communication``).
-
-        DDP's gradient buckets and the flattened parameters it broadcasts at construction
-        (``DistributedDataParallel.__init__``), its buckets rebuilt after the first iteration
-        (``_pre_forward``); FSDP2's all-gather and reduce-scatter buffers (``foreach_all_gather``,
-        ``foreach_reduce`` as ``_fsdp_param_group`` calls them); a pipeline stage's receive buffers
-        (``_make_tensor_from_meta`` as ``stage`` calls it). FSDP2's unsharded parameters, made
-        where the all-gather is copied out (``foreach_all_gather_copy_out``), are ``parameter``.
-        """
+    def _named(self, fn: Any, category: str = "communication") -> Any:
+        """``fn`` whose device requests are ``category`` (a collective's buffers: ``communication``)."""
         tracker = self.tracker
 
-        def wrap(fn: Any, category: str = "communication") -> Any:
-            def named(*args: Any, **kwargs: Any) -> Any:
-                with tracker.named(category):
-                    return fn(*args, **kwargs)
-            named.__name__ = getattr(fn, "__name__", category)
-            return named
+        def named(*args: Any, **kwargs: Any) -> Any:
+            with tracker.named(category):
+                return fn(*args, **kwargs)
+        named.__name__ = getattr(fn, "__name__", category)
+        return named
 
-        out: list[tuple[Any, str, Any]] = []
-        try:
-            from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: PLC0415
+    def _ddp_patches(self) -> list[tuple[Any, str, Any]]:
+        """DDP's gradient buckets and the flattened parameters it broadcasts at construction
+        (``DistributedDataParallel.__init__``) and its buckets rebuilt after the first iteration
+        (``_pre_forward``) are ``communication``; its inputs already on the device are not copied."""
+        import torch.distributed.utils as dist_utils  # noqa: PLC0415
+        import torch.nn.parallel.distributed as ddp_module  # noqa: PLC0415
 
-            out += [(DDP, "__init__", wrap(DDP.__init__)), (DDP, "_pre_forward", wrap(DDP._pre_forward))]
-        except ImportError:
-            pass
-        try:
-            from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group_mod  # noqa: PLC0415
+        ddp = ddp_module.DistributedDataParallel
+        to_kwargs = _to_kwargs_on_meta(dist_utils._to_kwargs)
+        return [(dist_utils, "_to_kwargs", to_kwargs), (ddp_module, "_to_kwargs", to_kwargs),
+                (ddp, "__init__", self._named(ddp.__init__)), (ddp, "_pre_forward", self._named(ddp._pre_forward))]
 
-            out += [(group_mod, name, wrap(getattr(group_mod, name))) for name in ("foreach_all_gather",
-                                                                                  "foreach_reduce")
-                    if hasattr(group_mod, name)]
-            # the unsharded parameters the all-gather is copied out into are the parameters' memory
-            if hasattr(group_mod, "foreach_all_gather_copy_out"):
-                out.append((group_mod, "foreach_all_gather_copy_out",
-                            wrap(group_mod.foreach_all_gather_copy_out, "parameter")))
-        except ImportError:
-            pass
-        try:
-            from torch.distributed.pipelining import stage as stage_mod  # noqa: PLC0415
+    def _fsdp_group_patches(self) -> list[tuple[Any, str, Any]]:
+        """FSDP2's all-gather and reduce-scatter buffers (``foreach_all_gather``, ``foreach_reduce`` as
+        ``_fsdp_param_group`` calls them) are ``communication``; the unsharded parameters the all-gather
+        is copied out into (``foreach_all_gather_copy_out``) are ``parameter``."""
+        from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group_mod  # noqa: PLC0415
 
-            if hasattr(stage_mod, "_make_tensor_from_meta"):
-                out.append((stage_mod, "_make_tensor_from_meta", wrap(stage_mod._make_tensor_from_meta)))
-        except ImportError:
-            pass
+        out = [(group_mod, name, self._named(getattr(group_mod, name))) for name in ("foreach_all_gather",
+                                                                                    "foreach_reduce")
+               if hasattr(group_mod, name)]
+        if hasattr(group_mod, "foreach_all_gather_copy_out"):
+            out.append((group_mod, "foreach_all_gather_copy_out",
+                        self._named(group_mod.foreach_all_gather_copy_out, "parameter")))
         return out
+
+    def _stage_patches(self) -> list[tuple[Any, str, Any]]:
+        """A pipeline stage is a fact; its receive buffers (``_make_tensor_from_meta``) are ``communication``."""
+        from torch.distributed.pipelining import stage as stage_mod  # noqa: PLC0415
+
+        out = [(stage_mod._PipelineStageBase, "__init__", self._stage_init(stage_mod._PipelineStageBase.__init__))]
+        if hasattr(stage_mod, "_make_tensor_from_meta"):
+            out.append((stage_mod, "_make_tensor_from_meta", self._named(stage_mod._make_tensor_from_meta)))
+        return out
+
+    def _dtensor_patches(self) -> list[tuple[Any, str, Any]]:
+        from torch.distributed.tensor._api import DTensor  # noqa: PLC0415
+
+        return [(DTensor, "__new__", self._dtensor_new(DTensor.__new__))]
+
+    def _propagator_patches(self) -> list[tuple[Any, str, Any]]:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator  # noqa: PLC0415
+
+        return [(ShardingPropagator, "_propagate_tensor_meta_non_cached",
+                 self._shapes_only(ShardingPropagator._propagate_tensor_meta_non_cached))]
 
     def finish(self) -> None:
         """Send the facts learned at the end (the ranks whose shards differ)."""
+        if not self.facts.has_uneven:
+            return
         try:
             from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset  # noqa: PLC0415
         except ImportError:
@@ -393,18 +404,23 @@ class RankHooks:
     # ------------------------------------------------------------------ install
     @contextlib.contextmanager
     def installed(self) -> Iterator["RankHooks"]:
-        """Apply every patch for the block; the facts learned at the end are sent when it exits."""
+        """Apply every patch for the block (those of DTensor, FSDP2 and pipelining when the script imports
+        them: ``lazy``); the facts learned at the end are sent when it exits."""
+        from . import fsdp, pipelining  # noqa: PLC0415
+        from .lazy import Patches  # noqa: PLC0415
+
         os.environ.setdefault("TORCH_DIST_INIT_BARRIER", "0")
         register_backend()
         init = self._init_process_group(c10d.init_process_group)
         new_group = self._patched_new_group = self._new_group(c10d.new_group)
         split_group = self._split_group()
+        get_backend = self._get_backend(c10d.get_backend)
         spawn, start_processes = self._spawn()
         table: list[tuple[Any, str, Any]] = []
         for module in (dist, c10d):
             table += [(module, "init_process_group", init), (module, "new_group", new_group),
                       (module, "split_group", split_group), (module, "is_nccl_available", lambda: True),
-                      (module, "get_backend", self._get_backend(c10d.get_backend)),
+                      (module, "get_backend", get_backend),
                       (module, "all_gather_object", self._all_gather_object),
                       (module, "gather_object", self._gather_object),
                       (module, "broadcast_object_list", self._broadcast_object_list),
@@ -415,18 +431,6 @@ class RankHooks:
             # DDP's check that every rank holds the same parameters reads their shapes back from a
             # device all-gather; one rank alone holds them by construction
             table.append((dist, "_verify_params_across_processes", lambda *args, **kwargs: None))
-        import torch.distributed.utils as dist_utils  # noqa: PLC0415
-        import torch.nn.parallel.distributed as ddp_module  # noqa: PLC0415
-
-        to_kwargs = _to_kwargs_on_meta(dist_utils._to_kwargs)
-        table += [(dist_utils, "_to_kwargs", to_kwargs), (ddp_module, "_to_kwargs", to_kwargs)]
-        device_mesh = sys.modules.get("torch.distributed.device_mesh")
-        if device_mesh is None:
-            import torch.distributed.device_mesh as device_mesh  # noqa: PLC0415
-        for name, value in (("init_process_group", init), ("new_group", new_group), ("split_group", split_group),
-                            ("get_backend", table[4][2])):
-            if hasattr(device_mesh, name):
-                table.append((device_mesh, name, value))
         import torch.multiprocessing as tmp  # noqa: PLC0415
 
         spawn_module = sys.modules.get("torch.multiprocessing.spawn")
@@ -437,41 +441,31 @@ class RankHooks:
         # torch.distributed finds a device's module by its type name (device_mesh._get_device_handle:
         # getattr(torch, device.type)); the capture's device tensors are on meta and stand for cuda
         table.append((torch, "meta", torch.cuda))
-        table.append((device_mesh.DeviceMesh, "__init__", _mesh_on_meta(device_mesh.DeviceMesh.__init__)))
-        from . import fsdp, pipelining  # noqa: PLC0415
+        patches = Patches()
+        patches.apply(table)
 
-        table += self._communication_buffers()
+        def mesh_patches() -> list[tuple[Any, str, Any]]:
+            import torch.distributed.device_mesh as device_mesh  # noqa: PLC0415
 
-        table += fsdp.patches(self.tracker)
-        table += pipelining.patches(self, self.messages)
-        try:
-            from torch.distributed.pipelining.stage import _PipelineStageBase  # noqa: PLC0415
+            out = [(device_mesh, name, value) for name, value in (
+                ("init_process_group", init), ("new_group", new_group), ("split_group", split_group),
+                ("get_backend", get_backend)) if hasattr(device_mesh, name)]
+            return out + [(device_mesh.DeviceMesh, "__init__", _mesh_on_meta(device_mesh.DeviceMesh.__init__))]
 
-            table.append((_PipelineStageBase, "__init__", self._stage_init(_PipelineStageBase.__init__)))
-        except ImportError:
-            pass
-        try:
-            from torch.distributed.tensor import DTensor  # noqa: PLC0415
-            from torch.distributed.tensor._sharding_prop import ShardingPropagator  # noqa: PLC0415
-
-            table.append((DTensor, "__new__", self._dtensor_new(DTensor.__new__)))
-            table.append((ShardingPropagator, "_propagate_tensor_meta_non_cached",
-                          self._shapes_only(ShardingPropagator._propagate_tensor_meta_non_cached)))
-        except ImportError:
-            pass
-        missing = object()
-        saved = [(owner, name, owner.__dict__.get(name, missing) if isinstance(owner, type) else
-                  getattr(owner, name, missing)) for owner, name, _ in table]
-        for owner, name, value in table:
-            setattr(owner, name, value)
+        patches.when_imported("torch.distributed.device_mesh", mesh_patches)
+        patches.when_imported("torch.nn.parallel.distributed", self._ddp_patches)
+        patches.when_imported("torch.distributed.fsdp._fully_shard._fsdp_init", lambda: fsdp.patches(self.tracker))
+        patches.when_imported("torch.distributed.fsdp._fully_shard._fsdp_param_group",
+                              lambda: fsdp.group_patches() + self._fsdp_group_patches())
+        patches.when_imported("torch.distributed.pipelining.stage", self._stage_patches)
+        patches.when_imported("torch.distributed.pipelining.schedules",
+                              lambda: pipelining.patches(self, self.messages))
+        patches.when_imported("torch.distributed.tensor._api", self._dtensor_patches)
+        patches.when_imported("torch.distributed.tensor._sharding_prop", self._propagator_patches)
         try:
             yield self
         finally:
-            for owner, name, old in reversed(saved):
-                if old is missing:
-                    delattr(owner, name)
-                else:
-                    setattr(owner, name, old)
+            patches.undo()
             try:
                 self.finish()
             except Exception as exc:  # noqa: BLE001  (a fact is a hint for the roles rule, never the run's end)
