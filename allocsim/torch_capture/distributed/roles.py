@@ -83,8 +83,9 @@ class JobFacts:
     def _add(self, fact: dict[str, Any]) -> None:
         kind = fact["fact"]
         if kind == "world":
-            self.world_size = _int(fact["world_size"], 1, MAX_WORLD_SIZE)
-            self.rank = _int(fact["rank"], 0, self.world_size - 1)
+            world_size = _int(fact["world_size"], 1, MAX_WORLD_SIZE)
+            self.rank = _int(fact["rank"], 0, world_size - 1)
+            self.world_size = world_size
             self.backend = str(fact.get("backend", ""))[:40]
         elif kind == "group":
             ranks = _ranks(fact["ranks"], self.world_size)
