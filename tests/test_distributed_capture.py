@@ -324,3 +324,49 @@ def test_record_stream_holds_the_block_until_the_host_knows_the_other_stream_is_
     last_alloc = max(i for i, (k, _a) in enumerate(rows) if k == 1)
     # requested at `del x`, completed only after the read-back on the stream that waited for `side`
     assert x_requested < z_alloc < x_completed < last_alloc
+
+
+# ------------------------------------------------------------------------------------------ advise, report, fit
+def test_advise_searches_the_limiting_rank_and_checks_every_role(job8):
+    out, _manifest = job8
+    done = subprocess.run([sys.executable, "-m", "allocsim", "advise", str(out), "--gpu", "RTX 3060", "--fast",
+                           "--workers", "1", "--json", "-o", str(out.parent / "advise.parquet")],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["limiting_rank"] in (0, 7) and data["job_setting"] is not None
+    assert data["checked"][-1]["fits_every_role"] is True and len(data["ranks"]) == 2
+
+
+def test_report_writes_one_page_per_role(job8, tmp_path):
+    out, _manifest = job8
+    done = subprocess.run([sys.executable, "-m", "allocsim", "report", str(out), "-o", str(tmp_path / "report.html")],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.rank0.html", "report.rank7.html"]
+    assert "ranks 0-6: pytorch" in done.stdout and "ranks 7: pytorch" in done.stdout
+
+
+def test_fit_on_a_torchrun_job_answers_per_role_with_the_limiting_rank(folder):
+    script = _write(folder, "fit_job.py", """
+        import sys, torch, torch.nn as nn, torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        batch = int(sys.argv[sys.argv.index("--batch") + 1])
+        dist.init_process_group("nccl")
+        model = DDP(nn.Sequential(nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 4096)).cuda())
+        opt = torch.optim.AdamW(model.parameters())
+        for _ in range(2):
+            model(torch.randn(batch, 512, 4096, device="cuda")).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        """)
+    done = subprocess.run([sys.executable, "-m", "allocsim", "fit", "--gpu", "RTX 4090", "--no-advise", "--workers",
+                           "1", "--json", "--", "torchrun", "--nproc-per-node", "2", str(script), "--batch", "{B}"],
+                          capture_output=True, text=True, check=False, cwd=folder)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)["answers"][0]
+    assert answer["limiting_rank"] == 0 and answer["per_role"] == [
+        {"ranks": [0, 1], "ranks_text": "0-1", "value": answer["value"], "range_low": answer["range_low"],
+         "range_high": answer["range_high"]}]
+    assert answer["value"] and answer["value"] >= 2
+    assert answer["estimate"]["total_bytes"] <= answer["gpu_total_bytes"]
