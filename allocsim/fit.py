@@ -506,22 +506,8 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
         timeout_s: float | None = None, per_gpu: bool = False,
         log: Callable[[str], None] = lambda message: None) -> FitResult:
     """Capture, scale and search (module doc); ``ValueError`` / ``AllocsimError`` on bad input,
-    ``ScriptFailed`` when a capture did not finish. A launcher command (``torchrun ...``) is fitted
-    per role of ranks (``fit_ranks``)."""
-    from .torch_capture.distributed.launcher import parse_launch
-
-    if parse_launch(list(command)).launcher:
-        from .fit_ranks import fit_job
-
-        knob_of(command)
-        values = sorted(set(int(v) for v in values))
-        if len(values) < 2 or values[0] < 1:
-            raise ValueError("give two or more different values >= 1 to capture, e.g. --values 2,4")
-        if steps < 0 or multiple < 1 or (workers is not None and workers < 1):
-            raise ValueError("--steps must be >= 0, --multiple-of and --workers >= 1")
-        return fit_job(command, gpus, values=values, steps=steps, out_dir=out_dir, scale_name=scale_name,
-                       multiple=multiple, max_value=max_value, advise=advise, workers=workers, timeout_s=timeout_s,
-                       per_gpu=per_gpu, log=log)
+    ``ScriptFailed`` when a capture did not finish. A launcher command (``torchrun ...``) is
+    ``fit_ranks.fit_job``'s."""
     from .scale import load_input
     from .scale.build import Scaler
     from .scale.findmax import find_max

@@ -21,7 +21,7 @@ import time
 from fractions import Fraction
 from typing import Any, Callable, Sequence
 
-from .fit import (CaptureRun, FitResult, GpuAnswer, ScriptFailed, _answer, _slug, group_gpus, knob_of,
+from .fit import (CaptureRun, FitResult, GpuAnswer, ScriptFailed, _answer, _slug, check_command, group_gpus,
                   scale_name_for, with_value)
 from .gpus import allocator_capacity, find_gpu
 
@@ -65,6 +65,16 @@ def _same_roles(manifests: list[tuple[int, Any]], knob: str) -> None:
                              "same ranks doing the same work at every value")
 
 
+def is_job(command: Sequence[str]) -> bool:
+    """Whether ``command`` runs its script under a launcher (``torchrun ...``): ``fit_job`` answers it."""
+    from .torch_capture.distributed.launcher import LaunchError, parse_launch
+
+    try:
+        return bool(parse_launch(list(command)).launcher)
+    except LaunchError:
+        return False
+
+
 def fit_job(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Sequence[int], steps: int,
             out_dir: str | None, scale_name: str | None, multiple: int, max_value: int | None, advise: bool,
             workers: int | None, timeout_s: float | None, per_gpu: bool,
@@ -78,8 +88,12 @@ def fit_job(command: Sequence[str], gpus: Sequence[str] | None = None, *, values
     from .trace.inference.workspaces import cublas_workspaces_in_trace
 
     command = list(command)
-    knob = knob_of(command)
+    knob = check_command(command)
     values = sorted(set(int(v) for v in values))
+    if len(values) < 2 or values[0] < 1:
+        raise ValueError("give two or more different values >= 1 to capture, e.g. --values 2,4")
+    if steps < 0 or multiple < 1 or (workers is not None and workers < 1):
+        raise ValueError("--steps must be >= 0, --multiple-of and --workers >= 1")
     models = list({m.name: m for m in (find_gpu(n) for n in (gpus or DEFAULT_GPUS))}.values())
     scale_name = scale_name or scale_name_for(knob)
     groups = group_gpus(models, per_gpu)

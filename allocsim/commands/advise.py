@@ -90,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
     if is_capture_folder_path(args.trace):
         from .per_rank import advise_folder
 
-        return advise_folder(args)
+        return advise_folder(args, cost_args(args), EXIT_NONE_FITS)
     try:
         if args.output is not None:
             from ..sweep.results import check_results_output

@@ -70,18 +70,18 @@ def _categories_line(entry: dict[str, Any]) -> str | None:
     return f"    by category at the peak of requested memory: {format_split(categories['at_peak'], m['at_peak']['bytes'])}"
 
 
-def run_folder(args: argparse.Namespace) -> int:
-    """``allocsim run DIR``: every role replayed, one line each, the limiting rank's verdict last."""
+def run_folder(args: argparse.Namespace, execute: Any, check_args: Any, exit_oom: int) -> int:
+    """``allocsim run DIR``: every role replayed, one line each, the limiting rank's verdict last.
+
+    ``execute(args)`` replays one trace as ``run`` does; ``check_args(args)`` refuses bad options first
+    (both ``run``'s own, passed in so that this module does not import ``run``).
+    """
     from ..errors import AllocsimError
     from ..output_file import check_output_folder
     from .common import print_json
-    from .run import EXIT_OOM, execute, paddle_flags, resolve_policy
-    from .info import site_options, state_options
 
     try:
-        resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf, paddle_flags(args))
-        state_options(args)
-        site_options(args)
+        check_args(args)
         folder = open_capture_folder(args.trace)
         if args.device is not None and args.device != 0:
             raise ValueError("--device: a capture folder's traces each hold one GPU (device 0), one per rank")
@@ -137,11 +137,14 @@ def run_folder(args: argparse.Namespace) -> int:
             if line:
                 print(line)
         print(f"limiting rank {limit['rank']} (ranks {limit['ranks_text']}): {verdict.get('line', '')}")
-    return EXIT_OOM if any_out else 0
+    return exit_oom if any_out else 0
 
 
-def advise_folder(args: argparse.Namespace) -> int:
-    """``allocsim advise DIR``: the limiting role searched, its settings replayed on every role until one fits all."""
+def advise_folder(args: argparse.Namespace, command_args: tuple[str, ...], exit_none_fits: int) -> int:
+    """``allocsim advise DIR``: the limiting role searched, its settings replayed on every role until one fits all.
+
+    ``command_args``: the options advise repeats in the ``allocsim run`` commands it prints.
+    """
     from ..advise.advice import advise
     from ..advise.report import advice_to_dict, format_advice
     from ..errors import AllocsimError
@@ -150,7 +153,6 @@ def advise_folder(args: argparse.Namespace) -> int:
     from ..settings.alloc_conf import parse_alloc_conf
     from ..sweep import executor_from_options
     from ..trace import read_trace
-    from .advise import EXIT_NONE_FITS, cost_args
     from .common import print_json, trace_limits
     from .info import site_options
 
@@ -194,7 +196,7 @@ def advise_folder(args: argparse.Namespace) -> int:
         advice = advise(folder.trace_path(limit_role), policy=args.policy, capacity_bytes=capacity,
                         executor=executor, output=args.output, cost_model=None, fast=args.fast, top=args.top,
                         progress=interactive, log=(lambda m: print(f"allocsim advise: {m}", file=sys.stderr))
-                        if interactive else (lambda m: None), command_args=cost_args(args), lenient=args.lenient,
+                        if interactive else (lambda m: None), command_args=command_args, lenient=args.lenient,
                         limits=trace_limits(args), site_filter=site_filter, top_sites=top_sites, gpu=gpu)
         job_line, checked = None, []
         for rec in advice.recommendations:
@@ -227,7 +229,7 @@ def advise_folder(args: argparse.Namespace) -> int:
             print(f"for every rank of the job: {job_line} (fits all {len(folder.roles)} roles)")
         elif advice.recommendations:
             print("no setting that fits the limiting rank fits every role (see --json: checked)")
-    return 0 if job_line is not None else EXIT_NONE_FITS
+    return 0 if job_line is not None else exit_none_fits
 
 
 def report_folder(args: argparse.Namespace, build_report: Any, read_options: list[str]) -> int:

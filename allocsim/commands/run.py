@@ -400,7 +400,12 @@ def main(args: argparse.Namespace) -> int:
     if is_capture_folder_path(args.trace):
         from .per_rank import run_folder
 
-        return run_folder(args)
+        def check_args(args: argparse.Namespace) -> None:
+            resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf, paddle_flags(args))
+            state_options(args)
+            site_options(args)
+
+        return run_folder(args, execute, check_args, EXIT_OOM)
     try:
         resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf,
                        paddle_flags(args))   # bad input first
