@@ -44,7 +44,8 @@ def _capture_jobs(command: list[str], knob: str, values: Sequence[int], reps: Se
             check_job_folder(path, path)
             t0 = time.monotonic()
             manifest = capture_job(launch, path, steps=steps, gpu=gpu.capture_properties(), gpu_name=gpu.name,
-                                   timeout_s=timeout_s, verify=False, workers=workers, log=lambda m: None)
+                                   timeout_s=timeout_s, verify=False, workers=workers, log=lambda m: None,
+                                   rank0_to_terminal=False)
             log(f"captured the job at {knob} = {value} for {gpu.name}: {len(manifest.roles)} role(s), "
                 f"{time.monotonic() - t0:.1f} s")
             if manifest.status != 0:

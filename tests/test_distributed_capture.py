@@ -109,13 +109,20 @@ PIPELINE = """
     """
 SPAWN = """
     import os, torch, torch.distributed as dist, torch.multiprocessing as mp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor, Shard, Replicate
+    import torch.distributed._functional_collectives as funcol
 
     def run(rank, world):
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29999", rank=rank, world_size=world)
-        sizes = [None] * world
-        dist.all_gather_object(sizes, {"rank": rank})
-        assert sizes == [{"rank": rank}] * world        # every rank sees what this rank sent
-        x = torch.empty(1024 * (rank + 1), device="cuda")
+        objects = [None] * world
+        dist.all_gather_object(objects, {"rank": rank})
+        assert objects == [{"rank": rank}] * world        # every rank sees what this rank sent
+        mesh = init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp", "tp"))
+        assert mesh["dp", "tp"]._flatten("dp_tp").size() == 4 and mesh["tp"].size() == 2
+        x = distribute_tensor(torch.empty(64, 1024, device="cuda"), mesh["tp"], [Shard(0)])
+        full = x.redistribute(mesh["tp"], [Replicate()])          # an all-gather: the full tensor again
+        y = funcol.wait_tensor(funcol.all_reduce(torch.empty(256, 256, device="cuda"), "sum", mesh["dp"]))
 
     if __name__ == "__main__":
         mp.spawn(run, args=(4,), nprocs=4)
@@ -297,7 +304,10 @@ def test_a_script_that_spawns_its_ranks_is_captured_rank_by_rank(folder):
     assert manifest.world_size == 4 and manifest.facts["spawn"]["nprocs"] == 4
     assert manifest.roles[0].ranks == [0, 1, 2, 3]
     ev = read_trace(str(out / "rank0.parquet")).events
-    assert ev[ev["kind"] == int(EventKind.ALLOC)]["size_bytes"].tolist() == [4096]
+    # distribute_tensor: the full tensor, then this rank's shard; the redistribution's all-gather output;
+    # the all-reduce's input and output (wait_tensor and the async wrapper hold no block of their own)
+    full, shard, square = 64 * 1024 * 4, 32 * 1024 * 4, 256 * 256 * 4
+    assert ev[ev["kind"] == int(EventKind.ALLOC)]["size_bytes"].tolist() == [full, shard, full, square, square]
 
 
 def test_record_stream_holds_the_block_until_the_host_knows_the_other_stream_is_done(folder):
@@ -370,3 +380,34 @@ def test_fit_on_a_torchrun_job_answers_per_role_with_the_limiting_rank(folder):
          "range_high": answer["range_high"]}]
     assert answer["value"] and answer["value"] >= 2
     assert answer["estimate"]["total_bytes"] <= answer["gpu_total_bytes"]
+
+
+def _started(index, ran):
+    ran.append(index)
+
+
+def test_processes_the_script_starts_run_here_only_for_the_rank_captured():
+    import multiprocessing
+    import types
+
+    import torch.multiprocessing as tmp
+
+    from allocsim.torch_capture.distributed.rank import RankHooks
+
+    sent = []
+    tracker = types.SimpleNamespace(channel=types.SimpleNamespace(send=sent.append), note=lambda text: None)
+    ran = []
+    with RankHooks(tracker, {"spawn_index": 1}).installed():
+        processes = [multiprocessing.Process(target=_started, args=(i, ran)) for i in range(3)]
+        for p in processes:
+            p.start()
+        for p in processes:
+            p.join()
+        assert [p.exitcode for p in processes] == [0, 0, 0] and not any(p.is_alive() for p in processes)
+    assert ran == [1]
+    ran.clear()
+    with RankHooks(tracker, {"spawn_index": 2}).installed():
+        assert tmp.spawn(_started, args=(ran,), nprocs=3) is None
+    assert ran == [2]
+    spawned = [m[1] for m in sent if m[1]["fact"] == "spawn"]
+    assert [f["nprocs"] for f in spawned] == [1, 2, 3, 3]      # ranks started so far; spawn's nprocs

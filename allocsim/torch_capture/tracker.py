@@ -534,6 +534,22 @@ class StorageTracker:
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 
 
+#: Functional-collective ops whose CUDA result is their input, where meta makes a new tensor:
+#: ``_c10d_functional::wait_tensor`` waits for the collective and returns the same tensor
+#: (torch/csrc/distributed/c10d/Functional.cpp); ``_wrap_tensor_autograd`` returns
+#: ``AsyncCollectiveTensor(input)``, a wrapper around it (torch/distributed/_functional_collectives.py,
+#: registered when that module is imported: matched by name).
+_ALIAS_ON_CUDA = frozenset({"_c10d_functional::wait_tensor", "_c10d_functional::_wrap_tensor_autograd"})
+_alias_op: dict[Any, bool] = {}
+
+
+def _is_alias_op(func: Any) -> bool:
+    known = _alias_op.get(func)
+    if known is None:
+        known = _alias_op[func] = func.name() in _ALIAS_ON_CUDA
+    return known
+
+
 def _zero_scalar(dtype: torch.dtype) -> Any:
     """The Python zero ``.item()`` gives for ``dtype``."""
     if dtype == torch.bool:
@@ -561,6 +577,8 @@ class Recorder(TorchDispatchMode):
             # methods call ``.item()`` while that mode is off): zero, as every read-back answers.
             self.tracker.host_waits()
             return _zero_scalar(args[0].dtype)
+        if _is_alias_op(func) and args and isinstance(args[0], torch.Tensor) and args[0].device.type == CAPTURE_DEVICE:
+            return args[0]                                  # the same tensor, as on CUDA: no new block
         uploads = self.tracker.uploads
         answer = uploads.dispatch(func, args, kwargs)      # a device-to-host copy C++ code makes
         if answer is not NotImplemented:

@@ -109,13 +109,17 @@ def _world_of(launch: Launch, facts: JobFacts) -> tuple[int, list[str]]:
 
 def capture_job(launch: Launch, out_dir: str, *, steps: int = 0, gpu: dict[str, Any] | None = None,
                 gpu_name: str = "", timeout_s: float | None = None, verify: bool = True, workers: int = 1,
-                log: Callable[[str], None] = lambda message: None) -> Manifest:
-    """Capture every role of the job ``launch`` runs into ``out_dir`` and write its manifest (module doc)."""
+                log: Callable[[str], None] = lambda message: None, rank0_to_terminal: bool = True) -> Manifest:
+    """Capture every role of the job ``launch`` runs into ``out_dir`` and write its manifest (module doc).
+
+    Rank 0's output goes to this process's own stdout and stderr (``rank0_to_terminal``, as torchrun
+    shows local rank 0) or, like every other rank's, to ``rankR.log`` in the folder.
+    """
     os.makedirs(out_dir, exist_ok=True)
     gpu = dict(gpu or {})
     t0 = time.monotonic()
     log("capturing rank 0 (it learns the job's layout)")
-    probe = _capture_rank(launch, 0, out_dir, steps, gpu, timeout_s, to_terminal=True)
+    probe = _capture_rank(launch, 0, out_dir, steps, gpu, timeout_s, to_terminal=rank0_to_terminal)
     facts = _facts_of(probe)
     world, notes = _world_of(launch, facts)
     roles, rule_notes = assign_roles(facts, world)

@@ -147,8 +147,9 @@ class RankHooks:
         self.spawn_index = int(config.get("spawn_index") or 0)
         self.messages = [m for m in config.get("messages") or [] if isinstance(m, dict)]
         self.asked_backend = "nccl"
-        self.in_rank = False           # a spawned rank is running here: later spawns are the rank's own
+        self.in_rank = False           # a started rank's function is running here: its own starts are real
         self.processes_started = 0
+        self.launching: bool | None = None   # whether the script's processes are its ranks (decided at the first)
         self._layouts: dict[tuple, bool] = {}
 
     # ------------------------------------------------------------------ process groups
@@ -248,7 +249,10 @@ class RankHooks:
             hooks.facts.spawn(int(nprocs), hooks.spawn_index, "torch.multiprocessing.spawn")
             if hooks.spawn_index < int(nprocs):
                 hooks.in_rank = True
-                fn(hooks.spawn_index, *args)
+                try:
+                    fn(hooks.spawn_index, *args)
+                finally:
+                    hooks.in_rank = False
             return None if join else _SpawnContext(int(nprocs))
 
         def spawn(fn: Any, args: tuple = (), nprocs: int = 1, join: bool = True, daemon: bool = False,
@@ -262,12 +266,17 @@ class RankHooks:
         def start(process: Any) -> None:
             target = getattr(process, "_target", None)
             module = getattr(target, "__module__", "") or ""
-            if (target is None or hooks.in_rank or module.split(".")[0] in ("torch", "multiprocessing", "concurrent")
-                    or dist.is_initialized()):
-                return original(process)           # a DataLoader worker, a helper: a real process
+            if target is None or hooks.in_rank or module.split(".")[0] in ("torch", "multiprocessing", "concurrent"):
+                return original(process)           # a DataLoader worker, a library's helper: a real process
+            if hooks.launching is None:
+                # processes started before any process group exists are the job's ranks; a script
+                # that is a rank already (torchrun) starts helpers
+                hooks.launching = not dist.is_initialized()
+            if not hooks.launching:
+                return original(process)
             index = hooks.processes_started
             hooks.processes_started += 1
-            hooks.facts.spawn(0, hooks.spawn_index, "multiprocessing.Process")
+            hooks.facts.spawn(index + 1, hooks.spawn_index, "multiprocessing.Process")   # ranks started so far
             code = 0
             if index == hooks.spawn_index:
                 hooks.in_rank = True
@@ -275,6 +284,8 @@ class RankHooks:
                     process.run()
                 except SystemExit as exc:
                     code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                finally:
+                    hooks.in_rank = False
             process._popen = _DonePopen(code)
             process._sentinel = None
         return start
