@@ -248,6 +248,9 @@ class _Converter:
             "gpu": summary.get("gpu", {}), "categories": "capture",
             "autocast": summary.get("autocast", {}),
         })
+        if self.facts.rank is not None:        # one rank of a distributed job
+            meta.version_hints["distributed"] = {"rank": self.facts.rank, "world_size": self.facts.world_size,
+                                                 "backend": self.facts.backend}
         ratios = summary.get("cudnn_workspace_ratios") or {}
         meta.notes.append(
             f"allocsim capture of `{' '.join(script)}` with torch {summary.get('torch', '?')}: cuda mapped to the "
