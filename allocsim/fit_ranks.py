@@ -78,9 +78,13 @@ def is_job(command: Sequence[str]) -> bool:
 
 def fit_job(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Sequence[int], steps: int,
             out_dir: str | None, scale_name: str | None, multiple: int, max_value: int | None, advise: bool,
-            workers: int | None, timeout_s: float | None, per_gpu: bool,
+            workers: int | None, timeout_s: float | None, per_gpu: bool, allow_incomplete: bool = False,
             log: Callable[[str], None] = lambda message: None) -> FitResult:
-    """``allocsim.fit.fit`` for a launcher command: per role, the job limited by its smallest answer (module doc)."""
+    """``allocsim.fit.fit`` for a launcher command: per role, the job limited by its smallest answer (module doc).
+
+    A capture that stops early ends the fit (``ScriptFailed``) whatever ``allow_incomplete`` says: a
+    job's roles must all be whole to be compared.
+    """
     from .fit import DEFAULT_GPUS
     from .scale import load_input
     from .scale.build import Scaler

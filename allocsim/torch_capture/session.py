@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from typing import Any
 
 from ..metrics.categories import CAPTURE_FILE, CAPTURE_PREFIX, CATEGORIES
 from ..policies.base import Policy
+from ..trace.inference.completeness import short_reason
 from ..trace.reading.builder import TraceBuilder
 from ..trace.reading.frames import FrameTable
 from ..trace.schema import FRAME_DTYPES, STACK_DTYPES, frame_from_columns
@@ -46,6 +48,7 @@ class CaptureResult:
     summary: dict[str, Any]
     seconds: float
     message: str = ""                    # why the trace is incomplete or was not written
+    writes_line: str = ""                # where the script's writes went instead ("" when it wrote nothing)
 
 
 class _AllocatorModel:
@@ -266,6 +269,9 @@ class _Converter:
                               f"(first: {self.first_bad})")
         if status != EXIT_OK:
             meta.notes.append(f"incomplete: {message}")
+            steps = summary.get("optimizer_steps", 0)
+            meta.incomplete = short_reason(f"{message or f'the capture ended with status {status}'}; "
+                                           f"{steps} optimizer step{'' if steps == 1 else 's'} recorded")
         trace = self.builder.finish()
         tables = self.frames.tables()
         trace.frames = frame_from_columns(tables["frames"], FRAME_DTYPES)
@@ -279,6 +285,24 @@ def child_command(command: list[str]) -> list[str]:
     if python.endswith(".py"):           # `-- train.py ARGS`: this interpreter runs it
         python, script = sys.executable, command
     return [python, "-m", "allocsim.torch_capture.child", "--", *script]
+
+
+def check_script(command: list[str]) -> None:
+    """Refuse (ValueError, one line) a command whose script cannot be run: a missing file, an interpreter option."""
+    script = child_command(command)[4:]
+    if not script:
+        raise ValueError("give the script after the interpreter, e.g. python train.py")
+    first = script[0]
+    if first in ("-m", "-c"):
+        if len(script) < 2:
+            raise ValueError(f"python {first} needs {'a module' if first == '-m' else 'a command'} after it")
+        return
+    if first.startswith("-"):
+        raise ValueError(f"interpreter option {first!r} before the script is not taken under capture: give the "
+                         "script (or -m MODULE, or -c CODE) right after the interpreter; for -u, -W, -X use "
+                         "PYTHONUNBUFFERED, PYTHONWARNINGS, PYTHONDEVMODE... in the environment")
+    if not os.path.isfile(first):
+        raise ValueError(f"no script {first!r}")
 
 
 def _package_root() -> str:
@@ -311,19 +335,36 @@ class _Interrupts:
 
 def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str, Any] | None = None,
             timeout_s: float | None = None, write: bool = True, stdout: Any = None,
-            stderr: Any = None, env_extra: dict[str, str] | None = None,
+            stderr: Any = None, keep_writes: str | None = None, env_extra: dict[str, str] | None = None,
             distributed: dict[str, Any] | None = None) -> tuple[CaptureResult, Any]:
     """Run ``command`` (``[python, script, args...]``) under the capture; return the result and the ``Trace``.
 
     ``out_path`` is written (Parquet, or CSV for ``.csv``) unless ``write`` is False; the trace is
     None when the child could not start (no torch in that interpreter). ``stdout`` / ``stderr``: where
     the script's output goes (a file object or descriptor, as ``subprocess.Popen`` takes them; None:
-    this process's own). ``env_extra``: variables the script gets beside this process's (a
-    launcher's ``RANK``, ``WORLD_SIZE``...); ``distributed``: the rank's settings for the child
-    (``allocsim.torch_capture.distributed.rank``). The summary carries the job's ``facts`` and the
-    request stream's ``fingerprint``.
+    this process's own). The script's own writes go to a scratch folder (``scratch``), deleted at
+    the end unless ``keep_writes`` names a new folder for them. ``env_extra``: variables the script
+    gets beside this process's (a launcher's ``RANK``, ``WORLD_SIZE``...); ``distributed``: the
+    rank's settings for the child (``allocsim.torch_capture.distributed.rank``). The summary carries
+    the job's ``facts`` and the request stream's ``fingerprint``.
     """
+    from .scratch import scratch_folder  # noqa: PLC0415
+
+    folder = scratch_folder(keep_writes)
+    try:
+        return _capture(command, out_path, steps, gpu, timeout_s, write, stdout, stderr, folder, keep_writes,
+                        env_extra, distributed)
+    finally:
+        if keep_writes is None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _capture(command: list[str], out_path: str, steps: int, gpu: dict[str, Any] | None, timeout_s: float | None,
+             write: bool, stdout: Any, stderr: Any, folder: str, keep_writes: str | None,
+             env_extra: dict[str, str] | None = None,
+             distributed: dict[str, Any] | None = None) -> tuple[CaptureResult, Any]:
     from ..trace import write_trace  # noqa: PLC0415
+    from .scratch import ScriptWrites  # noqa: PLC0415
 
     events_r, events_w = os.pipe()
     answers_r, answers_w = os.pipe()
@@ -331,7 +372,8 @@ def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str,
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
     env[ENV_FDS] = f"{events_w},{answers_r}"
     env.update(env_extra or {})
-    env[ENV_CONFIG] = json.dumps({"steps": int(steps), "gpu": gpu or {}, "distributed": distributed or {}})
+    env[ENV_CONFIG] = json.dumps({"steps": int(steps), "gpu": gpu or {}, "scratch": folder,
+                                  "distributed": distributed or {}})
     converter = _Converter(out_path)
     t0 = time.monotonic()
     try:
@@ -413,13 +455,18 @@ def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str,
         if status != EXIT_OK:
             reason = str(summary.get("status", ""))
     trace = converter.finish(status, reason, seconds)
+    writes = ScriptWrites.read(summary.get("writes"), folder, keep_writes is not None)
+    writes_line = "" if writes.empty else writes.line(os.getcwd())
+    if writes_line:
+        trace.meta.notes.append(writes_line)
+        trace.meta.version_hints["script_writes"] = writes.to_dict()
     if write:
         write_trace(trace, out_path)
     summary = dict(summary, allocs=converter.model.n_allocs, peak_allocated_bytes=converter.model.peak_allocated,
-                   peak_reserved_bytes=converter.model.peak_reserved, facts=converter.facts.to_dict(),
-                   groups=converter.facts.groups, messages=converter.facts.messages,
+                   peak_reserved_bytes=converter.model.peak_reserved, writes=writes.to_dict(),
+                   facts=converter.facts.to_dict(), groups=converter.facts.groups, messages=converter.facts.messages,
                    fingerprint=converter.fingerprint.hexdigest())
-    return CaptureResult(status, out_path if write else None, summary, seconds, reason), trace
+    return CaptureResult(status, out_path if write else None, summary, seconds, reason, writes_line), trace
 
 
 def _exit_text(code: int) -> str:
