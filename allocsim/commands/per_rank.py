@@ -78,7 +78,7 @@ def run_folder(args: argparse.Namespace, execute: Any, check_args: Any, exit_oom
     """
     from ..errors import AllocsimError
     from ..output_file import check_output_folder
-    from .common import print_json
+    from .common import incomplete_status, print_json
 
     try:
         check_args(args)
@@ -137,7 +137,9 @@ def run_folder(args: argparse.Namespace, execute: Any, check_args: Any, exit_oom
             if line:
                 print(line)
         print(f"limiting rank {limit['rank']} (ranks {limit['ranks_text']}): {verdict.get('line', '')}")
-    return exit_oom if any_out else 0
+    reasons = [f"ranks {e['ranks_text']}: {e['summary']['incomplete_reason']}" for e in entries
+               if e["summary"].get("incomplete_reason")]
+    return incomplete_status("run", "; ".join(reasons), args, exit_oom if any_out else 0)
 
 
 def advise_folder(args: argparse.Namespace, command_args: tuple[str, ...], exit_none_fits: int) -> int:
