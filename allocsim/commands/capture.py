@@ -39,7 +39,7 @@ def register(subparsers) -> None:
                "130 = interrupted (both write the trace up to there)")
     parser.add_argument("-o", "--output", metavar="TRACE|DIR",
                         help="trace to write (default: SCRIPT's name with .capture.parquet, in the current folder); "
-                             "a folder (a name without .parquet/.csv) for a distributed job: one trace per role of "
+                             "a folder (a name without an extension, or ending with /) for a distributed job: one trace per role of "
                              "ranks and manifest.json (default for torchrun: SCRIPT.capture/)")
     parser.add_argument("--steps", type=int, default=0, metavar="N",
                         help="stop the script after N optimizer steps (default 0: run it to its end)")
@@ -87,10 +87,10 @@ def default_folder(script: list[str]) -> str:
 
 
 def _is_folder_output(path: str | None) -> bool:
-    from ..output_file import TRACE_SUFFIXES
-
-    return path is not None and (path.endswith(("/", os.sep)) or os.path.isdir(path)
-                                 or not path.endswith(TRACE_SUFFIXES))
+    """Whether ``-o`` names a capture folder: it ends with a slash, is a folder, or has no extension."""
+    if path is None:
+        return False
+    return path.endswith(("/", os.sep)) or os.path.isdir(path) or "." not in os.path.basename(path)
 
 
 def _usage(message: str) -> int:
