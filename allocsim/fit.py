@@ -182,6 +182,8 @@ class GpuAnswer:
     extrapolation: float | None
     gpu_note: str | None          # an unverified card's label note (gpus.label_note)
     find_max: dict[str, Any]
+    limiting_rank: int | None = None           # a distributed job: the lowest rank of the role that stops first
+    per_role: list[dict[str, Any]] | None = None   # a distributed job: each role's ranks and answer
 
     @property
     def fits(self) -> bool:
@@ -273,6 +275,12 @@ class FitResult:
                 if a.extrapolation is not None and a.extrapolation > 2:
                     lines.append(f"  {a.value} is {a.extrapolation:.3g}x the largest value captured "
                                  f"({max(self.values)}): confirm it with one capture (below)")
+            if a.limiting_rank is not None and a.per_role:
+                limit = next((r for r in a.per_role if a.limiting_rank in r["ranks"]), None)
+                others = "; ".join(f"ranks {r['ranks_text']}: {r['value'] if r['value'] is not None else 'nothing'}"
+                                   for r in a.per_role)
+                lines.append(f"  limiting rank {a.limiting_rank}"
+                             + (f" (ranks {limit['ranks_text']})" if limit else "") + f"; per role: {others}")
             if a.captured_for != a.gpu.name:
                 lines.append(f"  captured for {a.captured_for}: {a.capture_note}")
             if a.estimate and a.estimate.get("caveat"):
@@ -284,9 +292,10 @@ class FitResult:
         if best is not None:
             at = with_value(self.command, self.knob, best.value)
             extra = [w for w in best.run_args if w not in ("--policy", "pytorch")]
+            out = "at" if best.limiting_rank is not None else "at.parquet"    # a job's capture is a folder
             lines.append(f"confirm an answer: allocsim capture --gpu {shlex.quote(best.gpu.name)} --steps "
-                         f"{self.steps} -o at.parquet -- {shell_words(at)}")
-            lines.append(f"  then: allocsim run at.parquet --policy pytorch --gpu {shlex.quote(best.gpu.name)}"
+                         f"{self.steps} -o {out} -- {shell_words(at)}")
+            lines.append(f"  then: allocsim run {out} --policy pytorch --gpu {shlex.quote(best.gpu.name)}"
                          + (" " + shlex.join(extra) if extra else ""))
         if self.out_dir:
             lines.append(f"captures and the script's output kept in {self.out_dir}; replay the search:")
@@ -483,9 +492,16 @@ def _answer(gpu: GpuModel, captured_for: GpuModel, found: Any, scaler: Any, capa
 # ----------------------------------------------------------------------------------------- fit
 def check_command(command: Sequence[str]) -> str:
     """The knob of ``command`` once it names an interpreter and an existing script (ValueError otherwise)."""
+    from .torch_capture.distributed.launcher import parse_launch
     from .torch_capture.session import check_script
 
     command = list(command)
+    if command:
+        launch = parse_launch(with_value(command, knob_of(command), 1))
+        if launch.launcher:
+            if launch.script[:1] != ["-m"] and not os.path.isfile(launch.script[0]):
+                raise ValueError(f"no script {launch.script[0]!r}")
+            return knob_of(command)
     if not command or (len(command) < 2 and not command[0].endswith(".py")):
         raise ValueError("give the script after --, e.g. allocsim fit -- python train.py --batch {B}")
     knob = knob_of(command)
@@ -500,7 +516,8 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
         log: Callable[[str], None] = lambda message: None) -> FitResult:
     """Capture, scale and search (module doc); ``ValueError`` / ``AllocsimError`` on bad input,
     ``ScriptFailed`` when a capture did not finish (``allow_incomplete``: when it wrote no trace; the
-    answers then say they come from captures that stop early)."""
+    answers then say they come from captures that stop early). A launcher command (``torchrun ...``)
+    is ``fit_ranks.fit_job``'s."""
     from .scale import load_input
     from .scale.build import Scaler
     from .scale.findmax import find_max

@@ -88,8 +88,13 @@ def main(args: argparse.Namespace) -> int:
     """Search, print the advice; 0 when a setting fits, 1 when none does, 2 on bad input."""
     from ..advise.advice import advise
     from ..advise.report import advice_to_dict, format_advice
+    from ..capture_folder import is_capture_folder_path
     from ..sweep import executor_from_options
 
+    if is_capture_folder_path(args.trace):
+        from .per_rank import advise_folder
+
+        return advise_folder(args, cost_args(args), EXIT_NONE_FITS)
     try:
         if args.output is not None:
             from ..sweep.results import check_results_output

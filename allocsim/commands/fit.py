@@ -102,7 +102,10 @@ def main(args: argparse.Namespace) -> int:
         if args.max_value is not None and args.max_value < 1:
             raise ValueError(f"--max-value must be >= 1, got {args.max_value}")
         interactive = sys.stderr.isatty()
-        result = fit(command, args.gpu, values=values, steps=args.steps, out_dir=args.output, scale_name=args.name,
+        from ..fit_ranks import fit_job, is_job
+
+        answer = fit_job if is_job(command) else fit     # a launcher command is answered per role of ranks
+        result = answer(command, args.gpu, values=values, steps=args.steps, out_dir=args.output, scale_name=args.name,
                      multiple=args.multiple_of, max_value=args.max_value, advise=not args.no_advise,
                      workers=args.workers, timeout_s=args.timeout, per_gpu=args.per_gpu,
                      allow_incomplete=args.allow_incomplete,

@@ -412,8 +412,18 @@ def main(args: argparse.Namespace) -> int:
 
     A snapshot without history gets the recorded-state report instead (``state_only``).
     """
+    from ..capture_folder import is_capture_folder_path
     from ..metrics.state import is_state_only
 
+    if is_capture_folder_path(args.trace):
+        from .per_rank import run_folder
+
+        def check_args(args: argparse.Namespace) -> None:
+            resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf, paddle_flags(args))
+            state_options(args)
+            site_options(args)
+
+        return run_folder(args, execute, check_args, EXIT_OOM)
     try:
         resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf,
                        paddle_flags(args))   # bad input first

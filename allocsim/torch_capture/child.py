@@ -92,6 +92,7 @@ def main(args: list[str]) -> int:
     guard = WriteGuard(config["scratch"]).install() if isinstance(config.get("scratch"), str) else None
 
     from .devicemap import HOST_ABSTRACT_BYTES, cuda_on_meta  # noqa: PLC0415
+    from .distributed.rank import RankHooks  # noqa: PLC0415
     from .roles import Roles  # noqa: PLC0415
     from .tracker import StorageTracker  # noqa: PLC0415
 
@@ -139,7 +140,8 @@ def main(args: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     tracker.marker("ProfilerStep#0")
     try:
-        with Roles(tracker).installed() as roles, cuda_on_meta(tracker, gpu) as autocast:
+        rank = RankHooks(tracker, config.get("distributed"))
+        with rank.installed(), Roles(tracker).installed() as roles, cuda_on_meta(tracker, gpu) as autocast:
             handle = register_optimizer_step_post_hook(after_step)
             try:
                 _run(script)
