@@ -30,8 +30,9 @@ What the mapping does, each because the CUDA run does it:
   casts as CUDA's autocast does (``autocast``); pinned memory is ordinary host memory;
   ``Tensor.record_stream`` is a no-op; ``Tensor.is_cuda`` is True for device tensors;
 * ``torch.compile`` returns the model or function unchanged: the capture runs eager;
-* a tensor the script makes on ``meta`` itself is taken for a CUDA tensor: ``device=x.device`` of a
-  CUDA tensor names ``meta`` during a capture, and the two cannot be told apart.
+* ``x.device`` of a device tensor is ``cuda:0`` and of a host one ``cpu`` (``x.is_cpu``, ``x.is_meta``,
+  ``repr(x)`` follow), and the backward pass runs under the same mapping (``identity``);
+* a tensor the script makes on ``meta`` itself is taken for a CUDA tensor (and says ``cuda:0``).
 """
 
 from __future__ import annotations
@@ -47,17 +48,16 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _device as torch_device_module
 from torch.utils._pytree import tree_map
 
-from . import accelerator, cuda_api, dataparallel, datadep, legacy, optimizers, sdpa
+from . import accelerator, cuda_api, dataparallel, datadep, identity, legacy, optimizers, sdpa
 from .autocast import CudaAutocast
-from .tracker import CAPTURE_DEVICE, Recorder, StorageTracker
+from .tracker import CAPTURE_DEVICE, Recorder, StorageTracker, on_meta
 
 _META = torch.device(CAPTURE_DEVICE)
 #: A CPU factory result of at least this many bytes stays abstract (an abstract host tensor on meta).
 HOST_ABSTRACT_BYTES = 1 << 20
 #: Tensor methods whose answer is a host value: zeros stand in for the numbers never computed.
 _READBACK = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__float__, torch.Tensor.__int__,
-             torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.__format__,
-             torch.Tensor.__array__}
+             torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.__array__}
 _PARSE_TO = torch._C._nn._parse_to
 #: Functions that make a tensor from a size, on ``device`` (or the CPU when none is given).
 _FACTORIES = {getattr(torch, name) for name in (
@@ -107,8 +107,6 @@ def _host_zeros(t: torch.Tensor) -> torch.Tensor:
 def _readback(func: Any, t: torch.Tensor, args: tuple, kwargs: dict, values: datadep.Values) -> Any:
     known = values.get(t)
     host = known if known is not None else _host_zeros(t)
-    if func is torch.Tensor.__format__:
-        return format(host.item() if host.dim() == 0 else host, *args[1:])
     return func(host, *args[1:], **kwargs)
 
 
@@ -132,25 +130,39 @@ class CudaOnMeta(TorchFunctionMode):
         if _is_index(kwargs.get("device")):
             kwargs["device"] = _cuda_index(kwargs["device"])
         self_t = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        on_meta = self_t is not None and self_t.device.type == CAPTURE_DEVICE
+        self_on_meta = self_t is not None and on_meta(self_t)
         if self_t is not None:
+            prop = identity.property_of(func)
+            if prop is not None:
+                # x.device, x.is_cpu, x.is_meta: what the GPU run's Python sees (identity)
+                return identity.answer(prop, tracker.is_host(self_t)) if self_on_meta else func(*args, **kwargs)
             if func is torch.Tensor.to:
                 target = self._to_target(args, kwargs)
                 if _is_cuda(target):
                     return self._to_device(self_t, _to_options(args, kwargs))
-                if on_meta and target is not None and _is_cpu(target):
+                if self_on_meta and target is not None and _is_cpu(target):
                     return self_t if tracker.is_host(self_t) else self._to_host(self_t, _to_options(args, kwargs))
             elif func is torch.Tensor.cuda:
-                return self._to_device(self_t, {k: v for k, v in kwargs.items() if k == "non_blocking"})
-            elif on_meta and func is torch.Tensor.cpu:
+                return self._to_device(self_t, _cuda_options(args, kwargs))
+            elif self_on_meta and func is torch.Tensor.cpu:
                 return self_t if tracker.is_host(self_t) else self._to_host(self_t, {})
-            elif on_meta and func in _READBACK:
+            elif self_on_meta and func in _READBACK:
                 return _readback(func, self_t, args, kwargs, self.values)
+            elif self_on_meta and func is torch.Tensor.__repr__:
+                text = identity.tensor_repr(self_t, self.values.get(self_t), self, kwargs.get("tensor_contents"))
+                if text is not None:
+                    return text
+            elif self_on_meta and func is torch.Tensor.__format__:
+                return identity.tensor_format(self_t, args[1] if len(args) > 1 else kwargs.get("format_spec", ""),
+                                              lambda: _readback(torch.Tensor.item, self_t, (self_t,), {}, self.values),
+                                              self)
+            elif func is torch.Tensor.backward:
+                return identity.backward(self, args, kwargs)
             elif func is torch.Tensor.record_stream:
                 return None
             elif func is torch.Tensor.type:
                 return self._legacy_type(self_t, args, kwargs)
-            elif on_meta and func is torch.Tensor.get_device:
+            elif self_on_meta and func is torch.Tensor.get_device:
                 return -1 if tracker.is_host(self_t) else 0
         if func is torch.device:
             # torch.device(0) names the current accelerator's device 0; a device object stays "cuda"
@@ -223,34 +235,51 @@ class CudaOnMeta(TorchFunctionMode):
         return out
 
     def _to_device(self, t: torch.Tensor, options: dict) -> torch.Tensor:
-        """``t`` (host, abstract or real) copied to the device: always a new device storage."""
+        """``t`` sent to the device: a host tensor (abstract or real) is copied there; a device tensor follows ``Tensor.to``.
+
+        A device tensor stays itself unless the call changes its dtype or memory format or asks
+        for ``copy=True`` (``GradScaler`` copies its scale per device that way), as on the GPU.
+        """
         if t.device.type == CAPTURE_DEVICE and not self.tracker.is_host(t):
-            dtype = options.get("dtype")
-            return t if dtype is None or dtype == t.dtype else t.to(dtype)
+            return torch.Tensor.to(t, _META, dtype=options.get("dtype"),
+                                   non_blocking=bool(options.get("non_blocking", False)),
+                                   copy=bool(options.get("copy", False)),
+                                   memory_format=options.get("memory_format", torch.preserve_format))
         with self.tracker.to_device():
             return torch.ops.aten._to_copy.default(
                 t, dtype=options.get("dtype"), device=_META, non_blocking=bool(options.get("non_blocking", False)),
                 memory_format=options.get("memory_format", torch.preserve_format))
 
     def _to_host(self, t: torch.Tensor, options: dict) -> torch.Tensor:
-        """A device tensor brought to the CPU: abstract when large, zeros when small."""
+        """A device tensor brought to the CPU: its values when the capture has them, else abstract when large, zeros when small."""
         dtype = options.get("dtype") or t.dtype
         if t.numel() * dtype.itemsize < HOST_ABSTRACT_BYTES:
-            return torch.zeros(t.shape, dtype=dtype)
+            known = self.values.get(t)
+            return known.to(dtype, copy=True) if known is not None else torch.zeros(t.shape, dtype=dtype)
         with self.tracker.host():
             return torch.empty_strided(t.shape, t.stride(), dtype=dtype, device=_META)
 
 
 def _to_options(args: tuple, kwargs: dict) -> dict:
-    options = {k: kwargs[k] for k in ("dtype", "non_blocking", "memory_format") if k in kwargs}
+    """``dtype``, ``non_blocking``, ``copy``, ``memory_format`` of a ``Tensor.to`` call (its three forms)."""
+    options = {k: kwargs[k] for k in ("dtype", "non_blocking", "copy", "memory_format") if k in kwargs}
+    flags = iter(("non_blocking", "copy"))        # positional booleans, in the signature's order
     for value in args[1:]:
         if isinstance(value, torch.dtype):
             options.setdefault("dtype", value)
         elif isinstance(value, torch.Tensor):
             options.setdefault("dtype", value.dtype)
         elif isinstance(value, bool):
-            options.setdefault("non_blocking", value)
+            name = next(flags, None)
+            if name is not None:
+                options.setdefault(name, value)
     return options
+
+
+def _cuda_options(args: tuple, kwargs: dict) -> dict:
+    """``non_blocking`` and ``memory_format`` of ``Tensor.cuda(device=None, non_blocking=False, memory_format=...)``."""
+    given = dict(zip(("self", "device", "non_blocking", "memory_format"), args)) | kwargs
+    return {k: given[k] for k in ("non_blocking", "memory_format") if k in given}
 
 
 def _dropout_fused(args: tuple, kwargs: dict) -> bool:
@@ -291,14 +320,24 @@ class ThreadModes:
         self.tracker = tracker
         self.autocast = autocast
         self.values = datadep.Values(HOST_ABSTRACT_BYTES)
+        self._of_thread = threading.local()
 
     @contextlib.contextmanager
     def entered(self) -> Iterator[None]:
         """Enter the capture in the calling thread (the main thread, or a thread the script started)."""
         self.autocast.enable_thread()
-        with Recorder(self.tracker), datadep.ValueMode(self.tracker, self.values), \
-                CudaOnMeta(self.tracker, self.values):
-            yield
+        mode = CudaOnMeta(self.tracker, self.values)
+        before = getattr(self._of_thread, "mode", None)
+        self._of_thread.mode = mode
+        try:
+            with Recorder(self.tracker), datadep.ValueMode(self.tracker, self.values), mode:
+                yield
+        finally:
+            self._of_thread.mode = before
+
+    def function_mode(self) -> CudaOnMeta | None:
+        """The calling thread's function mode (None outside the capture)."""
+        return getattr(self._of_thread, "mode", None)
 
 
 def _threads_captured(modes: ThreadModes) -> Any:
@@ -404,6 +443,13 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
         stack.enter_context(_patched(torch.Tensor, "pin_memory", lambda self, *a, **k: self))
         stack.enter_context(_patched(torch.Tensor, "is_pinned", lambda self, *a, **k: False))
         stack.enter_context(_patched(torch.Tensor, "is_cuda", property(tracker.is_device)))
+        # the backward pass runs under the capture's mode, as the forward does (identity.autograd_check)
+        stack.enter_context(_patched(torch.autograd, "has_torch_function",
+                                     identity.autograd_check(torch.autograd.has_torch_function, CudaOnMeta)))
+        stack.enter_context(_patched(torch.Tensor, "__reduce_ex__",
+                                     identity.reduce_ex(torch.Tensor.__reduce_ex__, CudaOnMeta)))
+        hooks = torch.autograd.graph.saved_tensors_hooks
+        stack.enter_context(_patched(hooks, "__init__", identity.hooks_init(hooks.__init__, modes.function_mode)))
         stack.enter_context(_patched(threading.Thread, "_bootstrap_inner", _threads_captured(modes)))
         stack.enter_context(modes.entered())
         yield autocast
