@@ -164,6 +164,10 @@ class CudaOnMeta(TorchFunctionMode):
                 return self._legacy_type(self_t, args, kwargs)
             elif self_on_meta and func is torch.Tensor.get_device:
                 return -1 if tracker.is_host(self_t) else 0
+            elif identity.is_data_set(func) and identity.crosses(self_t, args[1]):
+                return identity.set_data(self_t, args[1])
+        if func is torch._has_compatible_shallow_copy_type and len(args) == 2 and identity.crosses(*args):
+            return True      # a CPU tensor and a capture tensor, as CPU and CUDA (Module._apply keeps the Parameter)
         if func is torch.device:
             # torch.device(0) names the current accelerator's device 0; a device object stays "cuda"
             return func(*((_cuda_index(args[0]),) + tuple(args[1:]) if args else args), **kwargs)

@@ -26,6 +26,15 @@ checks ``p.device == torch.device("cuda", 0)``. Inside a capture the answer is t
   operator, where the mode is set aside) and when the backward unpacks, so what they record of a
   tensor in one matches what they find in the other (``hooks_init``).
 
+A CPU tensor moved to the GPU keeps its Python object: ``Module._apply`` (``.cuda()``, ``.to()``)
+sets ``param.data`` to the moved tensor when ``torch._has_compatible_shallow_copy_type`` says the
+two can share one (CPU and CUDA dense tensors can), so optimizers, EMA copies and tied weights built
+before the move keep pointing at the parameters the model trains. A real CPU tensor and a ``meta``
+one cannot share a ``TensorImpl``, so inside a capture the check says they can (``crosses``) and
+``param.data = moved`` swaps the two tensors' implementations (``set_data``): the Parameter object
+now holds the moved storage and keeps its ``requires_grad`` and Python attributes. A CPU tensor that
+already has a ``.grad`` is left to torch (``Module._apply`` then makes a new Parameter, as before).
+
 Pickling (``torch.save``, ``copy``, ``multiprocessing``) runs ``Tensor.__reduce_ex__`` with the
 mode set aside (``reduce_ex``): it saves what the tensor is, a ``meta`` tensor without data (as
 before this module), which ``torch.load`` inside a capture brings back as a device tensor.
@@ -51,6 +60,7 @@ CPU = torch.device("cpu")
 #: Tensor types whose backward needs nothing but the capture's mode (subclasses keep their own handlers).
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _BACKWARD = inspect.signature(torch.Tensor.backward)
+_DATA = _PROPERTIES["data"]
 
 
 def property_of(func: Any) -> Any:
@@ -148,3 +158,29 @@ def reduce_ex(original: Callable[[Any, int], Any], mode_type: type) -> Callable[
                 return original(self, proto)
         return original(self, proto)
     return __reduce_ex__
+
+
+def is_data_set(func: Any) -> bool:
+    """Whether ``func`` is ``x.data = y``'s setter, as the torch-function mode receives it."""
+    return type(func) is _METHOD_WRAPPER and func.__self__ is _DATA and func.__name__ == "__set__"
+
+
+def _meta(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and torch._C._dispatch_keys(t).has(torch._C.DispatchKey.Meta)
+
+
+def crosses(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are a dense real CPU tensor without a gradient and a dense capture (meta) tensor, either way round."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    if a.layout != torch.strided or b.layout != torch.strided or _meta(a) == _meta(b):
+        return False
+    cpu = b if _meta(a) else a
+    return cpu.device.type == "cpu" and cpu.grad is None
+
+
+def set_data(t: torch.Tensor, value: torch.Tensor) -> None:
+    """``t.data = value`` across the CPU/capture line: ``t`` (the same Python object) now holds ``value``'s storage."""
+    moved = value.detach()
+    moved.requires_grad_(t.requires_grad)
+    torch._C._swap_tensor_impl(t, moved)
