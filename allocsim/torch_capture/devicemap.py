@@ -50,6 +50,7 @@ from torch.utils._pytree import tree_map
 
 from . import accelerator, cuda_api, dataparallel, datadep, identity, legacy, optimizers, sdpa
 from .autocast import CudaAutocast
+from .signatures import conform
 from .tracker import CAPTURE_DEVICE, Recorder, StorageTracker, on_meta
 
 _META = torch.device(CAPTURE_DEVICE)
@@ -368,7 +369,8 @@ def _load_to_device(original_load: Any) -> Any:
     when the file allows it (so the bytes are never read), and the tensors the GPU run would hold on
     the device are copied to it (device requests in the trace), as ``torch.load`` does on a GPU.
     """
-    def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+    def load(f: Any, map_location: Any, *args: Any, **kwargs: Any) -> Any:
+        """Called with ``torch.load``'s arguments bound (``signatures.conform``): ``mmap`` is always given, None by default."""
         if callable(map_location) and not isinstance(map_location, (str, torch.device, dict)):
             return original_load(f, map_location, *args, **kwargs)      # the script's own rule
         to_device: set[int] = set()
@@ -380,9 +382,9 @@ def _load_to_device(original_load: Any) -> Any:
                 to_device.add(id(storage))
             return storage
 
-        if isinstance(f, (str, os.PathLike)) and "mmap" not in kwargs:
+        if isinstance(f, (str, os.PathLike)) and kwargs.get("mmap") is None:
             try:
-                loaded = original_load(f, restore, *args, mmap=True, **kwargs)
+                loaded = original_load(f, restore, *args, **dict(kwargs, mmap=True))
             except (RuntimeError, ValueError):       # not a zip checkpoint: read it as it is
                 loaded = original_load(f, restore, *args, **kwargs)
         else:
@@ -419,13 +421,9 @@ def _default_device(original: Any) -> Any:
     return get_default_device
 
 
-@contextlib.contextmanager
-def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> Iterator[CudaAutocast]:
-    """Map ``cuda`` to ``meta`` and answer ``torch.cuda`` as ``gpu`` would, inside the block (this thread and those it starts)."""
-    gpu = dict(gpu or {})
-    autocast = CudaAutocast(tracker.is_device)
-    autocast.install()
-    modes = ThreadModes(tracker, autocast)
+def shim_table(tracker: StorageTracker, gpu: dict[str, Any], autocast: CudaAutocast,
+               modes: ThreadModes) -> dict[tuple[Any, str], Any]:
+    """Every ``(owner, attribute)`` the capture replaces, with its replacement (functions take torch's own arguments)."""
     clear_autocast_cache = torch.clear_autocast_cache
 
     def clear_both() -> None:
@@ -436,24 +434,34 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
     # torch.accelerator is what the DataLoader, accelerate and newer scripts ask instead of torch.cuda
     table = {**cuda_table, **accelerator.shims(cuda_table), **legacy.shims(tracker.is_device),
              **optimizers.shims(tracker.is_device), **dataparallel.shims(tracker.is_device)}
+    hooks = torch.autograd.graph.saved_tensors_hooks
+    table.update({
+        (torch, "get_default_device"): _default_device(torch.get_default_device),
+        (torch, "clear_autocast_cache"): clear_both,
+        (torch, "load"): conform(torch.load, _load_to_device(torch.load)),
+        (torch, "compile"): conform(torch.compile, _compile_eager(tracker)),
+        (torch.Tensor, "pin_memory"): lambda self, *a, **k: self,
+        (torch.Tensor, "is_pinned"): lambda self, *a, **k: False,
+        (torch.Tensor, "is_cuda"): property(tracker.is_device),
+        # the backward pass runs under the capture's mode, as the forward does (identity.autograd_check)
+        (torch.autograd, "has_torch_function"): identity.autograd_check(torch.autograd.has_torch_function, CudaOnMeta),
+        (torch.Tensor, "__reduce_ex__"): identity.reduce_ex(torch.Tensor.__reduce_ex__, CudaOnMeta),
+        (hooks, "__init__"): identity.hooks_init(hooks.__init__, modes.function_mode),
+        (threading.Thread, "_bootstrap_inner"): _threads_captured(modes),
+    })
+    return table
+
+
+@contextlib.contextmanager
+def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> Iterator[CudaAutocast]:
+    """Map ``cuda`` to ``meta`` and answer ``torch.cuda`` as ``gpu`` would, inside the block (this thread and those it starts)."""
+    autocast = CudaAutocast(tracker.is_device)
+    autocast.install()
+    modes = ThreadModes(tracker, autocast)
+    table = shim_table(tracker, dict(gpu or {}), autocast, modes)
     optimizers.install()
-    table[(torch, "get_default_device")] = _default_device(torch.get_default_device)
     with contextlib.ExitStack() as stack:
         for (owner, name), fn in table.items():
             stack.enter_context(_patched(owner, name, fn))
-        stack.enter_context(_patched(torch, "clear_autocast_cache", clear_both))
-        stack.enter_context(_patched(torch, "load", _load_to_device(torch.load)))
-        stack.enter_context(_patched(torch, "compile", _compile_eager(tracker)))
-        stack.enter_context(_patched(torch.Tensor, "pin_memory", lambda self, *a, **k: self))
-        stack.enter_context(_patched(torch.Tensor, "is_pinned", lambda self, *a, **k: False))
-        stack.enter_context(_patched(torch.Tensor, "is_cuda", property(tracker.is_device)))
-        # the backward pass runs under the capture's mode, as the forward does (identity.autograd_check)
-        stack.enter_context(_patched(torch.autograd, "has_torch_function",
-                                     identity.autograd_check(torch.autograd.has_torch_function, CudaOnMeta)))
-        stack.enter_context(_patched(torch.Tensor, "__reduce_ex__",
-                                     identity.reduce_ex(torch.Tensor.__reduce_ex__, CudaOnMeta)))
-        hooks = torch.autograd.graph.saved_tensors_hooks
-        stack.enter_context(_patched(hooks, "__init__", identity.hooks_init(hooks.__init__, modes.function_mode)))
-        stack.enter_context(_patched(threading.Thread, "_bootstrap_inner", _threads_captured(modes)))
         stack.enter_context(modes.entered())
         yield autocast
