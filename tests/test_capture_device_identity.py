@@ -45,6 +45,8 @@ with torch.autocast(x.device.type, dtype=torch.bfloat16):
 big = torch.empty(512, 1024)                      # 2 MiB: an abstract host tensor
 small = torch.zeros(3)                            # a real CPU tensor
 seen["host"] = [str(big.device), big.is_cpu, big.is_cuda, big.get_device(), big.is_meta, str(small.device)]
+seen["data_ptr"] = [x.data_ptr() != 0, x[1].data_ptr() - x.data_ptr(), x.data_ptr() != y.data_ptr(),
+                    big.data_ptr() != x.data_ptr()]
 seen["from_device"] = [str(torch.empty(3, device=x.device).device), str(x.new_zeros(2).device),
                        str(big.to(x.device).device), str(torch.zeros_like(x, device="cpu").device)]
 ids = torch.tensor([1, 2, 3]).cuda()
@@ -142,6 +144,7 @@ def test_device_tensors_say_cuda_0_and_host_tensors_cpu(runs):
     assert seen["autocast"] == ["torch.bfloat16", "torch.bfloat16"]
     assert seen["host"] == ["cpu", True, False, -1, False, "cpu"]          # F8: a 2 MiB CPU tensor says cpu
     assert seen["from_device"] == ["cuda:0", "cuda:0", "cuda:0", "cpu"]
+    assert seen["data_ptr"] == [True, 4 * 4, True, True]      # distinct storages; a row of 4 float32 further
 
 
 @pytest.mark.full

@@ -48,7 +48,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _device as torch_device_module
 from torch.utils._pytree import tree_map
 
-from . import accelerator, cuda_api, dataparallel, datadep, identity, legacy, optimizers, sdpa
+from . import accelerator, cuda_api, cudnn_rnn, dataparallel, datadep, identity, legacy, optimizers, sdpa
 from .autocast import CudaAutocast
 from .signatures import conform
 from .tracker import CAPTURE_DEVICE, Recorder, StorageTracker, on_meta
@@ -118,11 +118,12 @@ def _nbytes(t: Any) -> int:
 class CudaOnMeta(TorchFunctionMode):
     """The torch-function half of the mapping: device arguments, host tensors, CUDA kernels' choices, read-backs."""
 
-    def __init__(self, tracker: StorageTracker, values: datadep.Values):
+    def __init__(self, tracker: StorageTracker, values: datadep.Values, addresses: identity.Addresses | None = None):
         super().__init__()
         self.tracker = tracker
         self.values = values
         self.capability = (int(tracker.gpu.get("major", 8)), int(tracker.gpu.get("minor", 0)))
+        self.addresses = addresses if addresses is not None else identity.Addresses()
         self.sdpa_backends: set[str] = set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -165,6 +166,8 @@ class CudaOnMeta(TorchFunctionMode):
                 return self._legacy_type(self_t, args, kwargs)
             elif self_on_meta and func is torch.Tensor.get_device:
                 return -1 if tracker.is_host(self_t) else 0
+            elif self_on_meta and func is torch.Tensor.data_ptr:
+                return self.addresses.data_ptr(self_t)
             elif identity.is_data_set(func) and identity.crosses(self_t, args[1]):
                 return identity.set_data(self_t, args[1])
         if func is torch._has_compatible_shallow_copy_type and len(args) == 2 and identity.crosses(*args):
@@ -185,6 +188,10 @@ class CudaOnMeta(TorchFunctionMode):
             kwargs["device"] = _map(device_arg)
         if func is F.dropout and args and _dropout_fused(args, kwargs):
             return _native_dropout(args, kwargs)
+        if cudnn_rnn.is_rnn(func) and cudnn_rnn.acceptable(func, args, tracker.is_device):
+            return cudnn_rnn.run(func, args, kwargs)     # nn.LSTM / GRU / RNN: cuDNN's fused RNN, as CUDA runs it
+        if func is torch._cudnn_rnn_flatten_weight and args and args[0] and tracker.is_device(args[0][0]):
+            return cudnn_rnn.flatten(args, kwargs)
         if func is F.scaled_dot_product_attention:
             chosen = sdpa.attention(args, kwargs, tracker.is_device, self.capability, tracker.torch_version)
             if chosen is not None:
@@ -325,13 +332,14 @@ class ThreadModes:
         self.tracker = tracker
         self.autocast = autocast
         self.values = datadep.Values(HOST_ABSTRACT_BYTES)
+        self.addresses = identity.Addresses()
         self._of_thread = threading.local()
 
     @contextlib.contextmanager
     def entered(self) -> Iterator[None]:
         """Enter the capture in the calling thread (the main thread, or a thread the script started)."""
         self.autocast.enable_thread()
-        mode = CudaOnMeta(self.tracker, self.values)
+        mode = CudaOnMeta(self.tracker, self.values, self.addresses)
         before = getattr(self._of_thread, "mode", None)
         self._of_thread.mode = mode
         try:
@@ -433,7 +441,8 @@ def shim_table(tracker: StorageTracker, gpu: dict[str, Any], autocast: CudaAutoc
     cuda_table = cuda_api.shims(tracker, gpu)
     # torch.accelerator is what the DataLoader, accelerate and newer scripts ask instead of torch.cuda
     table = {**cuda_table, **accelerator.shims(cuda_table), **legacy.shims(tracker.is_device),
-             **optimizers.shims(tracker.is_device), **dataparallel.shims(tracker.is_device)}
+             **optimizers.shims(tracker.is_device), **dataparallel.shims(tracker.is_device),
+             **cudnn_rnn.shims(tracker.is_device)}
     hooks = torch.autograd.graph.saved_tensors_hooks
     table.update({
         (torch, "get_default_device"): _default_device(torch.get_default_device),
@@ -460,6 +469,7 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
     modes = ThreadModes(tracker, autocast)
     table = shim_table(tracker, dict(gpu or {}), autocast, modes)
     optimizers.install()
+    cudnn_rnn.install()
     with contextlib.ExitStack() as stack:
         for (owner, name), fn in table.items():
             stack.enter_context(_patched(owner, name, fn))

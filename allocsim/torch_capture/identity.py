@@ -39,12 +39,18 @@ Pickling (``torch.save``, ``copy``, ``multiprocessing``) runs ``Tensor.__reduce_
 mode set aside (``reduce_ex``): it saves what the tensor is, a ``meta`` tensor without data (as
 before this module), which ``torch.load`` inside a capture brings back as a device tensor.
 
+``x.data_ptr()`` of a capture tensor is an address of its own (``Addresses``): distinct storages have
+distinct ones and views point into their base's, as on a GPU, where ``meta`` answers 0 for every
+tensor (``nn.RNNBase.flatten_parameters`` and tied-weight checks compare them).
+
 Not answered: a storage's device (``x.untyped_storage().device``) stays ``meta``.
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -184,3 +190,27 @@ def set_data(t: torch.Tensor, value: torch.Tensor) -> None:
     moved = value.detach()
     moved.requires_grad_(t.requires_grad)
     torch._C._swap_tensor_impl(t, moved)
+
+
+class Addresses:
+    """Synthetic device addresses for capture storages: ``data_ptr(t)`` as a GPU gives it (512-byte aligned, never shared)."""
+
+    _FIRST = 0x7F00_0000_0000
+
+    def __init__(self) -> None:
+        self._next = self._FIRST
+        self._of: dict[int, tuple[weakref.ref, int]] = {}
+        self._lock = threading.Lock()
+
+    def data_ptr(self, t: torch.Tensor) -> int:
+        storage = t.untyped_storage()
+        key = id(storage)
+        with self._lock:
+            hit = self._of.get(key)
+            if hit is None or hit[0]() is not storage:
+                base = self._next
+                self._next += (int(storage.nbytes()) + 1023) // 512 * 512
+                self._of[key] = (weakref.ref(storage, lambda _ref, key=key: self._of.pop(key, None)), base)
+            else:
+                base = hit[1]
+        return base + int(t.storage_offset()) * t.element_size() if t.numel() else 0
