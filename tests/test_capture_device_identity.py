@@ -80,6 +80,14 @@ for reentrant in (False, True):
     out = checkpoint(lambda t: nn.functional.dropout(lin(t), 0.1), inp, use_reentrant=reentrant)
     out.sum().backward()
 torch.cuda.memory._record_memory_history(enabled=None)
+# F14: non-reentrant checkpointing around SDPA saves the same tensors in the forward and the recomputation
+proj = nn.Linear(64, 64).cuda().to(torch.bfloat16)
+def attention_block(t):
+    h = proj(t).view(2, 16, 4, 16).transpose(1, 2)
+    return nn.functional.scaled_dot_product_attention(h, h, h, is_causal=True).transpose(1, 2).reshape(2, 16, 64)
+xa = torch.randn(2, 16, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+checkpoint(attention_block, xa, use_reentrant=False).sum().backward()
+seen["checkpoint_sdpa"] = str(xa.grad.dtype)
 (g,) = torch.autograd.grad((lin.weight * 2).sum(), lin.weight)
 seen["backward"] = [hooked[0], str(g.device), str(inp.grad.device)]
 
@@ -168,6 +176,7 @@ def test_to_follows_tensor_to_on_the_device(runs):
 def test_the_backward_runs_under_the_capture(runs):
     _result, trace, seen = runs["identity"]
     assert seen["custom_backward"] == ["cuda:0", True]
+    assert seen["checkpoint_sdpa"] == "torch.bfloat16"
     assert seen["backward"] == ["cuda:0", "cuda:0", "cuda:0"]
     # checkpoint's recomputation runs CUDA's fused dropout as the forward did: its output and one-byte
     # mask in each forward and each recomputation (2 x 2 calls), no unfused bernoulli
