@@ -1,10 +1,11 @@
 """A capture's tensors say where the GPU run's would be, and keep their Python objects when moved (issue 39: F3, F8, F9, F10, F13).
 
-Two scripts are captured once each (module-scoped): ``IDENTITY`` asks tensors where they live in
-every way Python code does (``x.device``, ``repr``, ``autocast(x.device.type)``, checkpointing,
-custom backward functions, pickling, ``copy=True``) and writes what it saw; ``MOVES`` builds a model
-and its optimizer on the CPU before moving the model (accelerate, Fabric), with BatchNorm buffers
-and a tied embedding, and its trace's categories are compared with the model's arithmetic.
+One script is captured once (module-scoped): ``IDENTITY`` asks tensors where they live in every way
+Python code does (``x.device``, ``repr``, ``autocast(x.device.type)``, checkpointing, custom
+backward functions, pickling, ``copy=True``) and writes what it saw; its last part (after a marker)
+builds a model and its optimizer on the CPU before moving the model (accelerate, Fabric), with
+BatchNorm buffers and a tied embedding, and the categories of that part of the trace are compared
+with the model's arithmetic.
 
 Bytes: float32 = 4; Linear(8, 8): weight 256 B, bias 32 B; BatchNorm1d(8): weight, bias,
 running_mean, running_var 32 B each, num_batches_tracked 8 B (int64); Embedding(65, 384): 99,840 B.
@@ -105,14 +106,9 @@ try:
     seen["dataparallel"] = "ran"
 except RuntimeError as exc:
     seen["dataparallel"] = str(exc)
-json.dump(seen, open(sys.argv[1], "w"))
-'''
 
-MOVES = r'''
-import json, sys
-import torch
-import torch.nn as nn
-
+# --- moves (F9, F10, F13): from this marker to the end, the categories are the model's arithmetic
+torch.cuda.memory._record_memory_history(max_entries=7)
 model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))     # small: real CPU tensors until moved
 w = model[0].weight
 opt = torch.optim.AdamW(model.parameters())                   # built before the move (accelerate, Fabric)
@@ -126,23 +122,23 @@ moved_bytes = torch.cuda.memory_allocated() - before
 loss = model(torch.randn(4, 8, device="cuda")).sum() + head(emb(torch.tensor([[1, 2]], device="cuda"))).sum()
 loss.backward()
 opt.step()
-json.dump({"same_object": model[0].weight is w, "still_tied": head.weight is emb.weight, "tied_bytes": moved_bytes,
-           "state": [str(v["exp_avg"].device) for v in opt.state.values()]}, open(sys.argv[1], "w"))
+seen["moves"] = {"same_object": model[0].weight is w, "still_tied": head.weight is emb.weight,
+                 "tied_bytes": moved_bytes, "state": [str(v["exp_avg"].device) for v in opt.state.values()]}
+json.dump(seen, open(sys.argv[1], "w"))
 '''
+
+
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Both scripts captured: {name: (result, trace, seen)}."""
+    """The script captured once: {"identity": (result, trace, seen)}."""
     folder = tmp_path_factory.mktemp("identity")
-    out = {}
-    for name, text in (("identity", IDENTITY), ("moves", MOVES)):
-        script, seen_path = folder / f"{name}.py", folder / f"{name}.json"
-        script.write_text(text)
-        result, _ = session.capture([sys.executable, str(script), str(seen_path)], str(folder / f"{name}.parquet"))
-        assert result.status == 0, result.message
-        out[name] = (result, read_trace(str(folder / f"{name}.parquet")), json.loads(seen_path.read_text()))
-    return out
+    script, seen_path = folder / "identity.py", folder / "identity.json"
+    script.write_text(IDENTITY)
+    result, _ = session.capture([sys.executable, str(script), str(seen_path)], str(folder / "identity.parquet"))
+    assert result.status == 0, result.message
+    return {"identity": (result, read_trace(str(folder / "identity.parquet")), json.loads(seen_path.read_text()))}
 
 
 @pytest.mark.full
@@ -201,14 +197,18 @@ def test_pickling_and_dataparallel(runs):
 
 @pytest.mark.full
 def test_moved_modules_keep_their_parameters_buffers_and_ties(runs):
-    _result, trace, seen = runs["moves"]
-    assert seen["same_object"] is True and seen["still_tied"] is True           # F13
-    assert seen["tied_bytes"] == 65 * 384 * 4                                   # F10: one copy
-    assert seen["state"] == ["cuda:0"] * 4
+    _result, trace, seen = runs["identity"]
+    moves = seen["moves"]
+    assert moves["same_object"] is True and moves["still_tied"] is True           # F13
+    assert moves["tied_bytes"] == 65 * 384 * 4                                    # F10: one copy
+    assert moves["state"] == ["cuda:0"] * 4
     ev = trace.events
-    allocs = ev[ev["kind"] == int(EventKind.ALLOC)]
+    start = next(i for i, (kind, alloc_id) in enumerate(zip(ev["kind"], ev["alloc_id"]))
+                 if kind == int(EventKind.MARKER) and trace.labels[int(alloc_id)] == "memory_history start max_entries=7")
+    window = ev.iloc[start:]
+    allocs = window[window["kind"] == int(EventKind.ALLOC)]
     by = categorize(trace).split(allocs["alloc_id"].to_numpy(), allocs["size_bytes"].to_numpy())
     linear, bn_params, bn_buffers, embedding = 256 + 32, 2 * 32, 2 * 32 + 8, 65 * 384 * 4
-    assert by["parameter"] == linear + bn_params + bn_buffers + embedding       # F9: buffers are parameters
+    assert by["parameter"] == linear + bn_params + bn_buffers + embedding         # F9: buffers are parameters
     assert by["gradient"] == linear + bn_params + embedding
-    assert by["optimizer_state"] == 2 * (linear + bn_params)                    # exp_avg, exp_avg_sq
+    assert by["optimizer_state"] == 2 * (linear + bn_params)                      # exp_avg, exp_avg_sq
