@@ -124,21 +124,28 @@ loss.backward()
 opt.step()
 seen["moves"] = {"same_object": model[0].weight is w, "still_tied": head.weight is emb.weight,
                  "tied_bytes": moved_bytes, "state": [str(v["exp_avg"].device) for v in opt.state.values()]}
-json.dump(seen, open(sys.argv[1], "w"))
+print("SEEN " + json.dumps(seen))          # stdout: the capture sends file writes to a scratch folder
 '''
 
 
+
+
+def seen_in(stdout_text: str) -> dict:
+    """What the script printed on its ``SEEN`` line (a file it wrote would go to the capture's scratch folder)."""
+    line = [text for text in stdout_text.splitlines() if text.startswith("SEEN ")][-1]
+    return json.loads(line[len("SEEN "):])
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The script captured once: {"identity": (result, trace, seen)}."""
     folder = tmp_path_factory.mktemp("identity")
-    script, seen_path = folder / "identity.py", folder / "identity.json"
+    script, out_path = folder / "identity.py", folder / "stdout.txt"
     script.write_text(IDENTITY)
-    result, _ = session.capture([sys.executable, str(script), str(seen_path)], str(folder / "identity.parquet"))
+    with open(out_path, "w") as out:
+        result, _ = session.capture([sys.executable, str(script)], str(folder / "identity.parquet"), stdout=out)
     assert result.status == 0, result.message
-    return {"identity": (result, read_trace(str(folder / "identity.parquet")), json.loads(seen_path.read_text()))}
+    return {"identity": (result, read_trace(str(folder / "identity.parquet")), seen_in(out_path.read_text()))}
 
 
 @pytest.mark.full
