@@ -49,12 +49,10 @@ def _index_of(device: object) -> int | None:
         return None
     if isinstance(device, int):
         return device
-    index = getattr(device, "index", None)
-    if index is not None:
-        return int(index)
-    if isinstance(device, str) and ":" in device:
+    if isinstance(device, str):
         try:
-            return int(device.rsplit(":", 1)[1])
+            return int(device.rsplit(":", 1)[1]) if ":" in device else None
         except ValueError:
             return None
-    return None
+    index = getattr(device, "index", None)            # a torch.device
+    return index if isinstance(index, int) else None
