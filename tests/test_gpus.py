@@ -250,10 +250,11 @@ def test_recorded_device_check_names_another_card_and_a_different_total():
     assert same["same_model"] and same["total_matches"]
     newer = recorded_device_check(h100, 0, {"name": "NVIDIA H100 80GB HBM3", "total_bytes": 85_045_477_376})
     assert newer["same_model"] and not newer["total_matches"] and "85,045,477,376 B" in newer["note"]
-    other = recorded_device_check(find_gpu("A100"), 1, {"name": "NVIDIA H100 80GB HBM3", "total_bytes": 1 << 36})
+    other = recorded_device_check(find_gpu("A100 40GB"), 1, {"name": "NVIDIA H100 80GB HBM3", "total_bytes": 1 << 36})
     assert not other["same_model"] and "recorded on a different card: 'NVIDIA H100 80GB HBM3' (device 1" in other["note"]
     assert model_of_card("NVIDIA A100-SXM4-80GB") is find_gpu("A100 80GB")    # not the A10, not the 40GB
-    assert model_of_card("NVIDIA A10G") is find_gpu("A10") and model_of_card("AMD Instinct MI300X") is None
+    assert model_of_card("NVIDIA A10G") is find_gpu("A10G") and model_of_card("NVIDIA A10") is find_gpu("A10")
+    assert model_of_card("AMD Instinct MI300X") is None
 
 
 def test_advise_on_an_unverified_card_says_its_capacity_is_the_label(tmp_path, cli):

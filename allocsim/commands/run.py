@@ -64,9 +64,10 @@ def register(subparsers) -> None:
                + EXIT_STATUS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_trace_args(parser)
-    parser.add_argument("--policy", required=True, metavar="NAME[:SETTINGS]",
+    parser.add_argument("--policy", default=None, metavar="NAME[:SETTINGS]",
                         help="policy name (see `allocsim policies`); pytorch:SETTINGS takes PYTORCH_CUDA_ALLOC_CONF "
-                             "syntax, other policies NAME:KEY:VALUE,...")
+                             "syntax, other policies NAME:KEY:VALUE,...; required, except for a trace `allocsim "
+                             "capture` wrote, which records PyTorch's caching allocator (pytorch is then the default)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
                         help="set a policy parameter (repeatable); sizes take units: --set max_split_size=200MiB")
     conf = parser.add_mutually_exclusive_group()
@@ -218,6 +219,28 @@ def resolve_policy(policy: str, settings: list[str], alloc_conf: str | None = No
     return spec.name, merge_settings(*sources)
 
 
+def is_capture(trace: Any) -> bool:
+    """Whether ``trace`` is an ``allocsim capture`` (or a trace ``scale`` predicted from captures)."""
+    return (trace.meta.version_hints or {}).get("capture") == "cuda on meta"
+
+
+def default_policy(args: argparse.Namespace, trace: Any) -> None:
+    """Fill in ``--policy pytorch`` for a capture (and say so on stderr); refuse a missing one otherwise.
+
+    A capture records the requests PyTorch's caching allocator gets, so no other policy is what the
+    GPU run would use; any other trace can be replayed under several, so the choice is the user's.
+    """
+    if args.policy is not None:
+        return
+    if not is_capture(trace):
+        raise ValueError("give --policy NAME (allocsim policies lists them): only a trace allocsim capture wrote "
+                         "implies one (pytorch)")
+    args.policy = "pytorch"
+    print("allocsim run: --policy pytorch (the trace is an allocsim capture: PyTorch's caching allocator)",
+          file=sys.stderr)
+    resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf, paddle_flags(args))
+
+
 def execute(args: argparse.Namespace, trace: Any = None):
     """Run what ``args`` asks for and return the ``RunResult`` (raises on bad input); ``trace``: already read.
 
@@ -232,6 +255,9 @@ def execute(args: argparse.Namespace, trace: Any = None):
     if gpu is not None and given is not None:
         raise ValueError("give --gpu or --capacity, not both")
     cost_model = cost_model_from_args(args)
+    if trace is None:
+        trace = load_trace(args)
+    default_policy(args, trace)
     name, params = resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf, paddle_flags(args))
     limit = flags_limit_bytes(args)
     site_filter, top = site_options(args) if hasattr(args, "sites") else (None, 0)
@@ -239,10 +265,11 @@ def execute(args: argparse.Namespace, trace: Any = None):
     note_picked_device("run", trace, args.device)
     trace = select_device(trace, args.device)
     if gpu is not None:
+        from ..gpu_ranges import runs_cudnn
         from ..gpus import allocator_capacity
         from ..trace.inference.workspaces import cublas_workspaces_in_trace
 
-        given = allocator_capacity(gpu, cublas_workspaces_in_trace(trace.meta))
+        given = allocator_capacity(gpu, cublas_workspaces_in_trace(trace.meta), cudnn=runs_cudnn(trace))
     capacity = resolve_capacity(trace, given)
     if limit is not None and (capacity.bytes is None or limit < capacity.bytes):
         # FLAGS_gpu_memory_limit_mb caps the bytes Paddle cudaMallocs, below whatever the device has.
@@ -255,7 +282,7 @@ def execute(args: argparse.Namespace, trace: Any = None):
         add_sites(result, trace, name, params, capacity.bytes, cost_model, site_filter, top, args.continue_on_oom,
                   categories)
     if gpu is not None:
-        add_gpu_estimate(result, gpu, trace)
+        add_gpu_estimate(result, gpu, trace, name, params)
     return result
 
 
@@ -275,27 +302,69 @@ def _gpu(args: argparse.Namespace) -> Any:
     return find_gpu(name) if name is not None else None      # `--gpu ''` is refused, never ignored
 
 
-def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None) -> None:
+def gpu_replays(trace: Any, gpu: Any, policy: str, params: dict[str, Any], point_fits: bool,
+                in_trace: bool, cudnn: bool) -> dict[str, Any]:
+    """What ``--gpu`` needs beyond the replay at the point capacity: the peak with no capacity limit
+    (what the run needs) and whether it fits at the low and the high end of the unknown terms.
+
+    Each end's answer is the replay at that end's ``allocator_capacity`` (the allocator frees its
+    cache and retries there as PyTorch does); no replay is made where the unlimited peak settles it.
+    """
+    from ..gpus import allocator_capacity
+    from ..metrics.verdict import GIVEN
+    from ..runner import Capacity, simulate_trace
+
+    def replay(capacity: int | None) -> dict[str, Any]:
+        cap = Capacity(capacity, GIVEN) if capacity is not None else Capacity(None, None)
+        return simulate_trace(trace, policy, params, capacity=cap, fast=True).summary
+
+    unlimited = replay(None)
+    peak = int(unlimited.get("peak_reserved_bytes") or 0)
+    ends: dict[str, bool] = {}
+    for end in ("high", "low"):
+        capacity = allocator_capacity(gpu, in_trace, end=end, cudnn=cudnn)
+        if peak <= capacity:
+            ends[end] = True
+        elif end == "low" and point_fits:
+            ends[end] = True
+        else:
+            ends[end] = capacity > 0 and bool(replay(capacity)["verdict"]["fits"])
+    return {"unlimited_peak_reserved_bytes": peak, "fits_low": ends["low"], "fits_high": ends["high"]}
+
+
+def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None, policy: str = "pytorch",
+                     params: dict[str, Any] | None = None) -> None:
     """Put ``gpu_estimate`` in the summary and say the GPU's memory in the verdict line.
 
-    Where the trace states the card it was recorded on (``meta.device_properties``), the estimate's
-    ``recorded_device`` says whether ``gpu`` is that card and whether its total is the recorded one.
+    The estimate counts the peak the run reserves with no capacity limit (what it needs) plus the
+    card's own terms, each unknown one with its range (``gpu_ranges``); the verdict's first word is
+    FITS only when the high end fits, FITS UNLESS <term> between the ends, DOES NOT FIT when even
+    the low end does not. Where the trace states the card it was recorded on
+    (``meta.device_properties``), the estimate's ``recorded_device`` says whether ``gpu`` is that
+    card and whether its total is the recorded one.
     """
-    from ..gpus import gpu_estimate, recorded_device_check
+    from ..gpu_ranges import runs_cudnn, verdict_words
+    from ..gpus import gpu_estimate, recorded_device_check, terms_of
     from ..trace.inference.workspaces import cublas_workspaces_in_trace
 
     summary = result.summary
     in_trace = trace is not None and cublas_workspaces_in_trace(trace.meta)
-    estimate = gpu_estimate(gpu, int(summary.get("peak_reserved_bytes") or 0), workspaces_in_trace=in_trace)
+    cudnn = trace is not None and runs_cudnn(trace)
+    verdict = summary.get("verdict") or {}
+    point_fits = verdict.get("fits") is not False
+    if trace is not None:
+        ends = gpu_replays(trace, gpu, policy, dict(params or {}), point_fits, in_trace, cudnn)
+    else:
+        peak = int(summary.get("peak_reserved_bytes") or 0)
+        ends = {"unlimited_peak_reserved_bytes": peak, "fits_low": None, "fits_high": None}
+    peak = ends["unlimited_peak_reserved_bytes"]
+    estimate = gpu_estimate(gpu, peak, workspaces_in_trace=in_trace, cudnn=cudnn, fits_low=ends["fits_low"],
+                            fits_point=point_fits, fits_high=ends["fits_high"])
     devices = trace.devices if trace is not None else []
     recorded = trace.meta.device_properties.get(str(devices[0])) if len(devices) == 1 else None
     estimate["recorded_device"] = None if recorded is None else recorded_device_check(gpu, devices[0], recorded)
-    verdict = summary.get("verdict") or {}
-    if verdict.get("fits") is False:
-        # the allocator ran out of the memory the GPU leaves it; a caveat only ever qualifies a fit
-        estimate.update(fits=False, fits_proven=False, caveat=None)
     summary["gpu_estimate"] = estimate
-    word = "FITS" if estimate["fits"] else "DOES NOT FIT"
+    word = verdict_words(estimate, terms_of(gpu, peak, cudnn))
     label = "" if gpu.verified else ", label"
     notes = [estimate["caveat"]] if estimate["caveat"] else []
     if estimate["recorded_device"] is not None and not estimate["recorded_device"]["total_matches"]:
@@ -306,14 +375,18 @@ def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None) -> None:
         notes.append(f"captured for {captured_on}: its kernels' scratch and cuBLAS workspaces are that card's; "
                      f"capture again with --gpu \"{gpu.name}\" for this one's")
     caveat = f" ({'; '.join(notes)})" if notes else ""
+    terms = terms_of(gpu, peak, cudnn)
+    unknown = "".join(f" + {t.text()}" for t in terms)
+    squeezed = (" (the allocator frees cached blocks to stay within the card)"
+                if point_fits and estimate["total_bytes"] > gpu.total_bytes else "")
     verdict["line"] = (f"{word} on {gpu.name} ({format_bytes(gpu.total_bytes)}{label}){caveat}: needs "
-                       f"{format_bytes(estimate['total_bytes'])} = reserved peak "
+                       f"{format_bytes(estimate['total_bytes'])} ({format_bytes(estimate['total_low_bytes'])} to "
+                       f"{format_bytes(estimate['total_high_bytes'])}){squeezed} = reserved peak "
                        f"{format_bytes(estimate['reserved_peak_bytes'])}"
                        + (" (cuBLAS workspaces included)" if in_trace else
                           f" + cuBLAS workspaces {format_bytes(estimate['workspace_bytes'])}")
-                       + " + libraries "
-                       f"{format_bytes(estimate['library_bytes'])} + CUDA context "
-                       f"{format_bytes(estimate['context_bytes'])}. " + str(verdict.get("line", "")))
+                       + f" + libraries {format_bytes(estimate['library_bytes'])}{unknown}. "
+                       + str(verdict.get("line", "")))
 
 
 def add_sites(result: Any, trace: Any, policy: str, params: dict[str, Any], capacity_bytes: int | None,
@@ -352,8 +425,12 @@ def format_run(result: Any) -> str:
 
 
 def exit_status(summary: dict[str, Any]) -> int:
-    """0 when the run fits or has no capacity, ``EXIT_OOM`` when it ran out of memory."""
+    """0 when the run fits or has no capacity, ``EXIT_OOM`` when it ran out of memory; with ``--gpu``,
+    0 only when it fits at the high end of the unknown terms (a "FITS UNLESS" is ``EXIT_OOM`` too)."""
     verdict = summary.get("verdict") or {}
+    estimate = summary.get("gpu_estimate")
+    if estimate is not None:
+        return 0 if estimate.get("verdict") == "fits" else EXIT_OOM
     return EXIT_OOM if verdict.get("fits") is False else 0
 
 
@@ -397,8 +474,9 @@ def main(args: argparse.Namespace) -> int:
     from ..metrics.state import is_state_only
 
     try:
-        resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf,
-                       paddle_flags(args))   # bad input first
+        if args.policy is not None:
+            resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf,
+                           paddle_flags(args))   # bad input first
         state_options(args)
         site_options(args)
         if args.out_dir:
@@ -406,6 +484,7 @@ def main(args: argparse.Namespace) -> int:
 
             check_output_folder(args.out_dir, files=(*RESULT_FILES, "state.json"))
         trace = load_trace(args)
+        default_policy(args, trace)
         state = state_only(args, trace) if is_state_only(trace) else None
         result = execute(args, trace) if state is None else None
         ends = _judge_ends(args, trace) if result is not None else None
