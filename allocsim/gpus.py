@@ -443,6 +443,7 @@ def gpu_rows() -> list[dict[str, Any]]:
     return [{"name": g.name, "aliases": list(g.aliases), "total_bytes": g.total_bytes,
              "total_verified": g.verified, "nominal_bytes": g.nominal_bytes,
              "proven_total_bytes": proven_total_bytes(g), "sm": g.sm,
-             "context_bytes": g.context_bytes, "library_bytes": g.library_bytes,
+             "context_bytes": g.context_bytes, "context_low_bytes": terms_of(g, 0)[0].low_bytes,
+             "context_high_bytes": terms_of(g, 0)[0].high_bytes, "library_bytes": g.library_bytes,
              "workspace_bytes": workspace_bytes(g), "allocator_capacity_bytes": allocator_capacity(g),
              "sources": g.sources()} for g in GPUS]
