@@ -251,9 +251,9 @@ class FitResult:
                 est = a.estimate or {}
                 at_least = "at least " if a.at_limit else ""
                 lines.append(f"{head}: {name} = {at_least}{a.value} with {a.setting_line}")
-                lines.append(f"  predicted total {format_bytes(est.get('total_bytes', 0))} "
-                             f"({format_bytes(est.get('total_low_bytes', 0))} to "
-                             f"{format_bytes(est.get('total_high_bytes', 0))}) of "
+                spread = (f" ({format_bytes(est['total_low_bytes'])} to {format_bytes(est['total_high_bytes'])})"
+                          if "total_low_bytes" in est and "total_high_bytes" in est else "")
+                lines.append(f"  predicted total {format_bytes(est.get('total_bytes', 0))}{spread} of "
                              f"{format_bytes(a.gpu.total_bytes)}: reserved peak "
                              f"{format_bytes(est.get('reserved_peak_bytes', 0))} (cuBLAS workspaces included) + "
                              f"libraries {format_bytes(est.get('library_bytes', 0))}"

@@ -45,13 +45,16 @@ CONTEXT0_HIGH_BYTES = 0
 #: cuDNN's loaded kernels (the point): median batch-0 residual of the L40S benchmarks that run cuDNN
 #: less the context (validate/milabench_calibration.json, L40S group).
 CUDNN_BYTES_FITTED = 23825976
+#: The least and the most cuDNN's loaded kernels took in the calibrated groups (those with a context).
+CUDNN_KERNELS_LOW_BYTES = CUDNN_BYTES_FITTED
+CUDNN_KERNELS_HIGH_BYTES = CUDNN_BYTES_FITTED
 #: Shares of the reserved peak for cuDNN's unknown workspaces and engines (low may be negative: the
 #: capture's workspace model can ask for more than the run takes).
 CUDNN_SHARE_LOW = 0.0
 CUDNN_SHARE_HIGH = 0.0
 
-CONTEXT_LABEL = "the CUDA context and loaded kernels"
-CUDNN_LABEL = "cuDNN's workspaces and engines"
+CONTEXT_LABEL = "CUDA context and loaded kernels"
+CUDNN_LABEL = "cuDNN workspaces and engines"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +73,7 @@ class Term:
                 "high_bytes": self.high_bytes, "source": self.source}
 
     def text(self) -> str:
-        """``CUDA context and loaded kernels 448.00 MiB (350.00 MiB to 1.10 GiB)``."""
+        """``CUDA context and loaded kernels 448.00 MiB (389.00 MiB to 1.26 GiB)``."""
         return (f"{self.label} {format_bytes(self.bytes)} ({format_bytes(self.low_bytes)} to "
                 f"{format_bytes(self.high_bytes)})")
 
@@ -96,11 +99,13 @@ def context_term(context_bytes: int, local_bytes: int, fitted_bytes: int | None)
 
 def cudnn_term(reserved_peak_bytes: int) -> Term:
     """The cuDNN term of a trace that runs cuDNN convolutions and reserves ``reserved_peak_bytes`` at its peak."""
-    low = CUDNN_BYTES_FITTED + int(CUDNN_SHARE_LOW * reserved_peak_bytes)
-    high = CUDNN_BYTES_FITTED + int(CUDNN_SHARE_HIGH * reserved_peak_bytes)
+    low = CUDNN_KERNELS_LOW_BYTES + int(min(0.0, CUDNN_SHARE_LOW) * reserved_peak_bytes)
+    high = CUDNN_KERNELS_HIGH_BYTES + int(max(0.0, CUDNN_SHARE_HIGH) * reserved_peak_bytes)
     return Term("cudnn_bytes", CUDNN_LABEL, CUDNN_BYTES_FITTED, min(low, CUDNN_BYTES_FITTED),
                 max(high, CUDNN_BYTES_FITTED),
-                f"calibrated: cuDNN's loaded kernels {format_bytes(CUDNN_BYTES_FITTED)} (milabench L40S), and "
+                f"calibrated: cuDNN's loaded kernels {format_bytes(CUDNN_BYTES_FITTED)} (milabench L40S; "
+                f"{format_bytes(CUDNN_KERNELS_LOW_BYTES)} to {format_bytes(CUDNN_KERNELS_HIGH_BYTES)} in the "
+                "calibrated groups), and "
                 f"{CUDNN_SHARE_LOW:+.1%} to {CUDNN_SHARE_HIGH:+.1%} of the reserved peak for the engine and "
                 "workspace cuDNN picks per architecture, TF32 or float32 and cudnn.benchmark (the least and the "
                 "most by which milabench's L40S and A100 calibrate rows and xMem's Anova rows that run cuDNN "
@@ -162,10 +167,10 @@ def verdict_words(judged: dict[str, Any], terms: Sequence[Term]) -> str:
         return "DOES NOT FIT"
     deciding = judged["deciding_terms"]
     if deciding:
-        return "FITS UNLESS " + " or ".join(f"{d['label']} take more than {format_bytes(d['at_most_bytes'])}"
+        return "FITS UNLESS " + " or ".join(f"the {d['label']} take more than {format_bytes(d['at_most_bytes'])}"
                                             for d in deciding)
-    names = " and ".join(t.label for t in terms if t.high_bytes > t.bytes)
-    return f"FITS UNLESS {names} together take more than their estimates allow"
+    names = " and the ".join(t.label for t in terms if t.high_bytes > t.bytes)
+    return f"FITS UNLESS the {names} together take more than the card leaves them"
 
 
 __all__ = ["CONTEXT_LABEL", "CUDNN_LABEL", "Term", "context_term", "cudnn_term", "ends_total", "judge",

@@ -355,7 +355,8 @@ def allocator_capacity(gpu: GpuModel, workspaces_in_trace: bool = False, *, end:
     ranges; ``cudnn``: the trace runs cuDNN convolutions, whose term grows with the reserved peak
     (so the capacity is what leaves room for the peak and its share).
     """
-    from .gpu_ranges import CUDNN_BYTES_FITTED, CUDNN_SHARE_HIGH, CUDNN_SHARE_LOW
+    from .gpu_ranges import CUDNN_BYTES_FITTED, CUDNN_KERNELS_HIGH_BYTES, CUDNN_KERNELS_LOW_BYTES, CUDNN_SHARE_HIGH, \
+        CUDNN_SHARE_LOW
 
     if end not in ENDS:
         raise ValueError(f"end must be one of {ENDS}, got {end!r}")
@@ -366,7 +367,9 @@ def allocator_capacity(gpu: GpuModel, workspaces_in_trace: bool = False, *, end:
     if not cudnn:
         return int(room)
     share = {"low": min(0.0, CUDNN_SHARE_LOW), "point": 0.0, "high": max(0.0, CUDNN_SHARE_HIGH)}[end]
-    return int((room - CUDNN_BYTES_FITTED) / (1.0 + share))
+    kernels = {"low": min(CUDNN_BYTES_FITTED, CUDNN_KERNELS_LOW_BYTES), "point": CUDNN_BYTES_FITTED,
+               "high": max(CUDNN_BYTES_FITTED, CUDNN_KERNELS_HIGH_BYTES)}[end]
+    return int((room - kernels) / (1.0 + share))
 
 
 def gpu_estimate(gpu: GpuModel, reserved_peak_bytes: int, workspaces_in_trace: bool = False, *,

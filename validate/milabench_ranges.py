@@ -13,11 +13,13 @@ The terms (see ``allocsim.gpu_ranges`` for what each one is):
 * context: the least and the most context0 (batch-0 value less the card's local memory) of the
   calibrate groups' benchmarks that run no cuDNN; a negative value (a group whose scripts do not
   reproduce the run: the old A100 table's torch 2.4 Bert fp16) is no context and is left out;
-* cuDNN: shares of the reserved peak, the least and the most by which a calibrate row that runs
+* cuDNN: its loaded kernels from the least to the most of the calibrate groups' cuDNN terms (groups
+  with a context), and shares of the reserved peak, the least and the most by which a calibrate row that runs
   cuDNN differs from the point estimate (truth - point, over the replay's reserved peak), over the
   rows of calibrate groups whose benchmarks that run no cuDNN are reproduced (median absolute error
   of those rows at most ``REPRODUCED``: the rows of a group whose scripts are another program say
-  nothing of cuDNN) and xMem's Anova rows (RTX 3060; their ground truth has no context in it);
+  nothing of cuDNN) and xMem's Anova rows (RTX 3060; their ground truth has no context in it) whose
+  own reruns agree with their ground truth within ``XMEM_RERUN_AGREEMENT``;
 * NVML's reserved memory (only in these NVML comparisons, never in a verdict): per card, from its
   ``nvidia-smi -q`` printout to its NVML total less the lowest CUDA total recorded for it.
 """
@@ -51,21 +53,32 @@ def context_range(calibration: dict[str, Any]) -> dict[str, Any]:
     return {"low_bytes": min(kept), "high_bytes": max(kept), "values": values}
 
 
-def xmem_shares() -> list[dict[str, Any]]:
-    """(ground - prediction) / reserved peak of xMem's Anova rows at the calibrated ratios (their ground has no context)."""
+#: An xMem row whose own reruns (the allocator not capped below its ground truth) peaked further than
+#: this from its ground truth is not one measurement of one value: it calibrates nothing.
+XMEM_RERUN_AGREEMENT = 0.05
+
+
+def xmem_shares() -> tuple[list[dict[str, Any]], list[str]]:
+    """(ground - prediction) / reserved peak of xMem's Anova rows at the calibrated ratios (their ground has
+    no context), and the rows left out because their own reruns disagree with their ground truth."""
     from validate import xmem   # noqa: PLC0415
 
     with open(xmem.CALIBRATION_PATH, encoding="utf-8") as fh:
         cal = json.load(fh)
     ratios = [cal["cudnn_workspace_ratios"]["kernel"], cal["cudnn_workspace_ratios"]["pointwise_data"]]
     trial = next(t for t in cal["trials"] if t["ratios"] == ratios)
-    grounds = {r["folder"]: r["ground_bytes"] for r in xmem.load_rows("calibrate")}
-    out = []
+    rows = {r["folder"]: r for r in xmem.load_rows("calibrate")}
+    out, left_out = [], []
     for row, reserved in zip(cal["rows"], trial["reserved_peak_bytes"]):
-        ground = grounds[row["folder"]]
+        ground = rows[row["folder"]]["ground_bytes"]
+        off = [r["vs_ground"] for r in xmem.rerun_peaks(rows[row["folder"]]) if not r["binding"]]
+        worst = max(off, key=abs) if off else 0.0
+        if abs(worst) > XMEM_RERUN_AGREEMENT:
+            left_out.append(f"xMem {row['folder']}: a rerun of it peaked {worst:+.1%} off its ground truth")
+            continue
         predicted = reserved + cal["library_bytes"]
         out.append({"row": f"xMem {row['folder']}", "share": (ground - predicted) / reserved})
-    return out
+    return out, left_out
 
 
 def cudnn_shares(results: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -94,9 +107,14 @@ def fit_ranges(calibration: dict[str, Any], results: list[dict[str, Any]]) -> di
     """The ranges of the unknown terms from the calibrate rows (``results``: evaluated under ``calibration``)."""
     context = context_range(calibration)
     shares, left_out = cudnn_shares(results)
-    shares += xmem_shares()
+    more, unstable = xmem_shares()
+    shares += more
+    left_out += unstable
     values = [s["share"] for s in shares]
+    kernels = [g["cudnn_bytes"] for g in calibration.get("terms", [])
+               if "cudnn_bytes" in g and g.get("context0_bytes", -1) >= 0]
     return {"context0_low_bytes": context["low_bytes"], "context0_high_bytes": context["high_bytes"],
+            "cudnn_kernels_low_bytes": min(kernels), "cudnn_kernels_high_bytes": max(kernels),
             "cudnn_share_low": round(min(values), 4), "cudnn_share_high": round(max(values), 4),
             "context_values": context["values"], "cudnn_shares": shares, "cudnn_groups_left_out": left_out,
             "about": "fitted on calibrate rows only (milabench L40S and old A100 tables, xMem's Anova rows): "
@@ -135,8 +153,9 @@ def predict_range(row: dict[str, Any], result: dict[str, Any], terms: dict[str, 
     ctx_high = max(terms["context_bytes"], ranges["context0_high_bytes"] + local)
     cudnn_low = cudnn_high = terms["cudnn_bytes"]
     if row["benchmark"] in CUDNN_BENCHMARKS:
-        cudnn_low += min(0.0, ranges["cudnn_share_low"]) * reserved
-        cudnn_high += max(0.0, ranges["cudnn_share_high"]) * reserved
+        cudnn_low = min(cudnn_low, ranges["cudnn_kernels_low_bytes"]) + min(0.0, ranges["cudnn_share_low"]) * reserved
+        cudnn_high = (max(cudnn_high, ranges["cudnn_kernels_high_bytes"])
+                      + max(0.0, ranges["cudnn_share_high"]) * reserved)
     return {"low_bytes": int(reserved + ctx_low + cudnn_low + nvml_low),
             "high_bytes": int(reserved + ctx_high + cudnn_high + nvml_high)}
 
