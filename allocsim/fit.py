@@ -241,7 +241,8 @@ class FitResult:
                  + (f"{self.steps} optimizer steps each" if self.steps else "each to the end of the script")
                  + f", for {' and '.join(said)}: {len(self.captures)} captures, {self.capture_seconds:.1f} s",
                  f"  searched: the largest {name} on the traces predicted from them ({self.scale_name} laws), "
-                 f"against each GPU's memory less the CUDA context and libraries: {self.search_seconds:.1f} s", ""]
+                 f"against each GPU's memory less the libraries and the CUDA context (and cuDNN's terms) at the high "
+                 f"end of their ranges: {self.search_seconds:.1f} s", ""]
         for a in self.answers:
             label = "" if a.gpu.verified else ", label"
             head = f"{a.gpu.name} ({format_bytes(a.gpu.total_bytes)}{label})"
@@ -311,7 +312,9 @@ class FitResult:
 METHOD = ("each value captured on the CPU (allocsim capture: cuda on the meta device), the captures scaled "
           "(allocsim scale: each allocation's size a law of the value), the largest fitting value searched on the "
           "trace predicted at each value probed (scale --find-max: PyTorch's defaults, then allocsim advise), against "
-          "the GPU's memory less the CUDA context and libraries as run --gpu counts them")
+          "the GPU's memory less the CUDA context and libraries as run --gpu counts them, with the terms a CPU run cannot "
+          "know at the high end of their ranges (allocsim.gpu_ranges); point_value is the answer at their point "
+          "estimates")
 
 
 # ----------------------------------------------------------------------------------------- capture
@@ -450,7 +453,8 @@ def value_range(scaler: Any, capacity_bytes: int, params: dict[str, Any] | None,
 
 
 def _answer(gpu: GpuModel, captured_for: GpuModel, found: Any, scaler: Any, capacity: int, in_trace: bool,
-            multiple: int, limit_value: int, cudnn: bool = False, point_capacity: int | None = None) -> GpuAnswer:
+            multiple: int, limit_value: int, cudnn: bool = False, point_capacity: int | None = None,
+            capture: bool = False) -> GpuAnswer:
     from .advise.knobs import preset_for
 
     best, recorded = found.best, found.recorded
@@ -463,7 +467,7 @@ def _answer(gpu: GpuModel, captured_for: GpuModel, found: Any, scaler: Any, capa
         if answer.value is None or answer.at_value is None or answer.at_value.peak_reserved_bytes is None:
             return None
         return gpu_estimate(gpu, answer.at_value.peak_reserved_bytes, workspaces_in_trace=in_trace, cudnn=cudnn,
-                            fits_high=True)
+                            capture=capture, fits_high=True)
 
     def why_not(answer: Any) -> str:
         return answer.at_failing.line if answer.at_failing is not None else ""
@@ -516,7 +520,7 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
     from .scale.build import Scaler
     from .scale.findmax import find_max
     from .sweep.executors import make_executor
-    from .gpu_ranges import runs_cudnn
+    from .gpu_ranges import is_capture, runs_cudnn
     from .trace.inference.workspaces import cublas_workspaces_in_trace
 
     command = list(command)
@@ -560,15 +564,16 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
                 scaler = Scaler(inputs, scale_name)
                 in_trace = all(cublas_workspaces_in_trace(item.trace.meta) for item in inputs)
                 cudnn = any(runs_cudnn(item.trace) for item in inputs)
+                capture = all(is_capture(item.trace) for item in inputs)
                 for gpu in members:
                     log(f"searching the largest {knob} that fits {gpu.name}")
                     # FITS only at the high end of the unknown terms (gpu_ranges); the point's answer after
-                    capacity = allocator_capacity(gpu, in_trace, end="high", cudnn=cudnn)
-                    point = allocator_capacity(gpu, in_trace, end="point", cudnn=cudnn)
+                    capacity = allocator_capacity(gpu, in_trace, end="high", cudnn=cudnn, capture=capture)
+                    point = allocator_capacity(gpu, in_trace, end="point", cudnn=cudnn, capture=capture)
                     found = find_max(scaler, capacity, policy="pytorch", multiple=multiple, max_value=max_value,
                                      advise=advise, executor=executor)
                     answers.append(_answer(gpu, rep, found, scaler, capacity, in_trace, multiple, found.max_value,
-                                           cudnn, point))
+                                           cudnn, point, capture))
                     replay.append(shlex.join(["allocsim", "scale", *(f"{c.path}@{c.value}" for c in mine),
                                               "--name", scale_name, "--gpu", gpu.name, "--find-max",
                                               *(["--multiple-of", str(multiple)] if multiple != 1 else []),

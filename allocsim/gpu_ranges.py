@@ -10,18 +10,24 @@ The unknown terms, each with a point (the estimate ``allocsim gpus`` shows), a l
 * ``context_bytes``: the CUDA context and the kernels CUDA and the libraries load lazily (cuBLAS,
   cuBLASLt, cuDNN handles and kernel images), which depend on the architecture and the library
   versions. Point: ``gpus.CONTEXT0_BYTES_FITTED`` plus the card's local memory. Low and high: the
-  least and the most any calibrated (card, library version) group holds, from the batch-0 values
-  of its benchmarks that run no cuDNN (milabench's L40S table and old A100 table; ``python -m
+  5% quantile and the most of the batch-0 values of the calibrated groups' benchmarks that run no cuDNN (milabench's L40S table and old A100 table; ``python -m
   validate milabench --calibrate``, ``validate/milabench_calibration.json`` "ranges"), each plus the
   card's local memory.
 * ``cudnn_bytes`` (traces that run cuDNN convolutions only): cuDNN's loaded kernels, and what the
   capture's one workspace model cannot know -- the engine cuDNN's heuristic picks per architecture
   and library version, TF32 or float32 engines, ``cudnn.benchmark``'s trial workspaces. Point: the
-  fitted kernels term (``CUDNN_BYTES_FITTED``). Low and high: a share of the replay's reserved peak
-  (``CUDNN_SHARE_LOW`` / ``CUDNN_SHARE_HIGH``), the least and the most by which calibrate rows
-  that run cuDNN differ from the point estimate (milabench L40S and old A100 tables, xMem's Anova
+  fitted kernels term (``CUDNN_BYTES_FITTED``). Low and high: the calibrated groups' kernels terms,
+  plus a share of the replay's reserved peak (``CUDNN_SHARE_LOW`` / ``CUDNN_SHARE_HIGH``), the 5%
+  quantile and the most by which calibrate rows that run cuDNN differ from the point estimate (milabench L40S and old A100 tables, xMem's Anova
   rows). It scales with the reserved peak because a different engine's workspace is a share of the
   feature maps it works on.
+
+* ``placement_bytes`` (captures that run no cuDNN): the caching allocator's fragmentation follows
+  where the driver places segments, which the replay does not know (it hands out addresses in
+  creation order). Point 0; low and high: shares of the reserved peak (``PLACEMENT_SHARE_LOW`` /
+  ``PLACEMENT_SHARE_HIGH``), the 5% quantile and the most by which calibrate rows that run no cuDNN
+  differ from the point estimate. A capture that runs cuDNN has this inside cuDNN's term, whose range was
+  learned from the whole difference of such rows.
 
 The libraries' own memory outside these (``gpus.LIBRARY_BYTES_CALIBRATED``) fits to 0 and is not a
 separate term; NVML's reserved memory is outside CUDA's total (``gpus`` totals are what CUDA
@@ -37,23 +43,31 @@ from .units import format_bytes
 
 MiB = 1 << 20
 
-#: Fitted on milabench calibrate rows only (``python -m validate milabench --calibrate``): the least
-#: and the most context0 (batch-0 residual less the card's local memory) of the calibrated groups'
-#: benchmarks that run no cuDNN; a test holds them to validate/milabench_calibration.json.
-CONTEXT0_LOW_BYTES = 0
-CONTEXT0_HIGH_BYTES = 0
+#: Fitted on milabench calibrate rows only (``python -m validate milabench --calibrate``): the 5%
+#: quantile and the most context0 (batch-0 residual less the card's local memory) of the calibrated
+#: groups' benchmarks that run no cuDNN (125 and 1025 MiB: L40S Bert fp16, A100 torch 2.3 T5); a test
+#: holds every constant here to validate/milabench_calibration.json.
+CONTEXT0_LOW_BYTES = 131072000
+CONTEXT0_HIGH_BYTES = 1074790400
 #: cuDNN's loaded kernels (the point): median batch-0 residual of the L40S benchmarks that run cuDNN
 #: less the context (validate/milabench_calibration.json, L40S group).
-CUDNN_BYTES_FITTED = 23825976
+CUDNN_BYTES_FITTED = 47418936
 #: The least and the most cuDNN's loaded kernels took in the calibrated groups (those with a context).
-CUDNN_KERNELS_LOW_BYTES = CUDNN_BYTES_FITTED
-CUDNN_KERNELS_HIGH_BYTES = CUDNN_BYTES_FITTED
+CUDNN_KERNELS_LOW_BYTES = 24886649
+CUDNN_KERNELS_HIGH_BYTES = 47418936
 #: Shares of the reserved peak for cuDNN's unknown workspaces and engines (low may be negative: the
 #: capture's workspace model can ask for more than the run takes).
-CUDNN_SHARE_LOW = 0.0
-CUDNN_SHARE_HIGH = 0.0
+CUDNN_SHARE_LOW = -0.0648
+CUDNN_SHARE_HIGH = 0.0647
+
+#: Shares of the reserved peak by which a capture that runs no cuDNN can differ from the replay: where
+#: the driver places segments and so how the caching allocator fragments (the replay hands out
+#: addresses in creation order). Learned from calibrate rows that run no cuDNN.
+PLACEMENT_SHARE_LOW = -0.116
+PLACEMENT_SHARE_HIGH = 0.0019
 
 CONTEXT_LABEL = "CUDA context and loaded kernels"
+PLACEMENT_LABEL = "allocator placement"
 CUDNN_LABEL = "cuDNN workspaces and engines"
 
 
@@ -112,18 +126,42 @@ def cudnn_term(reserved_peak_bytes: int) -> Term:
                 "differ from the estimate; validate/milabench_calibration.json 'ranges')")
 
 
+def placement_term(reserved_peak_bytes: int) -> Term:
+    """The placement term of a capture that runs no cuDNN (a capture that runs cuDNN has it inside cuDNN's)."""
+    low = int(min(0.0, PLACEMENT_SHARE_LOW) * reserved_peak_bytes)
+    high = int(max(0.0, PLACEMENT_SHARE_HIGH) * reserved_peak_bytes)
+    return Term("placement_bytes", PLACEMENT_LABEL, 0, low, high,
+                f"calibrated: {PLACEMENT_SHARE_LOW:+.1%} to {PLACEMENT_SHARE_HIGH:+.1%} of the reserved peak, the "
+                "least and the most by which milabench's calibrate rows that run no cuDNN (L40S) differ from the "
+                "estimate: the driver's segment addresses decide how the caching allocator fragments, and the replay "
+                "hands them out in creation order (validate/milabench_calibration.json 'ranges')")
+
+
+def is_capture(trace: Any) -> bool:
+    """Whether ``trace`` is an ``allocsim capture`` (or a trace ``scale`` predicted from captures)."""
+    return ((getattr(trace.meta, "version_hints", None) or {}).get("capture")) == "cuda on meta"
+
+
 def runs_cudnn(trace: Any) -> bool:
     """Whether a capture asked for cuDNN convolution workspaces (its requests name them)."""
     from .torch_capture.cudnn import is_workspace_label
 
-    hints = getattr(trace.meta, "version_hints", None) or {}
-    if hints.get("capture") != "cuda on meta":
+    if not is_capture(trace):
         return False                          # a GPU recording holds its real workspaces
     try:
         names = trace.table("frames")["name"]
     except (KeyError, AttributeError, ValueError):
         return False
     return any(is_workspace_label(str(name)) for name in set(names))
+
+
+def benchmark_note(trace: Any) -> str | None:
+    """The caveat a capture that turned ``cudnn.benchmark`` on carries (None otherwise)."""
+    flags = (getattr(trace.meta, "version_hints", None) or {}).get("cudnn_flags") or {}
+    if not flags.get("benchmark"):
+        return None
+    return ("cudnn.benchmark is on: on a GPU cuDNN times several engines and first allocates the largest "
+            "workspace among them, which no calibration row ran with, so the high end may be short")
 
 
 def ends_total(fixed_bytes: int, terms: Sequence[Term], end: str) -> int:
@@ -173,5 +211,5 @@ def verdict_words(judged: dict[str, Any], terms: Sequence[Term]) -> str:
     return f"FITS UNLESS the {names} together take more than the card leaves them"
 
 
-__all__ = ["CONTEXT_LABEL", "CUDNN_LABEL", "Term", "context_term", "cudnn_term", "ends_total", "judge",
-           "runs_cudnn", "verdict_words"]
+__all__ = ["CONTEXT_LABEL", "CUDNN_LABEL", "PLACEMENT_LABEL", "Term", "benchmark_note", "context_term", "cudnn_term",
+           "ends_total", "is_capture", "judge", "placement_term", "runs_cudnn", "verdict_words"]

@@ -328,16 +328,20 @@ def workspace_bytes(gpu: GpuModel) -> int:
     return TRAINING_CUBLAS_HANDLES * one
 
 
-def terms_of(gpu: GpuModel, reserved_peak_bytes: int, cudnn: bool = False) -> list:
+def terms_of(gpu: GpuModel, reserved_peak_bytes: int, cudnn: bool = False, capture: bool = False) -> list:
     """The unknown terms (``gpu_ranges.Term``) of a run on ``gpu`` that reserves ``reserved_peak_bytes``.
 
-    ``cudnn``: the trace runs cuDNN convolutions (``gpu_ranges.runs_cudnn``), which adds cuDNN's term.
+    ``cudnn``: the trace runs cuDNN convolutions (``gpu_ranges.runs_cudnn``), which adds cuDNN's term;
+    ``capture``: the trace is a CPU capture (``gpu_ranges.is_capture``), whose replay does not know
+    where the driver places segments: one that runs no cuDNN gets the placement term.
     """
-    from .gpu_ranges import context_term, cudnn_term
+    from .gpu_ranges import context_term, cudnn_term, placement_term
 
     terms = [context_term(gpu.context_bytes, gpu.local_bytes, CONTEXT0_BYTES_FITTED + gpu.local_bytes)]
     if cudnn:
         terms.append(cudnn_term(reserved_peak_bytes))
+    elif capture:
+        terms.append(placement_term(reserved_peak_bytes))
     return terms
 
 
@@ -346,17 +350,18 @@ ENDS = ("low", "point", "high")
 
 
 def allocator_capacity(gpu: GpuModel, workspaces_in_trace: bool = False, *, end: str = "point",
-                       cudnn: bool = False) -> int:
+                       cudnn: bool = False, capture: bool = False) -> int:
     """The memory left to the caching allocator's tensors once context, libraries and workspaces are in.
 
     ``workspaces_in_trace``: the trace holds its cuBLAS workspaces itself (a GPU recording, a
     current capture), so they are the allocator's to place, not taken off beforehand. ``end``: the
     unknown terms (``gpu_ranges``) at their point estimates, or at the low or high end of their
     ranges; ``cudnn``: the trace runs cuDNN convolutions, whose term grows with the reserved peak
-    (so the capacity is what leaves room for the peak and its share).
+    (so the capacity is what leaves room for the peak and its share); ``capture``: a capture that runs
+    no cuDNN, whose placement term grows with the reserved peak too.
     """
     from .gpu_ranges import CUDNN_BYTES_FITTED, CUDNN_KERNELS_HIGH_BYTES, CUDNN_KERNELS_LOW_BYTES, CUDNN_SHARE_HIGH, \
-        CUDNN_SHARE_LOW
+        CUDNN_SHARE_LOW, PLACEMENT_SHARE_HIGH, PLACEMENT_SHARE_LOW
 
     if end not in ENDS:
         raise ValueError(f"end must be one of {ENDS}, got {end!r}")
@@ -365,7 +370,10 @@ def allocator_capacity(gpu: GpuModel, workspaces_in_trace: bool = False, *, end:
     room = (gpu.total_bytes - gpu.library_bytes - taken
             - {"low": context.low_bytes, "point": context.bytes, "high": context.high_bytes}[end])
     if not cudnn:
-        return int(room)
+        if not capture:
+            return int(room)
+        share = {"low": min(0.0, PLACEMENT_SHARE_LOW), "point": 0.0, "high": max(0.0, PLACEMENT_SHARE_HIGH)}[end]
+        return int(room / (1.0 + share))
     share = {"low": min(0.0, CUDNN_SHARE_LOW), "point": 0.0, "high": max(0.0, CUDNN_SHARE_HIGH)}[end]
     kernels = {"low": min(CUDNN_BYTES_FITTED, CUDNN_KERNELS_LOW_BYTES), "point": CUDNN_BYTES_FITTED,
                "high": max(CUDNN_BYTES_FITTED, CUDNN_KERNELS_HIGH_BYTES)}[end]
@@ -373,8 +381,8 @@ def allocator_capacity(gpu: GpuModel, workspaces_in_trace: bool = False, *, end:
 
 
 def gpu_estimate(gpu: GpuModel, reserved_peak_bytes: int, workspaces_in_trace: bool = False, *,
-                 cudnn: bool = False, fits_low: bool | None = None, fits_point: bool | None = None,
-                 fits_high: bool | None = None) -> dict[str, Any]:
+                 cudnn: bool = False, capture: bool = False, fits_low: bool | None = None,
+                 fits_point: bool | None = None, fits_high: bool | None = None) -> dict[str, Any]:
     """The GPU memory the run needs at its peak, part by part, as a point and a range, and whether it fits ``gpu``.
 
     ``total_bytes`` is the point estimate; ``total_low_bytes`` / ``total_high_bytes`` take every
@@ -391,7 +399,7 @@ def gpu_estimate(gpu: GpuModel, reserved_peak_bytes: int, workspaces_in_trace: b
     from .gpu_ranges import judge
 
     workspaces = 0 if workspaces_in_trace else workspace_bytes(gpu)
-    terms = terms_of(gpu, reserved_peak_bytes, cudnn)
+    terms = terms_of(gpu, reserved_peak_bytes, cudnn, capture)
     fixed = reserved_peak_bytes + workspaces + gpu.library_bytes
     judged = judge(gpu.total_bytes, fixed, terms, fits_low=fits_low, fits_point=fits_point, fits_high=fits_high)
     fits = judged["verdict"] == "fits"

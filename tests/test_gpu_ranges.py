@@ -21,7 +21,7 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
-def _capture_like(tmp_path, sizes, *, conv=False, name="t.parquet"):
+def _capture_like(tmp_path, sizes, *, conv=False, name="t.parquet", benchmark=False):
     """A trace that says it is an allocsim capture; ``conv``: its first request is a cuDNN workspace."""
     builder = TraceBuilder(name, "test")
     frames = FrameTable(name)
@@ -32,7 +32,8 @@ def _capture_like(tmp_path, sizes, *, conv=False, name="t.parquet"):
             label = cudnn.label("forward", [8, 64, 56, 56], [64, 64, 3, 3], [8, 64, 56, 56], 1, 4)
             builder.set_stack_id(index, frames.stack_id([{"filename": "allocsim-capture", "line": 0,
                                                           "name": label}], "r"))
-    builder.meta.version_hints.update({"capture": "cuda on meta", "cublas_workspaces": "in trace"})
+    builder.meta.version_hints.update({"capture": "cuda on meta", "cublas_workspaces": "in trace",
+                                       "cudnn_flags": {"benchmark": benchmark, "allow_tf32": True}})
     trace = builder.finish()
     tables = frames.tables()
     trace.frames = frame_from_columns(tables["frames"], FRAME_DTYPES)
@@ -147,18 +148,26 @@ def test_a_run_between_the_ends_says_fits_unless_and_exits_3(tmp_path, cli):
     code, out, _ = cli("run", path, "--gpu", "RTX 4090", "--fast", "--sites", "0", "--json")
     est = json.loads(out)["gpu_estimate"]
     assert code == 3 and est["verdict"] == "fits_unless" and est["fits"] is False and est["fits_point"] is True
-    assert [d["key"] for d in est["deciding_terms"]] == ["context_bytes"]
+    # the context's range crosses the card's memory (and a capture's placement term, 0.2% high, here too)
+    assert "context_bytes" in [d["key"] for d in est["deciding_terms"]]
+    assert set(est["unknown_terms"]) == {"context_bytes", "placement_bytes"}
     code, out, _ = cli("run", path, "--gpu", "RTX 4090", "--fast", "--sites", "0")
     assert code == 3 and out.strip().splitlines()[-1].startswith(
         "FITS UNLESS the CUDA context and loaded kernels take more than")
 
 
-def test_a_capture_that_runs_cudnn_gets_the_cudnn_term(tmp_path):
+def test_a_capture_that_runs_cudnn_gets_the_cudnn_term_and_benchmark_a_caveat(tmp_path, cli):
     from allocsim.trace import read_trace
 
-    conv = read_trace(_capture_like(tmp_path, [1 << 20], conv=True, name="c.parquet"))
+    conv = _capture_like(tmp_path, [1 << 20], conv=True, name="c.parquet")
     plain = read_trace(_capture_like(tmp_path, [1 << 20], name="p.parquet"))
-    assert gpu_ranges.runs_cudnn(conv) and not gpu_ranges.runs_cudnn(plain)
+    assert gpu_ranges.runs_cudnn(read_trace(conv)) and not gpu_ranges.runs_cudnn(plain)
+    code, out, _ = cli("run", conv, "--gpu", "H100", "--fast", "--sites", "0", "--json")
+    est = json.loads(out)["gpu_estimate"]
+    assert set(est["unknown_terms"]) == {"context_bytes", "cudnn_bytes"} and "cudnn_benchmark_note" not in est
+    timed = _capture_like(tmp_path, [1 << 20], conv=True, name="b.parquet", benchmark=True)
+    code, out, _ = cli("run", timed, "--gpu", "H100", "--fast", "--sites", "0")
+    assert "cudnn.benchmark is on" in out.strip().splitlines()[-1]
 
 
 def test_the_ranges_are_the_calibration_files():
@@ -167,7 +176,18 @@ def test_the_ranges_are_the_calibration_files():
     assert gpu_ranges.CONTEXT0_HIGH_BYTES == ranges["context0_high_bytes"]
     assert gpu_ranges.CUDNN_SHARE_LOW == ranges["cudnn_share_low"]
     assert gpu_ranges.CUDNN_SHARE_HIGH == ranges["cudnn_share_high"]
+    assert gpu_ranges.PLACEMENT_SHARE_LOW == ranges["placement_share_low"]
+    assert gpu_ranges.PLACEMENT_SHARE_HIGH == ranges["placement_share_high"]
+    assert gpu_ranges.CUDNN_KERNELS_LOW_BYTES == ranges["cudnn_kernels_low_bytes"]
+    assert gpu_ranges.CUDNN_KERNELS_HIGH_BYTES == ranges["cudnn_kernels_high_bytes"]
+    # the points are the L40S group's fitted terms (torch 2.6 / cuDNN 9.5, the library version of the check tables)
+    from allocsim.gpus import CONTEXT0_BYTES_FITTED
+
+    terms = json.loads((REPO / "validate" / "milabench_calibration.json").read_text())["terms"]
+    (l40s,) = [t for t in terms if t["card"] == "L40S"]
+    assert (CONTEXT0_BYTES_FITTED, gpu_ranges.CUDNN_BYTES_FITTED) == (l40s["context0_bytes"], l40s["cudnn_bytes"])
     assert gpu_ranges.CONTEXT0_LOW_BYTES <= 192937984 <= gpu_ranges.CONTEXT0_HIGH_BYTES   # the point inside
     # learned on calibrate rows only: no check card's row among what they came from
-    used = [v["group"] for v in ranges["context_values"]] + [s["row"] for s in ranges["cudnn_shares"]]
+    used = ([v["group"] for v in ranges["context_values"]] + [s["row"] for s in ranges["cudnn_shares"]]
+            + [s["row"] for s in ranges["placement_shares"]])
     assert used and not any(card in text for text in used for card in ("H100", "H200"))

@@ -16,10 +16,13 @@ The terms (see ``allocsim.gpu_ranges`` for what each one is):
 * cuDNN: its loaded kernels from the least to the most of the calibrate groups' cuDNN terms (groups
   with a context), and shares of the reserved peak, the least and the most by which a calibrate row that runs
   cuDNN differs from the point estimate (truth - point, over the replay's reserved peak), over the
-  rows of calibrate groups whose benchmarks that run no cuDNN are reproduced (median absolute error
-  of those rows at most ``REPRODUCED``: the rows of a group whose scripts are another program say
-  nothing of cuDNN) and xMem's Anova rows (RTX 3060; their ground truth has no context in it) whose
+  rows of calibrate groups whose every benchmark that runs no cuDNN is reproduced (the median absolute
+  error of its rows at most ``REPRODUCED``: a group whose scripts or libraries are another program
+  than the one measured says nothing of cuDNN) and xMem's Anova rows (RTX 3060; their ground truth has no context in it) whose
   own reruns agree with their ground truth within ``XMEM_RERUN_AGREEMENT``;
+* placement (rows that run no cuDNN): shares of the reserved peak, the 5% quantile and the most of
+  (truth - point) / reserved peak over the reproduced groups' rows that run no cuDNN (the replay does
+  not know where the driver places segments, so how the allocator fragments);
 * NVML's reserved memory (only in these NVML comparisons, never in a verdict): per card, from its
   ``nvidia-smi -q`` printout to its NVML total less the lowest CUDA total recorded for it.
 """
@@ -32,9 +35,21 @@ import statistics
 from typing import Any
 
 MiB = 1 << 20
-#: A calibrate group's rows that run no cuDNN must be predicted this well (median absolute error) for
-#: its cuDNN rows to calibrate the cuDNN term: else the group's scripts are not the run measured.
+#: The low end of a term is this quantile of what the calibrate rows show, the high end the most any of
+#: them shows: a FITS (the high end fits) is never wrong on the calibration data, a DOES NOT FIT (the low
+#: end does not fit) on at most this share of it. The costs are not alike: a high end set too low says
+#: FITS where the run does not fit; a low end set too high only says DOES NOT FIT where it would.
+LOW_QUANTILE = 0.05
+#: Each benchmark that runs no cuDNN in a calibrate group must be predicted this well (median absolute
+#: error of its rows) for the group's cuDNN rows to calibrate the cuDNN term: else the group's scripts
+#: or libraries are not the run measured.
 REPRODUCED = 0.10
+
+
+def low_quantile(values: list[float]) -> float:
+    """The ``LOW_QUANTILE`` of ``values`` (nearest rank, the lower one)."""
+    ordered = sorted(values)
+    return ordered[int(LOW_QUANTILE * (len(ordered) - 1))]
 
 
 def context_range(calibration: dict[str, Any]) -> dict[str, Any]:
@@ -50,7 +65,7 @@ def context_range(calibration: dict[str, Any]) -> dict[str, Any]:
             values.append({"group": f"{group['card']}, {group['libraries']}", "benchmark": bench,
                            "context0_bytes": int(context0), "kept": context0 >= 0})
     kept = [v["context0_bytes"] for v in values if v["kept"]]
-    return {"low_bytes": min(kept), "high_bytes": max(kept), "values": values}
+    return {"low_bytes": int(low_quantile(kept)), "high_bytes": max(kept), "values": values}
 
 
 #: An xMem row whose own reruns (the allocator not capped below its ground truth) peaked further than
@@ -81,8 +96,9 @@ def xmem_shares() -> tuple[list[dict[str, Any]], list[str]]:
     return out, left_out
 
 
-def cudnn_shares(results: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """Per calibrate row that runs cuDNN, in a reproduced group: (truth - point) / reserved peak; and the groups left out."""
+def cudnn_shares(results: list[dict[str, Any]], cudnn: bool = True) -> tuple[list[dict[str, Any]], list[str]]:
+    """Per calibrate row that runs cuDNN (``cudnn`` False: that runs none), in a reproduced group:
+    (truth - point) / reserved peak; and the groups left out."""
     from validate.milabench import CUDNN_BENCHMARKS, library_key   # noqa: PLC0415
 
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -91,13 +107,17 @@ def cudnn_shares(results: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], l
             groups.setdefault((r["card"], library_key(r)), []).append(r)
     shares, left_out = [], []
     for (card, lib), group in sorted(groups.items()):
-        plain = [abs(r["error"]) for r in group if r["benchmark"] not in CUDNN_BENCHMARKS]
-        if not plain or statistics.median(plain) > REPRODUCED:
-            left_out.append(f"{card}, {lib}: rows that run no cuDNN "
-                            + (f"off by a median {statistics.median(plain):.1%}" if plain else "absent"))
+        plain: dict[str, list[float]] = {}
+        for r in group:
+            if r["benchmark"] not in CUDNN_BENCHMARKS:
+                plain.setdefault(r["benchmark"], []).append(abs(r["error"]))
+        off = {b: statistics.median(errors) for b, errors in plain.items() if statistics.median(errors) > REPRODUCED}
+        if not plain or off:
+            left_out.append(f"{card}, {lib}: " + ("no rows that run no cuDNN" if not plain else
+                            "not reproduced: " + ", ".join(f"{b} off by a median {e:.1%}" for b, e in sorted(off.items()))))
             continue
         for r in group:
-            if r["benchmark"] in CUDNN_BENCHMARKS and r["reserved_peak_bytes"] > 0:
+            if (r["benchmark"] in CUDNN_BENCHMARKS) == cudnn and r["reserved_peak_bytes"] > 0:
                 shares.append({"row": f"{card} {r['benchmark']} {r['batch']}",
                                "share": (r["ground_bytes"] - r["predicted_bytes"]) / r["reserved_peak_bytes"]})
     return shares, left_out
@@ -111,17 +131,23 @@ def fit_ranges(calibration: dict[str, Any], results: list[dict[str, Any]]) -> di
     shares += more
     left_out += unstable
     values = [s["share"] for s in shares]
+    placement, _left = cudnn_shares(results, cudnn=False)
+    placed = [p["share"] for p in placement]
     kernels = [g["cudnn_bytes"] for g in calibration.get("terms", [])
                if "cudnn_bytes" in g and g.get("context0_bytes", -1) >= 0]
     return {"context0_low_bytes": context["low_bytes"], "context0_high_bytes": context["high_bytes"],
             "cudnn_kernels_low_bytes": min(kernels), "cudnn_kernels_high_bytes": max(kernels),
-            "cudnn_share_low": round(min(values), 4), "cudnn_share_high": round(max(values), 4),
+            "cudnn_share_low": round(low_quantile(values), 4), "cudnn_share_high": round(max(values), 4),
+            "placement_share_low": round(low_quantile(placed), 4), "placement_share_high": round(max(placed), 4),
             "context_values": context["values"], "cudnn_shares": shares, "cudnn_groups_left_out": left_out,
-            "about": "fitted on calibrate rows only (milabench L40S and old A100 tables, xMem's Anova rows): "
-                     "context0 from the least to the most batch-0 value less local memory of the benchmarks that "
-                     "run no cuDNN (negative values left out); cuDNN from the least to the most (truth - point) / "
-                     "reserved peak of the rows that run cuDNN in groups whose other rows are reproduced (median "
-                     f"absolute error at most {REPRODUCED:.0%}) and of xMem's Anova rows"}
+            "placement_shares": placement,
+            "about": "fitted on calibrate rows only (milabench L40S and old A100 tables, xMem's Anova rows); each "
+                     f"range from the {LOW_QUANTILE:.0%} quantile to the most of what the rows show: context0 of the "
+                     "batch-0 values less local memory of the benchmarks that run no cuDNN (negative values left "
+                     "out); cuDNN's share of (truth - point) / reserved peak of the rows that run cuDNN in groups "
+                     f"whose every benchmark that runs no cuDNN is reproduced (median absolute error at most "
+                     f"{REPRODUCED:.0%}) and of xMem's Anova rows whose reruns agree with them; placement's share of "
+                     "the same for those groups' rows that run no cuDNN"}
 
 
 def nvml_reserved_range(card: str) -> tuple[int, int, int]:
@@ -152,7 +178,10 @@ def predict_range(row: dict[str, Any], result: dict[str, Any], terms: dict[str, 
     ctx_low = min(terms["context_bytes"], ranges["context0_low_bytes"] + local)
     ctx_high = max(terms["context_bytes"], ranges["context0_high_bytes"] + local)
     cudnn_low = cudnn_high = terms["cudnn_bytes"]
-    if row["benchmark"] in CUDNN_BENCHMARKS:
+    if row["benchmark"] not in CUDNN_BENCHMARKS:      # the placement term (no cuDNN: see allocsim.gpu_ranges)
+        cudnn_low += min(0.0, ranges.get("placement_share_low", 0.0)) * reserved
+        cudnn_high += max(0.0, ranges.get("placement_share_high", 0.0)) * reserved
+    else:
         cudnn_low = min(cudnn_low, ranges["cudnn_kernels_low_bytes"]) + min(0.0, ranges["cudnn_share_low"]) * reserved
         cudnn_high = (max(cudnn_high, ranges["cudnn_kernels_high_bytes"])
                       + max(0.0, ranges["cudnn_share_high"]) * reserved)

@@ -219,11 +219,6 @@ def resolve_policy(policy: str, settings: list[str], alloc_conf: str | None = No
     return spec.name, merge_settings(*sources)
 
 
-def is_capture(trace: Any) -> bool:
-    """Whether ``trace`` is an ``allocsim capture`` (or a trace ``scale`` predicted from captures)."""
-    return (trace.meta.version_hints or {}).get("capture") == "cuda on meta"
-
-
 def default_policy(args: argparse.Namespace, trace: Any) -> None:
     """Fill in ``--policy pytorch`` for a capture (and say so on stderr); refuse a missing one otherwise.
 
@@ -232,6 +227,8 @@ def default_policy(args: argparse.Namespace, trace: Any) -> None:
     """
     if args.policy is not None:
         return
+    from ..gpu_ranges import is_capture
+
     if not is_capture(trace):
         raise ValueError("give --policy NAME (allocsim policies lists them): only a trace allocsim capture wrote "
                          "implies one (pytorch)")
@@ -265,11 +262,12 @@ def execute(args: argparse.Namespace, trace: Any = None):
     note_picked_device("run", trace, args.device)
     trace = select_device(trace, args.device)
     if gpu is not None:
-        from ..gpu_ranges import runs_cudnn
+        from ..gpu_ranges import is_capture as captured, runs_cudnn
         from ..gpus import allocator_capacity
         from ..trace.inference.workspaces import cublas_workspaces_in_trace
 
-        given = allocator_capacity(gpu, cublas_workspaces_in_trace(trace.meta), cudnn=runs_cudnn(trace))
+        given = allocator_capacity(gpu, cublas_workspaces_in_trace(trace.meta), cudnn=runs_cudnn(trace),
+                                   capture=captured(trace))
     capacity = resolve_capacity(trace, given)
     if limit is not None and (capacity.bytes is None or limit < capacity.bytes):
         # FLAGS_gpu_memory_limit_mb caps the bytes Paddle cudaMallocs, below whatever the device has.
@@ -303,7 +301,7 @@ def _gpu(args: argparse.Namespace) -> Any:
 
 
 def gpu_replays(trace: Any, gpu: Any, policy: str, params: dict[str, Any], point_fits: bool,
-                in_trace: bool, cudnn: bool) -> dict[str, Any]:
+                in_trace: bool, cudnn: bool, capture: bool = False) -> dict[str, Any]:
     """What ``--gpu`` needs beyond the replay at the point capacity: the peak with no capacity limit
     (what the run needs) and whether it fits at the low and the high end of the unknown terms.
 
@@ -322,7 +320,7 @@ def gpu_replays(trace: Any, gpu: Any, policy: str, params: dict[str, Any], point
     peak = int(unlimited.get("peak_reserved_bytes") or 0)
     ends: dict[str, bool] = {}
     for end in ("high", "low"):
-        capacity = allocator_capacity(gpu, in_trace, end=end, cudnn=cudnn)
+        capacity = allocator_capacity(gpu, in_trace, end=end, cudnn=cudnn, capture=capture)
         if peak <= capacity:
             ends[end] = True
         elif end == "low" and point_fits:
@@ -343,28 +341,30 @@ def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None, policy: str = "py
     (``meta.device_properties``), the estimate's ``recorded_device`` says whether ``gpu`` is that
     card and whether its total is the recorded one.
     """
-    from ..gpu_ranges import runs_cudnn, verdict_words
+    from ..gpu_ranges import benchmark_note, is_capture as captured, runs_cudnn, verdict_words
     from ..gpus import gpu_estimate, recorded_device_check, terms_of
     from ..trace.inference.workspaces import cublas_workspaces_in_trace
 
     summary = result.summary
     in_trace = trace is not None and cublas_workspaces_in_trace(trace.meta)
     cudnn = trace is not None and runs_cudnn(trace)
+    capture = trace is not None and captured(trace)
     verdict = summary.get("verdict") or {}
     point_fits = verdict.get("fits") is not False
     if trace is not None:
-        ends = gpu_replays(trace, gpu, policy, dict(params or {}), point_fits, in_trace, cudnn)
+        ends = gpu_replays(trace, gpu, policy, dict(params or {}), point_fits, in_trace, cudnn, capture)
     else:
         peak = int(summary.get("peak_reserved_bytes") or 0)
         ends = {"unlimited_peak_reserved_bytes": peak, "fits_low": None, "fits_high": None}
     peak = ends["unlimited_peak_reserved_bytes"]
-    estimate = gpu_estimate(gpu, peak, workspaces_in_trace=in_trace, cudnn=cudnn, fits_low=ends["fits_low"],
+    estimate = gpu_estimate(gpu, peak, workspaces_in_trace=in_trace, cudnn=cudnn, capture=capture,
+                            fits_low=ends["fits_low"],
                             fits_point=point_fits, fits_high=ends["fits_high"])
     devices = trace.devices if trace is not None else []
     recorded = trace.meta.device_properties.get(str(devices[0])) if len(devices) == 1 else None
     estimate["recorded_device"] = None if recorded is None else recorded_device_check(gpu, devices[0], recorded)
     summary["gpu_estimate"] = estimate
-    word = verdict_words(estimate, terms_of(gpu, peak, cudnn))
+    word = verdict_words(estimate, terms_of(gpu, peak, cudnn, capture))
     label = "" if gpu.verified else ", label"
     notes = [estimate["caveat"]] if estimate["caveat"] else []
     if estimate["recorded_device"] is not None and not estimate["recorded_device"]["total_matches"]:
@@ -374,8 +374,12 @@ def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None, policy: str = "py
         estimate["captured_for"] = captured_on
         notes.append(f"captured for {captured_on}: its kernels' scratch and cuBLAS workspaces are that card's; "
                      f"capture again with --gpu \"{gpu.name}\" for this one's")
+    bench = benchmark_note(trace) if cudnn and trace is not None else None
+    if bench:
+        estimate["cudnn_benchmark_note"] = bench
+        notes.append(bench)
     caveat = f" ({'; '.join(notes)})" if notes else ""
-    terms = terms_of(gpu, peak, cudnn)
+    terms = terms_of(gpu, peak, cudnn, capture)
     unknown = "".join(f" + {t.text()}" for t in terms)
     squeezed = (" (the allocator frees cached blocks to stay within the card)"
                 if point_fits and estimate["total_bytes"] > gpu.total_bytes else "")

@@ -158,7 +158,7 @@ def _find_max(args: argparse.Namespace, scaler) -> int:
 
     gpu_note = point = None
     if args.gpu is not None:
-        from ..gpu_ranges import runs_cudnn
+        from ..gpu_ranges import is_capture, runs_cudnn
         from ..gpus import allocator_capacity, find_gpu, label_note
 
         from ..trace.inference.workspaces import cublas_workspaces_in_trace
@@ -166,10 +166,11 @@ def _find_max(args: argparse.Namespace, scaler) -> int:
         gpu = find_gpu(args.gpu)
         in_trace = all(cublas_workspaces_in_trace(item.trace.meta) for item in scaler.inputs)
         cudnn = any(runs_cudnn(item.trace) for item in scaler.inputs)
+        capture = all(is_capture(item.trace) for item in scaler.inputs)
         # FITS only at the high end of the unknown terms (gpu_ranges): that is the search's capacity;
         # the answer at their point estimate is searched after, with the answer's setting.
-        capacity = allocator_capacity(gpu, in_trace, end="high", cudnn=cudnn)
-        point = allocator_capacity(gpu, in_trace, end="point", cudnn=cudnn)
+        capacity = allocator_capacity(gpu, in_trace, end="high", cudnn=cudnn, capture=capture)
+        point = allocator_capacity(gpu, in_trace, end="point", cudnn=cudnn, capture=capture)
         where = ["--gpu", gpu.name]
         gpu_note = label_note(gpu)
     else:

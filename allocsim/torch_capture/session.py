@@ -214,7 +214,7 @@ class _Converter:
             "cudnn_workspace_ratios": summary.get("cudnn_workspace_ratios", {}),
             "cublas_workspaces": "in trace", "cublas_workspace_bytes": summary.get("cublas_workspace_bytes"),
             "gpu": summary.get("gpu", {}), "categories": "capture",
-            "autocast": summary.get("autocast", {}),
+            "autocast": summary.get("autocast", {}), "cudnn_flags": summary.get("cudnn_flags", {}),
         })
         ratios = summary.get("cudnn_workspace_ratios") or {}
         meta.notes.append(
