@@ -404,7 +404,8 @@ def gpu_estimate(gpu: GpuModel, reserved_peak_bytes: int, workspaces_in_trace: b
     judged = judge(gpu.total_bytes, fixed, terms, fits_low=fits_low, fits_point=fits_point, fits_high=fits_high)
     fits = judged["verdict"] == "fits"
     proven = proven_total_bytes(gpu)
-    fits_proven = fits and judged["total_high_bytes"] <= proven
+    # a recorded total is proven; a label only up to what recorded cards show of theirs
+    fits_proven = fits and (gpu.verified or judged["total_high_bytes"] <= proven)
     cudnn_term = next((t for t in terms if t.key == "cudnn_bytes"), None)
     return {
         "gpu": gpu.name,

@@ -19,6 +19,10 @@ Code sites (``--sites N``, ``--site-filter PATHS``): who holds the memory at the
 memory and at the first OOM, and who causes the waste at the peak of reserved memory, by the
 innermost frame of the program (``allocsim.metrics.sites.report``; JSON ``sites``).
 
+``--gpu NAME``: the card's memory less its own terms; the verdict bets on the high end of what a
+CPU run cannot know (``allocsim.gpu_ranges``: FITS, FITS UNLESS <term>, DOES NOT FIT), and a capture
+needs no ``--policy`` (pytorch is taken).
+
 Capacity: ``--capacity SIZE``, else the capacity the recording implies (said in the output), else
 unlimited. The last line is the verdict. Exit status: 0 when it fits (or no capacity), 3 on a
 simulated out-of-memory, 2 on a usage or input error (one line on stderr). A trace predicted by
@@ -43,8 +47,9 @@ from .info import add_site_args, add_state_args, site_options, state_options
 #: Exit status of a run that ran out of memory in the simulation.
 EXIT_OOM = 3
 
-EXIT_STATUS_HELP = ("exit status: 0 = fits (or no capacity to check), 3 = the simulation ran out of memory, "
-                    "2 = usage or input error")
+EXIT_STATUS_HELP = ("exit status: 0 = fits (or no capacity to check), 3 = the simulation ran out of memory (with "
+                    "--gpu: anything but FITS, which needs the unknown terms' high end to fit), 2 = usage or input "
+                    "error")
 
 
 def register(subparsers) -> None:
@@ -381,8 +386,10 @@ def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None, policy: str = "py
     caveat = f" ({'; '.join(notes)})" if notes else ""
     terms = terms_of(gpu, peak, cudnn, capture)
     unknown = "".join(f" + {t.text()}" for t in terms)
+    # A replay at an end's capacity can complete below the unlimited peak: the allocator frees its cache
     squeezed = (" (the allocator frees cached blocks to stay within the card)"
-                if point_fits and estimate["total_bytes"] > gpu.total_bytes else "")
+                if (estimate["fits"] and estimate["total_high_bytes"] > gpu.total_bytes)
+                or (point_fits and estimate["total_bytes"] > gpu.total_bytes) else "")
     verdict["line"] = (f"{word} on {gpu.name} ({format_bytes(gpu.total_bytes)}{label}){caveat}: needs "
                        f"{format_bytes(estimate['total_bytes'])} ({format_bytes(estimate['total_low_bytes'])} to "
                        f"{format_bytes(estimate['total_high_bytes'])}){squeezed} = reserved peak "
