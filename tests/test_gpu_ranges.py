@@ -191,3 +191,12 @@ def test_the_ranges_are_the_calibration_files():
     used = ([v["group"] for v in ranges["context_values"]] + [s["row"] for s in ranges["cudnn_shares"]]
             + [s["row"] for s in ranges["placement_shares"]])
     assert used and not any(card in text for text in used for card in ("H100", "H200"))
+
+
+def test_advise_on_a_gpu_advises_at_the_high_end_and_says_so(tmp_path, cli):
+    path = _capture_like(tmp_path, [1 << 30])
+    code, out, _ = cli("advise", path, "--gpu", "RTX 4090", "--fast", "--workers", "1", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["capacity_bytes"] == allocator_capacity(find_gpu("RTX 4090"), True, end="high",
+                                                                      capture=True)
+    assert "high end of its range" in data["gpu_capacity_note"]
