@@ -324,12 +324,17 @@ def _gpu(args: argparse.Namespace) -> Any:
 
 
 def gpu_replays(trace: Any, gpu: Any, policy: str, params: dict[str, Any], point_fits: bool,
-                in_trace: bool, cudnn: bool, capture: bool = False) -> dict[str, Any]:
-    """What ``--gpu`` needs beyond the replay at the point capacity: the peak with no capacity limit
-    (what the run needs) and whether it fits at the low and the high end of the unknown terms.
+                in_trace: bool, cudnn: bool, capture: bool = False,
+                point_peak_bytes: int | None = None) -> dict[str, Any]:
+    """What ``--gpu`` needs beyond the replay at the point capacity: whether the run fits at the low and
+    the high end of the unknown terms, and the reserved peak the estimate counts.
 
     Each end's answer is the replay at that end's ``allocator_capacity`` (the allocator frees its
-    cache and retries there as PyTorch does); no replay is made where the unlimited peak settles it.
+    cache and retries there as PyTorch does); no replay is made where the peak with no capacity limit
+    settles it. The peak counted is the one of the replay that decided the verdict: at the high end's
+    capacity for a FITS (``fit`` and ``scale --find-max`` count the same), at the point's for a run
+    that fits there, else the peak with no capacity limit (what the run needs, never what it held when
+    it ran out of memory).
     """
     from ..gpus import allocator_capacity
     from ..metrics.verdict import GIVEN
@@ -339,18 +344,25 @@ def gpu_replays(trace: Any, gpu: Any, policy: str, params: dict[str, Any], point
         cap = Capacity(capacity, GIVEN) if capacity is not None else Capacity(None, None)
         return simulate_trace(trace, policy, params, capacity=cap, fast=True).summary
 
-    unlimited = replay(None)
-    peak = int(unlimited.get("peak_reserved_bytes") or 0)
-    ends: dict[str, bool] = {}
-    for end in ("high", "low"):
-        capacity = allocator_capacity(gpu, in_trace, end=end, cudnn=cudnn, capture=capture)
-        if peak <= capacity:
-            ends[end] = True
-        elif end == "low" and point_fits:
-            ends[end] = True
-        else:
-            ends[end] = capacity > 0 and bool(replay(capacity)["verdict"]["fits"])
-    return {"unlimited_peak_reserved_bytes": peak, "fits_low": ends["low"], "fits_high": ends["high"]}
+    unlimited = int(replay(None).get("peak_reserved_bytes") or 0)
+    high_capacity = allocator_capacity(gpu, in_trace, end="high", cudnn=cudnn, capture=capture)
+    if unlimited <= high_capacity:
+        fits_high, high_peak = True, unlimited
+    else:
+        squeezed = replay(high_capacity) if high_capacity > 0 else None
+        fits_high = squeezed is not None and bool(squeezed["verdict"]["fits"])
+        high_peak = int(squeezed.get("peak_reserved_bytes") or 0) if fits_high else None
+    low_capacity = allocator_capacity(gpu, in_trace, end="low", cudnn=cudnn, capture=capture)
+    fits_low = (point_fits or fits_high or unlimited <= low_capacity
+                or (low_capacity > 0 and bool(replay(low_capacity)["verdict"]["fits"])))
+    if high_peak is not None:
+        peak = high_peak
+    elif point_fits and point_peak_bytes is not None:
+        peak = point_peak_bytes
+    else:
+        peak = unlimited
+    return {"unlimited_peak_reserved_bytes": unlimited, "peak_reserved_bytes": peak, "fits_low": fits_low,
+            "fits_high": fits_high}
 
 
 def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None, policy: str = "pytorch",
@@ -375,17 +387,20 @@ def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None, policy: str = "py
     verdict = summary.get("verdict") or {}
     point_fits = verdict.get("fits") is not False
     if trace is not None:
-        ends = gpu_replays(trace, gpu, policy, dict(params or {}), point_fits, in_trace, cudnn, capture)
+        ends = gpu_replays(trace, gpu, policy, dict(params or {}), point_fits, in_trace, cudnn, capture,
+                           int(summary.get("peak_reserved_bytes") or 0))
     else:
         peak = int(summary.get("peak_reserved_bytes") or 0)
-        ends = {"unlimited_peak_reserved_bytes": peak, "fits_low": None, "fits_high": None}
-    peak = ends["unlimited_peak_reserved_bytes"]
+        ends = {"unlimited_peak_reserved_bytes": peak, "peak_reserved_bytes": peak, "fits_low": None,
+                "fits_high": None}
+    peak = ends["peak_reserved_bytes"]
     estimate = gpu_estimate(gpu, peak, workspaces_in_trace=in_trace, cudnn=cudnn, capture=capture,
                             fits_low=ends["fits_low"],
                             fits_point=point_fits, fits_high=ends["fits_high"])
     devices = trace.devices if trace is not None else []
     recorded = trace.meta.device_properties.get(str(devices[0])) if len(devices) == 1 else None
     estimate["recorded_device"] = None if recorded is None else recorded_device_check(gpu, devices[0], recorded)
+    estimate["unlimited_peak_reserved_bytes"] = ends["unlimited_peak_reserved_bytes"]
     summary["gpu_estimate"] = estimate
     word = verdict_words(estimate, terms_of(gpu, peak, cudnn, capture))
     label = "" if gpu.verified else ", label"
@@ -405,9 +420,9 @@ def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None, policy: str = "py
     terms = terms_of(gpu, peak, cudnn, capture)
     unknown = "".join(f" + {t.text()}" for t in terms)
     # A replay at an end's capacity can complete below the unlimited peak: the allocator frees its cache
-    squeezed = (" (the allocator frees cached blocks to stay within the card)"
-                if (estimate["fits"] and estimate["total_high_bytes"] > gpu.total_bytes)
-                or (point_fits and estimate["total_bytes"] > gpu.total_bytes) else "")
+    squeezed = (f" (the allocator frees cached blocks to stay within the card: with no limit the run reserves "
+                f"{format_bytes(ends['unlimited_peak_reserved_bytes'])})"
+                if ends["unlimited_peak_reserved_bytes"] > peak else "")
     verdict["line"] = (f"{word} on {gpu.name} ({format_bytes(gpu.total_bytes)}{label}){caveat}: needs "
                        f"{format_bytes(estimate['total_bytes'])} ({format_bytes(estimate['total_low_bytes'])} to "
                        f"{format_bytes(estimate['total_high_bytes'])}){squeezed} = reserved peak "
