@@ -32,7 +32,11 @@ from typing import Any, Iterator
 
 import torch
 
+from . import torch_versions
 from .tracker import StorageTracker
+
+#: torch 2.4 and 2.5 want torch.cuda's Stream and Event to derive from torch._streambase's classes.
+_STREAM_BASES, _EVENT_BASES = torch_versions.stream_bases()
 
 
 class DeviceProperties:
@@ -58,7 +62,7 @@ class DeviceProperties:
                 f"{self.multi_processor_count}, allocsim capture)")
 
 
-class Stream:
+class Stream(*_STREAM_BASES):
     """A CUDA stream as the script sees it; requests made while it is current carry its number."""
 
     _next_id = 1
@@ -110,7 +114,7 @@ class _DefaultStream(Stream):
 DEFAULT_STREAM = _DefaultStream()
 
 
-class Event:
+class Event(*_EVENT_BASES):
     """A CUDA event: recording and waiting are instantaneous on the capture's single timeline."""
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
@@ -325,7 +329,8 @@ def shims(tracker: StorageTracker, gpu: dict[str, Any]) -> dict[tuple[Any, str],
         table[(profiler, "profile")] = _range_for("profile")
     cudnn = torch.backends.cudnn
     table[(cudnn, "is_available")] = lambda: True
-    table[(cudnn, "version")] = lambda: 91000
+    cudnn_version = torch_versions.cudnn_version()     # read before the capture answers for cuDNN
+    table[(cudnn, "version")] = lambda: cudnn_version
     return {key: value for key, value in table.items() if key[0] is not None}
 
 

@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
+from . import torch_versions        # version keys only: importing it does not import torch
+
 # ----------------------------------------------------------------------------- dtypes
 
 #: Bytes per element of each dtype, by the name torch prints without ``torch.``.
@@ -677,7 +679,7 @@ def reduction_scratch(family: str, inp: TensorMeta, dims: Any = None, keepdim: b
     64-bit indexing, and the global reduce buffer and semaphores of each kernel launch.
     """
     gpu = gpu_props(gpu)
-    legacy = tuple(torch_version) <= (2, 6)
+    legacy = tuple(torch_version) <= torch_versions.REDUCE_VEC4_UNTIL
     out_dtype = dtype_name(out_dtype or inp.dtype)
     label = label or family
     reqs = _Requests()
@@ -728,7 +730,7 @@ def layer_norm_backward_scratch(grad_out: TensorMeta, inp: TensorMeta, normalize
     m_rows = inp.numel // n_cols if n_cols else 0
     want_dgamma = weight is not None and output_mask[1]
     want_dbeta = (not rms_norm) and bias is not None and len(output_mask) > 2 and output_mask[2]
-    if m_rows == 0 or n_cols == 0 or not (want_dgamma or want_dbeta) or tuple(torch_version) < (2, 7):
+    if m_rows == 0 or n_cols == 0 or not (want_dgamma or want_dbeta) or tuple(torch_version) < torch_versions.LAYER_NORM_TWO_PASS:
         return reqs.items
     block_dim_x = 32
     if m_rows > 64 * 1024 and n_cols // block_dim_x < gpu.sm_count // 2:

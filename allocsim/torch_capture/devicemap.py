@@ -47,7 +47,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _device as torch_device_module
 from torch.utils._pytree import tree_map
 
-from . import accelerator, cuda_api, dataparallel, datadep, legacy, optimizers, sdpa
+from . import accelerator, cuda_api, dataparallel, datadep, legacy, meta_kernels, optimizers, sdpa
 from .autocast import CudaAutocast
 from .tracker import CAPTURE_DEVICE, Recorder, StorageTracker
 
@@ -394,6 +394,9 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
     table = {**cuda_table, **accelerator.shims(cuda_table), **legacy.shims(tracker.is_device),
              **optimizers.shims(tracker.is_device), **dataparallel.shims(tracker.is_device)}
     optimizers.install()
+    for name in meta_kernels.install():
+        tracker.note(f"torch {torch.__version__} has no meta kernel for aten::{name}: allocsim's, shaped as "
+                     "CUDA's outputs (allocsim.torch_capture.meta_kernels)")
     table[(torch, "get_default_device")] = _default_device(torch.get_default_device)
     with contextlib.ExitStack() as stack:
         for (owner, name), fn in table.items():

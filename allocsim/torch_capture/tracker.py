@@ -38,7 +38,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from . import cublas, cuda_scratch, cudnn
+from . import cublas, cuda_scratch, cudnn, torch_versions
 from .channel import Channel
 
 #: The device the script's ``cuda`` tensors live on during a capture.
@@ -119,7 +119,7 @@ class StorageTracker:
             str(self.gpu.get("name", "GPU")), int(self.gpu.get("sm_count") or 108),
             int(self.gpu.get("max_threads_per_sm") or 2048),
             compute_capability=(int(self.gpu.get("major", 8)), int(self.gpu.get("minor", 0))))
-        self.torch_version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+        self.torch_version = torch_versions.installed()
         self._scratch_ops: dict[Any, bool] = {}
         # An out-of-place backward result whose request waits to see whether an input it could
         # have been written into is freed at once: (storage key, {input key: size}, message).
