@@ -82,6 +82,9 @@ def register(subparsers) -> None:
                         help="the GPU to judge against (see `allocsim gpus`): its memory less the CUDA context, "
                              "libraries and cuBLAS workspaces is the allocator's capacity; the summary gets "
                              "gpu_estimate")
+    parser.add_argument("--torch", metavar="VERSION", dest="target_torch",
+                        help="the torch the GPU run uses (default: the capture's); with --gpu, the verdict says "
+                             "when the trace was made with another release")
     parser.add_argument("--device", type=int, metavar="N", help="device to replay (required if the trace has several)")
     parser.add_argument("--fast", action="store_true", help="no timing: memory results only, much faster")
     parser.add_argument("--continue-on-oom", action="store_true",
@@ -227,8 +230,11 @@ def execute(args: argparse.Namespace, trace: Any = None):
     from ..engine import select_device
     from ..runner import GIVEN, Capacity, check_capacity, resolve_capacity, simulate_trace
 
+    from ..torch_release import check_target
+
     given = parse_bytes(args.capacity, round_down=True) if args.capacity is not None else None
     gpu = _gpu(args)
+    target_torch = check_target(getattr(args, "target_torch", None))
     if gpu is not None and given is not None:
         raise ValueError("give --gpu or --capacity, not both")
     cost_model = cost_model_from_args(args)
@@ -255,7 +261,7 @@ def execute(args: argparse.Namespace, trace: Any = None):
         add_sites(result, trace, name, params, capacity.bytes, cost_model, site_filter, top, args.continue_on_oom,
                   categories)
     if gpu is not None:
-        add_gpu_estimate(result, gpu, trace)
+        add_gpu_estimate(result, gpu, trace, target_torch)
     return result
 
 
@@ -275,13 +281,16 @@ def _gpu(args: argparse.Namespace) -> Any:
     return find_gpu(name) if name is not None else None      # `--gpu ''` is refused, never ignored
 
 
-def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None) -> None:
+def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None, target_torch: str | None = None) -> None:
     """Put ``gpu_estimate`` in the summary and say the GPU's memory in the verdict line.
 
     Where the trace states the card it was recorded on (``meta.device_properties``), the estimate's
     ``recorded_device`` says whether ``gpu`` is that card and whether its total is the recorded one.
+    ``torch`` says which torch made the trace and which the GPU run uses (``target_torch``, by default
+    the trace's), with a note in the verdict line where they differ (``torch_release``).
     """
     from ..gpus import gpu_estimate, recorded_device_check
+    from ..torch_release import torch_check
     from ..trace.inference.workspaces import cublas_workspaces_in_trace
 
     summary = result.summary
@@ -305,6 +314,10 @@ def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None) -> None:
         estimate["captured_for"] = captured_on
         notes.append(f"captured for {captured_on}: its kernels' scratch and cuBLAS workspaces are that card's; "
                      f"capture again with --gpu \"{gpu.name}\" for this one's")
+    if trace is not None:
+        estimate["torch"] = torch_check(trace.meta, target_torch)
+        if estimate["torch"]["note"]:
+            notes.append(estimate["torch"]["note"])
     caveat = f" ({'; '.join(notes)})" if notes else ""
     verdict["line"] = (f"{word} on {gpu.name} ({format_bytes(gpu.total_bytes)}{label}){caveat}: needs "
                        f"{format_bytes(estimate['total_bytes'])} = reserved peak "
