@@ -53,8 +53,24 @@ def torch_check(meta: Any, target: str | None = None) -> dict[str, Any]:
         if captured:
             out["note"] = (f"captured with torch {version}, the GPU run uses torch {target}: releases allocate "
                            "differently (autograd, reductions, attention kernels); capture again in the training "
-                           "environment's interpreter: allocsim capture -- /path/to/python train.py")
+                           "environment's interpreter (-- /path/to/python train.py)")
         else:
             out["note"] = (f"recorded with torch {version}, the GPU run uses torch {target}: releases allocate "
                            "differently (autograd, reductions, attention kernels)")
+    return out
+
+
+def inputs_check(metas: list[Any], target: str | None = None) -> dict[str, Any]:
+    """``torch_check`` over several traces (``allocsim scale``'s inputs): their torch versions, and one note
+    when they differ from each other or from ``target``."""
+    versions = [trace_torch(m)[0] for m in metas]
+    known = sorted({v for v in versions if v})
+    mixed = len({torch_versions.parse(v) for v in known}) > 1
+    first = next((m for m, v in zip(metas, versions) if v), metas[0] if metas else None)
+    out = torch_check(first, target) if first is not None else {"note": None, "differs": False}
+    out["input_torch"] = versions
+    if mixed:
+        out["differs"] = True
+        out["note"] = (f"the inputs were made with different torch releases ({', '.join(known)}): a law fitted "
+                       "across them mixes the releases' allocations; make them all in one torch")
     return out
