@@ -172,6 +172,7 @@ def test_torch_env_reads_requirements_and_maps_libraries_to_packages():
     assert pins == ["nvidia-cudnn-cu12==9.1.0.70", "nvidia-cublas-cu12==12.4.5.8"]
     assert torch_env._package_of("libcusparseLt-f80c68d1.so.0") == "nvidia-cusparselt"
     assert torch_env._package_of("libcusparse.so.12") == "nvidia-cusparse"
+    assert torch_env._package_of("libnvshmem_host.so.3") == "nvidia-nvshmem"
 
 
 def test_torch_matrix_marks_the_recordings_release_and_counts_exact_rows():
@@ -191,3 +192,61 @@ def test_torch_matrix_marks_the_recordings_release_and_counts_exact_rows():
     assert counts["2.13.0+cpu"]["same_release_rows"] == 0 and counts["2.13.0+cpu"]["series_on_target"] == 0
     assert counts["2.13.0+cpu"]["fixtures_captured"] == 0
     assert not torch_matrix.same_release(None, "2.6.0")
+
+
+SMALL = """
+import torch
+model = torch.nn.Linear(256, 256).cuda()
+opt = torch.optim.AdamW(model.parameters())
+for _ in range(2):
+    model(torch.randn(32, 256, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.fixture(scope="module")
+def captured_with_interpreter(tmp_path_factory):
+    """One capture made as the docs show it: ``allocsim capture -o train.parquet -- /path/to/python train.py``."""
+    folder = tmp_path_factory.mktemp("interp")
+    (folder / "train.py").write_text(SMALL)
+    done = subprocess.run([sys.executable, "-m", "allocsim", "capture", "-o", "train.parquet", "--",
+                           sys.executable, "train.py"], cwd=folder, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return folder
+
+
+def _cli(folder, *args):
+    done = subprocess.run([sys.executable, "-m", "allocsim", *args], cwd=folder, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_capture_in_the_training_interpreter_names_its_torch_and_run_gpu_notes_another(captured_with_interpreter):
+    folder = captured_with_interpreter
+    same = json.loads(_cli(folder, "run", "train.parquet", "--policy", "pytorch", "--gpu", "H100", "--fast", "--json"))
+    assert same["gpu_estimate"]["torch"] == {"trace_torch": torch.__version__, "captured": True,
+                                             "target_torch": torch.__version__, "differs": False, "note": None}
+    other = "2.6" if torch_versions.installed() != (2, 6) else "2.13"
+    text = _cli(folder, "run", "train.parquet", "--policy", "pytorch", "--gpu", "H100", "--torch", other, "--fast")
+    verdict = text.strip().splitlines()[-1]
+    assert f"captured with torch {torch.__version__}, the GPU run uses torch {other}: releases allocate " in verdict
+    assert "-- /path/to/python train.py" in verdict
+
+
+
+def test_a_cpu_matmul_takes_no_cublas_workspace():
+    """torch 2.6's torch._dynamo runs ``a @ b`` on CPU tensors when imported (einx imports it): no device request."""
+    from allocsim.torch_capture.channel import NullChannel
+    from allocsim.torch_capture.tracker import StorageTracker
+
+    tracker = StorageTracker(NullChannel(), {"name": "A100 80GB", "major": 8, "minor": 0})
+    mm = torch.ops.aten.mm.default
+    a = torch.ones(2, 2)
+    tracker.on_operator(mm, (a, a), {}, mm(a, a))
+    assert tracker.n_allocs == 0 and tracker.cublas.bytes
+    m = torch.empty(2, 2, device="meta")
+    out = mm(m, m)
+    tracker.on_operator(mm, (m, m), {}, out)
+    assert tracker.n_allocs == 2            # the output and the first cuBLAS workspace of this thread

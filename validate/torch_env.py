@@ -8,7 +8,7 @@ whose shared libraries the libraries ``import torch`` loads name (``DT_NEEDED`` 
 left out), each at the version torch's own metadata pins. cuDNN's engine libraries, which cuDNN 9
 opens only when a convolution runs, are removed (its graph library, which answers its version, stays) (``--keep-cudnn`` keeps them): about 1 GB less.
 The scripts of the scale-series recipes import einops, einx, jaxtyping and pandas: ``--extra``
-adds them (default) or others.
+adds them (default: at the versions the recordings' lock files pin) or others.
 
 PyPI only (pip as configured here; ``PIP_CONSTRAINT`` is emptied for this environment's installs, so
 a machine's cap on torch does not apply to it). Nothing here is imported by allocsim.
@@ -33,8 +33,9 @@ LIBRARY_PACKAGES = {
     "libnvToolsExt": "nvidia-nvtx", "libnvJitLink": "nvidia-nvjitlink", "libcufile": "nvidia-cufile",
     "libnvshmem": "nvidia-nvshmem",
 }
-#: What the scale-series recipes' scripts import beside torch.
-DEFAULT_EXTRA = ("numpy", "einops", "einx", "jaxtyping", "pandas")
+#: What the scale-series recipes' scripts import beside torch, at the versions their repositories' uv.lock
+#: pins (einx's get_at makes other temporaries from one release to the next: 0.4 adds index arithmetic).
+DEFAULT_EXTRA = ("numpy", "einops==0.8.1", "einx==0.3.0", "jaxtyping==0.3.2", "pandas")
 _REQUIRES = re.compile(r"^Requires-Dist:\s*([A-Za-z0-9_.\-]+)\s*(?:\(([^)]*)\)|([=<>!~][^;]*))?\s*(?:;\s*(.*))?$")
 
 
@@ -96,7 +97,7 @@ def needed_libraries(torch_lib: Path) -> set[str]:
 
 def _package_of(soname: str) -> str | None:
     for prefix in sorted(LIBRARY_PACKAGES, key=len, reverse=True):
-        if soname.startswith((prefix + ".", prefix + "-")):
+        if soname.startswith((prefix + ".", prefix + "-", prefix + "_")):
             return LIBRARY_PACKAGES[prefix]
     return None
 

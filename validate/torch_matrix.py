@@ -175,12 +175,27 @@ def summarize(result: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def merge(results: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Several runs' results (``--json`` outputs, one release each) as one matrix."""
+    out: dict[str, Any] = {"versions": [], "fixtures": {}, "series": {}}
+    for result in results:
+        out["versions"] += [v for v in result["versions"] if v not in out["versions"]]
+        for name, cells in result.get("fixtures", {}).items():
+            out["fixtures"].setdefault(name, {}).update(cells)
+        for name, entry in result.get("series", {}).items():
+            mine = out["series"].setdefault(name, {**entry, "by_version": {}})
+            mine["by_version"].update(entry["by_version"])
+    return out
+
+
 def register(subparsers) -> None:
     """Add the ``torch-matrix`` subcommand."""
     parser = subparsers.add_parser("torch-matrix", help="capture the same scripts under several torch releases",
                                    description=__doc__.split("\n")[0])
-    parser.add_argument("--python", action="append", required=True, metavar="PY",
+    parser.add_argument("--python", action="append", default=[], metavar="PY",
                         help="an interpreter with torch (repeat for each release)")
+    parser.add_argument("--table", nargs="+", default=None, metavar="JSON",
+                        help="print the matrix of earlier --json outputs (one release each) instead of capturing")
     parser.add_argument("--work", default="torch-matrix-work", metavar="DIR",
                         help="where captures are written, one folder per release (default: torch-matrix-work)")
     parser.add_argument("--repos", default=None, metavar="DIR",
@@ -201,6 +216,12 @@ def register(subparsers) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Capture, replay, print the tables (or JSON)."""
+    if args.table:
+        result = merge(json.loads(Path(path).read_text(encoding="utf-8")) for path in args.table)
+        _print(result, args.json)
+        return 0
+    if not args.python:
+        raise ValueError("give --python PY (an interpreter with torch), or --table JSON ...")
     if args.extract_from:
         if not args.repos:
             raise ValueError("--extract-from writes into --repos: give --repos too")
@@ -208,14 +229,18 @@ def main(args: argparse.Namespace) -> int:
             print(f"extract: {line}")
     result = run_matrix(args.python, args.work, args.repos, args.shared, args.only, args.jobs, args.timeout,
                         not args.no_fixtures)
-    if args.json:
-        print(json.dumps({**result, "summary": summarize(result)}, indent=1))
-    else:
-        print(format_matrix(result))
-        for version, counts in summarize(result).items():
-            print(f"\ntorch {version}: fixtures {counts['fixtures_captured']}/{counts['fixtures']} captured; "
-                  f"scale-series {counts['series_on_target']}/{counts['series_compared']} on target, "
-                  f"{counts['same_release_exact']}/{counts['same_release_rows']} exact where the recording "
-                  "was made with this release", end="")
-        print()
+    _print(result, args.json)
     return 0
+
+
+def _print(result: Mapping[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({**result, "summary": summarize(result)}, indent=1))
+        return
+    print(format_matrix(result))
+    for version, counts in summarize(result).items():
+        print(f"\ntorch {version}: fixtures {counts['fixtures_captured']}/{counts['fixtures']} captured; "
+              f"scale-series {counts['series_on_target']}/{counts['series_compared']} on target, "
+              f"{counts['same_release_exact']}/{counts['same_release_rows']} exact where the recording "
+              "was made with this release", end="")
+    print()

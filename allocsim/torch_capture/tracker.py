@@ -332,6 +332,8 @@ class StorageTracker:
             self._record_convolution_backward(args, out)
         else:
             self._record_outputs(func, out)
+        if not any(_on_meta(t) for t in _tensors(args, kwargs)):
+            return      # a CPU operator (torch 2.6's torch._dynamo runs `a @ b` on CPU tensors at import)
         if func in cublas.OPERATORS:
             self._cublas_workspace()
         elif self._has_scratch(func):
