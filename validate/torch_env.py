@@ -68,6 +68,15 @@ def requirements(metadata: str) -> list[tuple[str, str, str]]:
     return out
 
 
+def marker_holds(marker: str) -> bool:
+    """Whether a requirement's environment marker holds here (the venv runs this interpreter's Python)."""
+    if not marker.strip():
+        return True
+    from packaging.markers import Marker  # noqa: PLC0415  (pip's own dependency, installed with setuptools)
+
+    return Marker(marker).evaluate()
+
+
 def _metadata(site: Path, dist: str) -> str:
     key = dist.lower().replace("-", "_")
     for info in site.glob("*.dist-info"):
@@ -140,8 +149,7 @@ def make_env(version: str, dest: Path, extra: tuple[str, ...] = DEFAULT_EXTRA, k
     site = _site_packages(python)
     torch_requires = toolkit_requires(python, site, requirements(_metadata(site, "torch")))
     pure = [f"{n}{s.replace(' ', '')}" for n, s, m in torch_requires
-            if not n.lower().startswith(("nvidia-", "triton", "cuda-", "pytorch-triton"))
-            and "python_version >= \"3.12\"" not in m]
+            if not n.lower().startswith(("nvidia-", "triton", "cuda-", "pytorch-triton")) and marker_holds(m)]
     _pip(python, *pure, *extra)
     pins = nvidia_pins(torch_requires, needed_libraries(site / "torch" / "lib"))
     if pins:
