@@ -62,12 +62,19 @@ def test_the_installed_reduce_header_agrees_with_the_release_key():
     assert rule == torch_versions.reduce_vectorization(torch_versions.installed())
     text = torch_versions._reduce_header()
     assert text is not None and torch_versions.reduce_rule_of_header(text) == rule
-    # the two rules as the headers write them (2.4 - 2.6, then 2.7 on)
-    old = "static constexpr int input_vec_size = 4;\n if (fastest && dim0 > 128 && vt0 >= 4)"
-    new = "template <int vt0=4, int input_vec_size=vt0>\n if (fastest && dim0 >= 128 && n == 1)"
-    assert torch_versions.reduce_rule_of_header(old) == "vec4"
-    assert torch_versions.reduce_rule_of_header(new) == "per_kernel"
+    # the three rules as the headers write them (2.4 - 2.6; 2.7 - 2.9; 2.13), the ROCm branch skipped
+    cond = "    if (reduction_on_fastest_striding_dimension && dim0 {} 128 && iter.num_reduce_dims() == 1{}) {{"
+    vec4 = ("  static constexpr int input_vec_size = 4;\n"
+            + cond.format(">", " && vt0 >= ReduceConfig::input_vec_size"))
+    gated = ("template <typename scalar_t, int vt0=4, int input_vec_size=vt0>\n#ifdef USE_ROCM\n"
+             + cond.format(">=", "") + "\n#else\n" + cond.format(">", " && vt0 >= input_vec_size") + "\n#endif")
+    ungated = "template <typename scalar_t, int vt0=4, int input_vec_size=vt0>\n" + cond.format(">=", "")
+    assert torch_versions.reduce_rule_of_header(vec4) == "vec4"
+    assert torch_versions.reduce_rule_of_header(gated) == "per_kernel_gated"
+    assert torch_versions.reduce_rule_of_header(ungated) == "per_kernel"
     assert torch_versions.reduce_rule_of_header("nothing here") is None
+    assert [torch_versions.reduce_rule_for(v) for v in ((2, 4), (2, 6), (2, 7), (2, 9), (2, 13), (2, 15))] == \
+        ["vec4", "vec4", "per_kernel_gated", "per_kernel_gated", "per_kernel", "per_kernel"]
 
 
 def test_scratch_rules_switch_at_the_keyed_releases():

@@ -9,7 +9,8 @@ builds; a CUDA build needs no GPU). The version keys of the other modules live h
 
 * ``WHEELS``: the CUDA and cuDNN of each release's default PyPI wheel (``Requires-Dist`` pins,
   read with ``pip install --dry-run --report``), the cuDNN a CPU build answers and SDPA's rules use;
-* ``reduce_vectorization()``: CUDA reductions' input vectorisation (``ATen/native/cuda/Reduce.cuh``);
+* ``REDUCE_RULES``: CUDA reductions' input vectorisation (``ATen/native/cuda/Reduce.cuh``; three rules
+  between 2.4 and 2.13), and ``reduce_vectorization()`` reading it from the installed header;
 * ``LAYER_NORM_TWO_PASS``: the first release whose layer-norm backward sums gamma/beta in two passes.
 
 Compatibility shims (features that moved between releases) are here as well, each named after what
@@ -141,10 +142,18 @@ def cuda_major(version: tuple[int, int] | None = None) -> int:
 #: ``layer_norm_kernel.cu``'s two-pass gamma/beta backward (``dgamma_blocks``) is absent from the 2.6
 #: sources and present in 2.13's (docs/cuda_scratch.md): releases from this one on take it.
 LAYER_NORM_TWO_PASS = (2, 7)
-#: ``Reduce.cuh``'s rule by release where no header is installed: up to 2.6, ``ReduceConfig::input_vec_size``
-#: is 4 and used only when ``vt0 >= 4`` and ``dim0 > 128``; later, a per-kernel ``input_vec_size``
-#: (8 for 16-bit sums and means) used when ``dim0 >= 128``.
-REDUCE_VEC4_UNTIL = (2, 6)
+#: ``Reduce.cuh``'s input vectorisation of CUDA reductions (``setReduceConfig``), read from the headers
+#: of the PyPI wheels: up to 2.6 ``ReduceConfig::input_vec_size`` is 4 and used when ``dim0 > 128`` and
+#: ``vt0 >= 4`` ("vec4"); 2.7 makes ``input_vec_size`` a per-kernel template argument (8 for 16-bit sums
+#: and means) still used only when ``dim0 > 128`` and ``vt0 >= input_vec_size`` ("per_kernel_gated", 2.7
+#: to 2.9 read); by 2.13 it is used when ``dim0 >= 128`` with no gate ("per_kernel"). The newest entry at
+#: or below a release applies.
+REDUCE_RULES: dict[tuple[int, int], str] = {(2, 4): "vec4", (2, 7): "per_kernel_gated", (2, 10): "per_kernel"}
+
+
+def reduce_rule_for(version: tuple[int, int]) -> str:
+    """The reductions' vectorisation rule of a release (``REDUCE_RULES``)."""
+    return keyed(REDUCE_RULES, tuple(version))
 
 
 def _reduce_header() -> str | None:
@@ -160,12 +169,31 @@ def _reduce_header() -> str | None:
         return None
 
 
+def _cuda_branch_condition(text: str) -> str | None:
+    """The CUDA (not ROCm) condition of ``setReduceConfig``'s "vectorize along input" case."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if "reduction_on_fastest_striding_dimension && dim0" not in line or "if (" not in line:
+            continue
+        if i > 0 and lines[i - 1].strip().startswith("#ifdef USE_ROCM"):
+            continue                    # the ROCm branch: the CUDA one follows its #else
+        return line
+    return None
+
+
 def reduce_rule_of_header(text: str) -> str | None:
-    """``"vec4"`` (the <= 2.6 rule) or ``"per_kernel"`` from ``Reduce.cuh``'s text; None when neither is recognised."""
-    if re.search(r"static\s+constexpr\s+int\s+input_vec_size\s*=\s*4\s*;", text) and "dim0 > 128" in text:
+    """``"vec4"``, ``"per_kernel_gated"`` or ``"per_kernel"`` from ``Reduce.cuh``'s text; None when not recognised."""
+    condition = _cuda_branch_condition(text)
+    if condition is None:
+        return None
+    fixed_four = re.search(r"static\s+constexpr\s+int\s+input_vec_size\s*=\s*4\s*;", text) is not None
+    if fixed_four and "dim0 > 128" in condition and "vt0 >= ReduceConfig::input_vec_size" in condition:
         return "vec4"
-    if re.search(r"int\s+input_vec_size\s*=\s*vt0", text) and "dim0 >= 128" in text:
-        return "per_kernel"
+    if re.search(r"int\s+input_vec_size\s*=\s*vt0", text):
+        if "dim0 > 128" in condition and "vt0 >= input_vec_size" in condition:
+            return "per_kernel_gated"
+        if "dim0 >= 128" in condition and "vt0" not in condition:
+            return "per_kernel"
     return None
 
 
@@ -177,7 +205,7 @@ def reduce_vectorization(version: tuple[int, int] | None = None) -> str:
         if rule:
             return rule
         version = installed()
-    return "vec4" if tuple(version) <= REDUCE_VEC4_UNTIL else "per_kernel"
+    return reduce_rule_for(version)
 
 
 # ------------------------------------------------------------------------------ compatibility shims
