@@ -151,9 +151,23 @@ LAYER_NORM_TWO_PASS = (2, 7)
 REDUCE_RULES: dict[tuple[int, int], str] = {(2, 4): "vec4", (2, 7): "per_kernel_gated", (2, 10): "per_kernel"}
 
 
+#: Rules read from an installed ``Reduce.cuh`` (``use_installed_reduce_rule``), by release: they win over the key.
+_READ_RULES: dict[tuple[int, int], str] = {}
+
+
 def reduce_rule_for(version: tuple[int, int]) -> str:
-    """The reductions' vectorisation rule of a release (``REDUCE_RULES``)."""
-    return keyed(REDUCE_RULES, tuple(version))
+    """The reductions' vectorisation rule of a release: as its installed header says, else ``REDUCE_RULES``."""
+    return _READ_RULES.get(tuple(version)) or keyed(REDUCE_RULES, tuple(version))
+
+
+def use_installed_reduce_rule() -> str:
+    """Read the installed torch's ``Reduce.cuh`` once, so its release's reductions follow it (the capture calls this)."""
+    version = installed()
+    text = _reduce_header()
+    rule = reduce_rule_of_header(text) if text else None
+    if rule:
+        _READ_RULES[version] = rule
+    return reduce_rule_for(version)
 
 
 def _reduce_header() -> str | None:

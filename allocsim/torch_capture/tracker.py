@@ -120,6 +120,7 @@ class StorageTracker:
             int(self.gpu.get("max_threads_per_sm") or 2048),
             compute_capability=(int(self.gpu.get("major", 8)), int(self.gpu.get("minor", 0))))
         self.torch_version = torch_versions.installed()
+        self.reduce_rule = torch_versions.use_installed_reduce_rule()     # the installed Reduce.cuh's
         self._scratch_ops: dict[Any, bool] = {}
         # An out-of-place backward result whose request waits to see whether an input it could
         # have been written into is freed at once: (storage key, {input key: size}, message).
