@@ -62,6 +62,7 @@ def test_the_installed_reduce_header_agrees_with_the_release_key():
     assert rule == torch_versions.reduce_vectorization(torch_versions.installed())
     text = torch_versions._reduce_header()
     assert text is not None and torch_versions.reduce_rule_of_header(text) == rule
+    assert torch_versions.use_installed_reduce_rule() == rule       # what the capture's reductions follow
     # the three rules as the headers write them (2.4 - 2.6; 2.7 - 2.9; 2.13), the ROCm branch skipped
     cond = "    if (reduction_on_fastest_striding_dimension && dim0 {} 128 && iter.num_reduce_dims() == 1{}) {{"
     vec4 = ("  static constexpr int input_vec_size = 4;\n"
