@@ -146,8 +146,9 @@ LAYER_NORM_TWO_PASS = (2, 7)
 #: of the PyPI wheels: up to 2.6 ``ReduceConfig::input_vec_size`` is 4 and used when ``dim0 > 128`` and
 #: ``vt0 >= 4`` ("vec4"); 2.7 makes ``input_vec_size`` a per-kernel template argument (8 for 16-bit sums
 #: and means) still used only when ``dim0 > 128`` and ``vt0 >= input_vec_size`` ("per_kernel_gated", 2.7
-#: to 2.9 read); by 2.13 it is used when ``dim0 >= 128`` with no gate ("per_kernel"). The newest entry at
-#: or below a release applies.
+#: to 2.9); from 2.10 it is used when ``dim0 >= 128`` with no gate ("per_kernel"). Read from the headers
+#: of the PyPI wheels 2.4.1, 2.5.1, 2.6.0, 2.7.1, 2.8.0, 2.9.1, 2.10.0, 2.13.0 and 2.15.0 (CUDA branch;
+#: ROCm's differs). The newest entry at or below a release applies.
 REDUCE_RULES: dict[tuple[int, int], str] = {(2, 4): "vec4", (2, 7): "per_kernel_gated", (2, 10): "per_kernel"}
 
 
