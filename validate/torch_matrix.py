@@ -130,8 +130,8 @@ def format_matrix(result: Mapping[str, Any]) -> str:
             for peak in ("allocated", "reserved"):
                 row = []
                 for v in versions:
-                    cell = cells.get(v, {})
-                    row.append(_mib(cell["peaks"][peak]) if "peaks" in cell else
+                    cell = cells.get(v)
+                    row.append("-" if cell is None else _mib(cell["peaks"][peak]) if "peaks" in cell else
                                f"fails: {cell.get('error', '?')}"[:120])
                 lines.append(f"| {name} | {peak} | " + " | ".join(row) + " |")
         parts.append("\n".join(lines))
