@@ -311,30 +311,36 @@ def capture_paths(command: Sequence[str], knob: str, value: int, gpu: GpuModel, 
     return os.path.join(folder, stem + ".parquet"), os.path.join(folder, stem + ".log")
 
 
+def _is_fit_log(log: str) -> bool:
+    """True for the script's output an ``allocsim fit`` wrote (its first line starts ``LOG_HEADER``)."""
+    try:
+        with open(log, "rb") as fh:
+            return fh.read(len(LOG_HEADER)) == LOG_HEADER.encode()
+    except OSError:
+        return False
+
+
 def check_capture_paths(paths: Sequence[tuple[str, str]]) -> None:
     """Refuse (ValueError, one line) before any capture a file in ``-o DIR`` that fit did not write."""
     from .output_file import check_trace_output as check_output
     from .output_file import check_output_file
 
-    def ours(log: str) -> bool:
-        try:
-            with open(log, encoding="utf-8", errors="replace") as fh:
-                return fh.read(len(LOG_HEADER)) == LOG_HEADER
-        except OSError:
-            return False
-
     for path, log in paths:
         check_output(path)
-        check_output_file(log, ours=ours, what="the script's output an allocsim fit wrote")
+        check_output_file(log, ours=_is_fit_log, what="the script's output an allocsim fit wrote")
 
 
 def _capture_one(command: list[str], knob: str, value: int, gpu: GpuModel, folder: str, steps: int,
                  timeout_s: float | None) -> tuple[Any, CaptureRun]:
+    from .output_file import open_output
     from .torch_capture.session import capture
 
     path, log = capture_paths(command, knob, value, gpu, folder)
     argv = with_value(command, knob, value)
-    with open(log, "w", encoding="utf-8") as fh:
+    # The log is moved into place when the capture ends (``open_output``): never written through a link
+    # the script (or anyone) put at its name, and it replaces only a log fit wrote.
+    with open_output(log, ours=_is_fit_log, what="the script's output an allocsim fit wrote", within=folder,
+                     text=True, errors="backslashreplace") as fh:
         fh.write(f"{LOG_HEADER}`{shlex.join(argv)}` captured for {gpu.name}\n")
         fh.flush()
         result, _trace = capture(argv, path, steps=steps, gpu=gpu.capture_properties(), timeout_s=timeout_s,
@@ -513,12 +519,12 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
     scale_name = scale_name or scale_name_for(knob)
     groups = group_gpus(models, per_gpu)
     if out_dir is not None:
-        from .output_file import check_output_folder
+        from .output_file import check_output_folder, make_output_folder
 
         check_output_folder(out_dir)
         if os.path.isdir(out_dir):
             check_capture_paths([capture_paths(command, knob, v, rep, out_dir) for rep, _ in groups for v in values])
-        os.makedirs(out_dir, exist_ok=True)
+        make_output_folder(out_dir)
         folder = out_dir
     else:
         folder = tempfile.mkdtemp(prefix="allocsim-fit-")
