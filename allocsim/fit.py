@@ -337,10 +337,10 @@ def _capture_one(command: list[str], knob: str, value: int, gpu: GpuModel, folde
 
     path, log = capture_paths(command, knob, value, gpu, folder)
     argv = with_value(command, knob, value)
-    # The log is moved into place when the capture ends (``open_output``): never written through a link
-    # the script (or anyone) put at its name, and it replaces only a log fit wrote.
+    # The log grows at its name while the script runs (``open_output(live=True)``): created anew, never
+    # through a link put at its name, and it replaces only a log fit wrote.
     with open_output(log, ours=_is_fit_log, what="the script's output an allocsim fit wrote", within=folder,
-                     text=True, errors="backslashreplace") as fh:
+                     text=True, errors="backslashreplace", live=True) as fh:
         fh.write(f"{LOG_HEADER}`{shlex.join(argv)}` captured for {gpu.name}\n")
         fh.flush()
         result, _trace = capture(argv, path, steps=steps, gpu=gpu.capture_properties(), timeout_s=timeout_s,

@@ -314,6 +314,23 @@ class _Target:
                                  f"{os.path.join(self.folder, self.tmp)})")
         os.replace(src, dst, src_dir_fd=self.fd, dst_dir_fd=self.fd)
 
+    def create_live(self, ours: Callable[[str], bool] | None, what: str) -> int:
+        """Create the file at its own name (O_EXCL, O_NOFOLLOW), after removing a file that may be replaced."""
+        st = self.lstat()
+        if st is not None:
+            refusal = _refusal(self.option, self.path, st, ours, what)
+            if refusal:
+                raise ValueError(refusal)
+            os.unlink(self._at(self.name), dir_fd=self.fd)     # the entry itself: a link is never followed
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC | getattr(os, "O_BINARY", 0)
+        try:
+            return os.open(self._at(self.name), flags, 0o666, dir_fd=self.fd)
+        except FileExistsError:
+            raise ValueError(f"{self.option} {self.path}: something else was created there while allocsim "
+                             "started writing it; refusing to write over it") from None
+        except OSError as exc:
+            raise ValueError(f"{self.option} {self.path}: cannot create it ({_why(exc)})") from None
+
     def discard(self) -> None:
         with contextlib.suppress(OSError):
             os.unlink(self._at(self.tmp), dir_fd=self.fd)
@@ -327,7 +344,7 @@ class _Target:
 def open_output(path: str | os.PathLike, *, ours: Callable[[str], bool] | None = None,
                 what: str = "an allocsim output file", option: str = "-o", within: str | os.PathLike | None = None,
                 text: bool = False, encoding: str = "utf-8", errors: str = "strict",
-                newline: str | None = None) -> Iterator[IO]:
+                newline: str | None = None, live: bool = False) -> Iterator[IO]:
     """Write ``path`` through a temporary file in its folder, moved into place at the end (module doc).
 
     Yields a binary file (``text=True``: a text file with ``encoding``, ``errors``, ``newline``).
@@ -335,9 +352,28 @@ def open_output(path: str | os.PathLike, *, ours: Callable[[str], bool] | None =
     ``ours`` accepts (None: any regular file); a link, FIFO, device or folder never is, and the
     ValueError names the kept temporary file. ``within`` is the ``-o`` folder ``path`` lies in: no
     link between it and ``path`` is followed. An exception inside the block removes the temporary file.
+
+    ``live``: a file to follow while it grows (a log): created at its own name from the start, with
+    ``O_EXCL | O_NOFOLLOW`` once a file that may be replaced is removed, and kept as far as it got.
     """
     path = os.fspath(path)
     target = _Target(path, None if within is None else os.fspath(within), option)
+    if live:
+        try:
+            fd = target.create_live(ours, what)
+            with os.fdopen(fd, "wb") as raw:
+                if text:
+                    wrapper = io.TextIOWrapper(raw, encoding=encoding, errors=errors, newline=newline)
+                    try:
+                        yield wrapper
+                    finally:
+                        wrapper.flush()
+                        wrapper.detach()
+                else:
+                    yield raw
+        finally:
+            target.close()
+        return
     try:
         fd = target.create()
         try:
