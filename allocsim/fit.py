@@ -44,6 +44,13 @@ DEFAULT_STEPS = 2
 #: The GPUs answered when none are asked: a consumer card, and the two data-centre cards most rented.
 DEFAULT_GPUS = ("RTX 4090", "A100 80GB", "H100")
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+#: A value fit captures or answers: ASCII digits (``str.isdigit`` takes ``²`` too), at most 9 of them.
+_WHOLE = re.compile(r"[0-9]{1,9}")
+MAX_VALUE = 999_999_999
+#: Captures fit adds, each at twice the largest value so far, when two captures disagree (a kernel switch).
+MAX_EXTRA_CAPTURES = 2
+#: Search no further than this many times the largest value captured unless --max-value says otherwise.
+DEFAULT_MAX_FACTOR = 1024
 #: A knob whose name says it is a length gets the sequence laws (c*v^2 allowed: attention scores).
 _SEQ_NAME = re.compile(r"seq|len|ctx|context|token", re.IGNORECASE)
 EXIT_NOTHING_FITS = 1
@@ -75,12 +82,13 @@ def with_value(command: Sequence[str], knob: str, value: int) -> list[str]:
 
 
 def parse_values(text: str) -> list[int]:
-    """``"2,4"`` -> ``[2, 4]``: two or more distinct whole numbers >= 1, sorted."""
+    """``"2,4"`` -> ``[2, 4]``: two or more distinct whole numbers >= 1, sorted (ASCII digits: ``"²"`` is no number)."""
     values = []
     for part in text.split(","):
         part = part.strip()
-        if not part.isdigit() or int(part) < 1 or len(part) > 9:
-            raise ValueError(f"--values {text!r}: {part!r} is not a whole number >= 1 (e.g. --values 2,4)")
+        if not _WHOLE.fullmatch(part) or int(part) < 1:
+            raise ValueError(f"--values {text!r}: {part!r} is not a whole number from 1 to {MAX_VALUE:,} "
+                             "(e.g. --values 2,4)")
         values.append(int(part))
     distinct = sorted(set(values))
     if len(distinct) < 2:
@@ -181,6 +189,14 @@ class GpuAnswer:
     extrapolation: float | None
     gpu_note: str | None          # an unverified card's label note (gpus.label_note)
     find_max: dict[str, Any]
+    #: Why the laws come from some captures only (a kernel switch between them; "" when from all).
+    inputs_note: str = ""
+    #: The values whose captures the laws are fitted from.
+    fitted_from: list[int] = dataclasses.field(default_factory=list)
+    #: The card's memory left free at the predicted total (``estimate``), and the value the search found
+    #: before the GPU estimate's ``fits`` was held (None: it fitted as found).
+    margin_bytes: int | None = None
+    lowered_from: int | None = None
 
     @property
     def fits(self) -> bool:
@@ -251,6 +267,11 @@ class FitResult:
                              f"{format_bytes(est.get('reserved_peak_bytes', 0))} (cuBLAS workspaces included) + "
                              f"libraries {format_bytes(est.get('library_bytes', 0))} + CUDA context "
                              f"{format_bytes(est.get('context_bytes', 0))}")
+                if a.margin_bytes is not None:
+                    lowered = (f"; lowered from {a.lowered_from}, where the GPU estimate does not fit"
+                               if a.lowered_from is not None else "")
+                    lines.append(f"  margin: {format_bytes(a.margin_bytes)} of the card left free at the predicted "
+                                 f"total (the GPU estimate fits){lowered}")
                 if a.at_limit:
                     lines.append(f"  the search stopped at its limit ({a.value}); give --max-value to look further")
                 elif a.first_failing is not None:
@@ -266,6 +287,8 @@ class FitResult:
                 if a.extrapolation is not None and a.extrapolation > 2:
                     lines.append(f"  {a.value} is {a.extrapolation:.3g}x the largest value captured "
                                  f"({max(self.values)}): confirm it with one capture (below)")
+            if a.inputs_note:
+                lines.append(f"  {a.inputs_note}")
             if a.captured_for != a.gpu.name:
                 lines.append(f"  captured for {a.captured_for}: {a.capture_note}")
             if a.estimate and a.estimate.get("caveat"):
@@ -307,7 +330,7 @@ LOG_HEADER = "# allocsim fit: output of "
 
 def capture_paths(command: Sequence[str], knob: str, value: int, gpu: GpuModel, folder: str) -> tuple[str, str]:
     """The capture's trace and the script's output: ``DIR/train.B4.rtx-4090.parquet`` and ``.log``."""
-    stem = f"{_script_stem(command)}.{knob}{value}.{_slug(gpu.name)}"
+    stem = f"{_script_stem(with_value(command, knob, value))}.{knob}{value}.{_slug(gpu.name)}"
     return os.path.join(folder, stem + ".parquet"), os.path.join(folder, stem + ".log")
 
 
@@ -380,13 +403,20 @@ def capture_all(command: list[str], knob: str, values: Sequence[int], reps: Sequ
     """Every (card, value) capture, ``workers`` at a time; ``ScriptFailed`` for the first that did not finish."""
     jobs = [(gpu, value) for gpu in reps for value in values]
     runs: dict[tuple[str, int], tuple[Any, CaptureRun]] = {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as pool:
+    at_once = max(1, min(workers, len(jobs)))
+    until = f"to optimizer step {steps}" if steps else "to its end"
+    log(f"capturing {knob} = {', '.join(map(str, values))} for {', '.join(g.name for g in reps)}: {len(jobs)} "
+        f"capture{'s' if len(jobs) > 1 else ''}, {at_once} at a time, each running the script {until}")
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=at_once) as pool:
         futures = {pool.submit(_capture_one, command, knob, value, gpu, folder, steps, timeout_s): (gpu, value)
                    for gpu, value in jobs}
         for future in concurrent.futures.as_completed(futures):
             gpu, value = futures[future]
-            runs[(gpu.name, value)] = future.result()
-            log(f"captured {knob} = {value} for {gpu.name} ({runs[(gpu.name, value)][1].seconds:.1f} s)")
+            result, run = runs[(gpu.name, value)] = future.result()
+            ended = "" if result.status == 0 else f", ended with exit status {result.status}"
+            log(f"captured {knob} = {value} for {gpu.name} in {run.seconds:.1f} s{ended} ({len(runs)} of "
+                f"{len(jobs)}, {time.monotonic() - started:.0f} s in all)")
     for gpu, value in jobs:           # the first failure in the order asked: the smallest value first
         result, run = runs[(gpu.name, value)]
         if result.status != 0 or result.trace_path is None:
@@ -460,70 +490,234 @@ def _answer(gpu: GpuModel, captured_for: GpuModel, found: Any, scaler: Any, capa
     def why_not(answer: Any) -> str:
         return answer.at_failing.line if answer.at_failing is not None else ""
 
-    if best.value is not None:
-        low, high, note = value_range(scaler, capacity, params, best.value, multiple, limit_value)
+    value, first_failing, best_estimate, why = best.value, best.first_failing, estimate(best), why_not(best)
+    lowered_from = None
+    if value is not None and best_estimate is not None and best_estimate.get("fits") is not True:
+        lowered_from = value
+        value, best_estimate, first_failing, failing = _held_to_estimate(gpu, scaler, params, capacity, in_trace,
+                                                                         value, multiple)
+        why = (f"the GPU estimate does not fit: needs {format_bytes(failing['total_bytes'])} of "
+               f"{format_bytes(gpu.total_bytes)}") if failing else why
+    if value is not None:
+        low, high, note = value_range(scaler, capacity, params, value, multiple, limit_value)
     else:
         low, high, note = None, None, "nothing fits"
+    margin = None if best_estimate is None else int(gpu.total_bytes - best_estimate["total_bytes"])
     return GpuAnswer(
         gpu=gpu, captured_for=captured_for.name,
         capture_note="" if captured_for is gpu else what_differs(captured_for, gpu),
-        capacity_bytes=capacity, value=best.value, at_limit=best.value is not None and best.first_failing is None,
-        setting=setting, run_args=run_args, estimate=estimate(best), first_failing=best.first_failing,
-        why_not=why_not(best) if best.value is not None else (why_not(found.bound) or why_not(best)),
+        capacity_bytes=capacity, value=value, at_limit=value is not None and first_failing is None,
+        setting=setting, run_args=run_args, estimate=best_estimate, first_failing=first_failing,
+        why_not=why if value is not None else (why_not(found.bound) or why),
         defaults_value=recorded.value, defaults_estimate=estimate(recorded), defaults_why_not=why_not(recorded),
         range_low=low, range_high=high, range_note=note, bound_value=found.bound.value,
-        extrapolation=found.extrapolation(), gpu_note=label_note(gpu), find_max=found.to_dict())
+        extrapolation=found.extrapolation() if value == best.value else
+        (None if value is None else float(Fraction(value) / found.largest_input)),
+        gpu_note=label_note(gpu), find_max=found.to_dict(), margin_bytes=margin, lowered_from=lowered_from)
+
+
+def _held_to_estimate(gpu: GpuModel, scaler: Any, params: dict[str, Any] | None, capacity: int, in_trace: bool,
+                      value: int, multiple: int) -> tuple[int | None, dict[str, Any] | None, int, dict[str, Any] | None]:
+    """The largest value up to ``value`` whose replay fits ``capacity`` with ``params`` *and* whose
+    ``gpu_estimate`` says ``fits`` (the estimate may hold a margin the allocator's capacity does not:
+    issue 38's ranges), with that estimate, then the first value that does not and its estimate;
+    ``None`` for the first two when none does."""
+    from .metrics.verdict import GIVEN
+    from .runner import Capacity, simulate_trace
+    from .scale.findmax import largest_fitting
+
+    seen: dict[int, dict[str, Any] | None] = {}
+
+    def fits(k: int) -> bool:
+        trace = scaler.at(Fraction(k * multiple), with_range=False).trace
+        summary = simulate_trace(trace, "pytorch", params, capacity=Capacity(capacity, GIVEN), fast=True).summary
+        est = gpu_estimate(gpu, int(summary["peak_reserved_bytes"]), workspaces_in_trace=in_trace)
+        seen[k] = est
+        return bool(summary["verdict"]["fits"]) and est.get("fits") is True
+
+    k = value // multiple
+    best, fail = largest_fitting(fits, 0, k, k)
+    fail = k if fail is None else fail
+    if fail not in seen:
+        fits(fail)
+    if not best:
+        return None, None, fail * multiple, seen[fail]
+    if best not in seen:
+        fits(best)
+    return best * multiple, seen[best], fail * multiple, seen[fail]
 
 
 # ----------------------------------------------------------------------------------------- fit
-def check_command(command: Sequence[str]) -> str:
-    """The knob of ``command`` once it names an interpreter and an existing script (ValueError otherwise)."""
+def check_command(command: Sequence[str], values: Sequence[int] = DEFAULT_VALUES) -> str:
+    """The knob of ``command`` once it names an interpreter and a script that exists at every value of
+    ``values`` (a script named ``cfg{B}.py`` is ``cfg2.py`` at 2: it is checked as each capture will
+    run it); ValueError otherwise."""
     from .torch_capture.session import child_command
 
     command = list(command)
     if not command or (len(command) < 2 and not command[0].endswith(".py")):
         raise ValueError("give the script after --, e.g. allocsim fit -- python train.py --batch {B}")
     knob = knob_of(command)
-    script = child_command(with_value(command, knob, 1))[4:]
-    if script and script[0] != "-m" and not os.path.isfile(script[0]):
-        raise ValueError(f"no script {script[0]!r}")
+    named = child_command(command)[4:]
+    for value in values:
+        script = child_command(with_value(command, knob, value))[4:]
+        if script and script[0] != "-m" and not os.path.isfile(script[0]):
+            at = f" (the script at {knob} = {value})" if script[0] != named[0] else ""
+            raise ValueError(f"no script {script[0]!r}{at}")
     return knob
+
+
+def _runs_at(command: Sequence[str], knob: str, value: int) -> bool:
+    try:
+        check_command(command, [value])
+    except ValueError:
+        return False
+    return True
+
+
+def check_search(values: Sequence[int], multiple: int, max_value: int | None) -> int:
+    """The search limit (``max_value``, or ``DEFAULT_MAX_FACTOR`` times the largest value), once
+    ``--multiple-of`` and ``--max-value`` leave something to search (ValueError naming the option otherwise)."""
+    if multiple < 1 or multiple > MAX_VALUE:
+        raise ValueError(f"--multiple-of must be a whole number from 1 to {MAX_VALUE:,}, got {multiple}")
+    if max_value is not None and not 1 <= max_value <= MAX_VALUE * DEFAULT_MAX_FACTOR:
+        raise ValueError(f"--max-value must be from 1 to {MAX_VALUE * DEFAULT_MAX_FACTOR:,}, got {max_value}")
+    limit = max_value if max_value is not None else DEFAULT_MAX_FACTOR * max(values)
+    if multiple > limit:
+        given = (f"--max-value {max_value}" if max_value is not None else
+                 f"the search limit, {DEFAULT_MAX_FACTOR} times the largest value captured ({limit:,}; "
+                 "--max-value sets it)")
+        raise ValueError(f"--multiple-of {multiple:,} is larger than {given}: no multiple of it can be searched")
+    return limit
+
+
+def extra_values(values: Sequence[int], n: int = MAX_EXTRA_CAPTURES) -> list[int]:
+    """The values fit may add when captures disagree: twice the largest, then twice that, ``n`` in all."""
+    out, top = [], max(values)
+    for _ in range(n):
+        top *= 2
+        out.append(top)
+    return out
+
+
+@dataclasses.dataclass
+class InputsChoice:
+    """The captures of one class the laws are fitted from, and why those (``note``: "" when all of them)."""
+
+    runs: list[CaptureRun]
+    scaler: Any
+    note: str
+    open_sizes: int                 # allocations found at one value only (their law is open)
+
+
+def _choose_inputs(runs: Sequence[CaptureRun], loaded: dict[str, Any], scale_name: str, knob: str,
+                   final: bool) -> InputsChoice | None:
+    """The captures to fit laws from: the longest run of the largest values that is one configuration
+    and whose every allocation is found in each of them; None when another capture should be made.
+
+    Two captures can straddle a kernel switch (CUDA's embedding backward sorts above 3,072 indices;
+    reductions take global buffers past some size): allocations that exist on one side only, or
+    whose size seems to fall as the value grows. The answer lies above the captured values, so the
+    laws are taken from the captures above the switch, dropping the smaller ones; another capture
+    at twice the largest value is asked for until two agree. With ``final`` (no capture left to
+    make), the largest values that are one configuration are taken with their open sizes, or
+    ``MixedInputs`` is raised for the largest pair.
+    """
+    from .scale.build import Scaler
+    from .scale.consistency import MixedInputs
+
+    runs = sorted(runs, key=lambda c: c.value)
+    usable: InputsChoice | None = None
+    refusal: MixedInputs | None = None
+    for first in range(len(runs) - 1):
+        chosen = runs[first:]
+        try:
+            scaler = Scaler([loaded[c.path] for c in chosen], scale_name)
+            report = scaler.at(Fraction(2 * chosen[-1].value), with_range=False).report
+        except MixedInputs as exc:
+            refusal = refusal or exc
+            continue
+        dropped = runs[:first]
+        note = ""
+        if dropped:
+            why = (refusal.differences[0].text if refusal is not None and refusal.differences else
+                   "allocations found at one value only")
+            note = (f"{knob} = {', '.join(str(c.value) for c in dropped)} and {chosen[0].value} differ ({why}): "
+                    f"a kernel switch between them; laws fitted from {knob} = "
+                    f"{', '.join(str(c.value) for c in chosen)}, which agree")
+        choice = InputsChoice(list(chosen), scaler, note, int(report.unaligned))
+        if report.unaligned == 0:
+            return choice
+        usable = usable or choice
+    if not final:
+        return None
+    if usable is not None:
+        if not usable.note:
+            usable.note = (f"{usable.open_sizes:,} allocations appear only at {knob} = {usable.runs[-1].value} "
+                           "(a kernel that switches past some size): their sizes past it are open (the range)")
+        return usable
+    raise refusal if refusal is not None else MixedInputs([])
+
+
+def _refused(exc: Any, runs: Sequence[CaptureRun], knob: str) -> AllocsimError:
+    """fit's one line for captures that never agree (``scale --allow-mixed`` is not fit's to offer)."""
+    values = ", ".join(str(c.value) for c in sorted(runs, key=lambda c: c.value))
+    differences = getattr(exc, "differences", None) or []
+    why = differences[0].text if differences else str(exc)
+    top = max(c.value for c in runs)
+    if differences and differences[0].kind in ("shrinking", "alignment"):
+        hint = (f"fit needs two captures on the same side of it: give --values where the script takes the path of "
+                f"the answer (e.g. --values {2 * top},{4 * top})")
+    else:
+        hint = "fit needs captures of one configuration: the script must differ in the value only"
+    return AllocsimError(f"the captures at {knob} = {values} are not one configuration: {why}; {hint}")
 
 
 def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Sequence[int] = DEFAULT_VALUES,
         steps: int = DEFAULT_STEPS, out_dir: str | None = None, scale_name: str | None = None, multiple: int = 1,
         max_value: int | None = None, advise: bool = True, workers: int | None = None,
-        timeout_s: float | None = None, per_gpu: bool = False,
+        timeout_s: float | None = None, per_gpu: bool = False, extra_captures: int = MAX_EXTRA_CAPTURES,
         log: Callable[[str], None] = lambda message: None) -> FitResult:
     """Capture, scale and search (module doc); ``ValueError`` / ``AllocsimError`` on bad input,
-    ``ScriptFailed`` when a capture did not finish."""
+    ``ScriptFailed`` when a capture did not finish. Every argument is checked before the first capture.
+
+    Where two captures disagree (a kernel switch between them), up to ``extra_captures`` more are
+    made at twice the largest value, and the laws come from the largest ones that agree (``_choose_inputs``).
+    """
     from .scale import load_input
-    from .scale.build import Scaler
+    from .scale.consistency import MixedInputs
     from .scale.findmax import find_max
     from .sweep.executors import make_executor
     from .trace.inference.workspaces import cublas_workspaces_in_trace
 
     command = list(command)
-    knob = check_command(command)
     values = sorted(set(int(v) for v in values))
-    if len(values) < 2 or values[0] < 1:
-        raise ValueError("give two or more different values >= 1 to capture, e.g. --values 2,4")
+    if len(values) < 2 or values[0] < 1 or values[-1] > MAX_VALUE:
+        raise ValueError(f"give two or more different values from 1 to {MAX_VALUE:,} to capture, e.g. --values 2,4")
     if steps < 0:
         raise ValueError(f"--steps must be >= 0, got {steps}")
-    if multiple < 1:
-        raise ValueError(f"--multiple-of must be >= 1, got {multiple}")
     if workers is not None and workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"--timeout must be a number of seconds > 0, got {timeout_s}")
+    if extra_captures < 0:
+        raise ValueError(f"extra captures must be >= 0, got {extra_captures}")
+    knob = check_command(command, values)
+    # a value whose script does not exist (``cfg{B}.py`` with no cfg8.py) is never an extra capture
+    extras = [v for v in extra_values(values, extra_captures) if _runs_at(command, knob, v)]
+    possible = [*values, *extras]
+    check_search(values, multiple, max_value)
     models = [find_gpu(name) for name in (gpus or DEFAULT_GPUS)]
     models = list({m.name: m for m in models}.values())           # a card asked twice is answered once
     scale_name = scale_name or scale_name_for(knob)
     groups = group_gpus(models, per_gpu)
+    reps = [rep for rep, _ in groups]
     if out_dir is not None:
         from .output_file import check_output_folder, make_output_folder
 
         check_output_folder(out_dir)
         if os.path.isdir(out_dir):
-            check_capture_paths([capture_paths(command, knob, v, rep, out_dir) for rep, _ in groups for v in values])
+            check_capture_paths([capture_paths(command, knob, v, rep, out_dir) for rep in reps for v in possible])
         make_output_folder(out_dir)
         folder = out_dir
     else:
@@ -531,25 +725,51 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
     n_workers = workers or os.cpu_count() or 1
     try:
         t0 = time.monotonic()
-        captures = capture_all(command, knob, values, [rep for rep, _ in groups], folder, steps, timeout_s,
-                               n_workers, out_dir is not None, log)
+        captures = capture_all(command, knob, values, reps, folder, steps, timeout_s, n_workers, out_dir is not None,
+                               log)
+        loaded: dict[str, Any] = {}
+        choices: dict[str, InputsChoice] = {}
+        pending = list(reps)
+        while pending:
+            final = not extras
+            for rep in list(pending):
+                mine = [c for c in captures if c.gpu == rep.name]
+                for c in mine:
+                    if c.path not in loaded:
+                        loaded[c.path] = load_input(c.path, Fraction(c.value))
+                try:
+                    choice = _choose_inputs(mine, loaded, scale_name, knob, final)
+                except MixedInputs as exc:
+                    raise _refused(exc, mine, knob) from None
+                if choice is not None:
+                    choices[rep.name] = choice
+                    pending.remove(rep)
+            if pending:
+                value = extras.pop(0)
+                log(f"the captures of {', '.join(r.name for r in pending)} disagree (a kernel switch?): "
+                    f"capturing {knob} = {value} too")
+                captures += capture_all(command, knob, [value], pending, folder, steps, timeout_s, n_workers,
+                                        out_dir is not None, log)
         t1 = time.monotonic()
         answers: list[GpuAnswer] = []
         replay: list[str] = []
         executor = make_executor(workers=workers) if advise else None
         with executor if executor is not None else contextlib.nullcontext():
             for rep, members in groups:
-                mine = [c for c in captures if c.gpu == rep.name]
-                inputs = [load_input(c.path, Fraction(c.value)) for c in mine]
-                scaler = Scaler(inputs, scale_name)
+                choice = choices[rep.name]
+                inputs = [loaded[c.path] for c in choice.runs]
+                scaler = choice.scaler
                 in_trace = all(cublas_workspaces_in_trace(item.trace.meta) for item in inputs)
                 for gpu in members:
                     log(f"searching the largest {knob} that fits {gpu.name}")
                     capacity = allocator_capacity(gpu, in_trace)
                     found = find_max(scaler, capacity, policy="pytorch", multiple=multiple, max_value=max_value,
                                      advise=advise, executor=executor)
-                    answers.append(_answer(gpu, rep, found, scaler, capacity, in_trace, multiple, found.max_value))
-                    replay.append(shlex.join(["allocsim", "scale", *(f"{c.path}@{c.value}" for c in mine),
+                    answer = _answer(gpu, rep, found, scaler, capacity, in_trace, multiple, found.max_value)
+                    answer.inputs_note = choice.note
+                    answer.fitted_from = [c.value for c in choice.runs]
+                    answers.append(answer)
+                    replay.append(shlex.join(["allocsim", "scale", *(f"{c.path}@{c.value}" for c in choice.runs),
                                               "--name", scale_name, "--gpu", gpu.name, "--find-max",
                                               *(["--multiple-of", str(multiple)] if multiple != 1 else []),
                                               *(["--max-value", str(max_value)] if max_value else [])]))
@@ -562,10 +782,11 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
         replay = []
     order = {m.name: i for i, m in enumerate(models)}
     answers.sort(key=lambda a: order[a.gpu.name])
-    return FitResult(command, knob, scale_name, values, steps, captures, answers, t1 - t0, t2 - t1,
+    captured = sorted({c.value for c in captures})
+    return FitResult(command, knob, scale_name, captured, steps, captures, answers, t1 - t0, t2 - t1,
                      out_dir, replay)
 
 
-__all__ = ["DEFAULT_GPUS", "DEFAULT_STEPS", "DEFAULT_VALUES", "FitResult", "GpuAnswer", "ScriptFailed",
-           "capture_class", "check_command", "fit", "group_gpus", "knob_of", "parse_values", "scale_name_for",
-           "value_range", "with_value"]
+__all__ = ["DEFAULT_GPUS", "DEFAULT_STEPS", "DEFAULT_VALUES", "FitResult", "GpuAnswer", "MAX_EXTRA_CAPTURES",
+           "ScriptFailed", "capture_class", "check_command", "check_search", "extra_values", "fit", "group_gpus",
+           "knob_of", "parse_values", "scale_name_for", "value_range", "with_value"]

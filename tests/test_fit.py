@@ -85,11 +85,57 @@ def test_gpus_share_a_capture_per_compute_capability_class():
     (["--timeout", "0", "--", "python", str(EXAMPLE), "--batch", "{B}"], "--timeout must be"),
     (["--steps", "-1", "--", "python", str(EXAMPLE), "--batch", "{B}"], "--steps must be >= 0"),
     (["-o", "/no/such/folder/x", "--", "python", str(EXAMPLE), "--batch", "{B}"], "folder /no/such/folder does not exist"),
+    # issue 40: Python's own words never reach the user, and each refusal names what the user gave
+    (["--values", "\u00b2,4", "--", "python", str(EXAMPLE), "--batch", "{B}"], "'\u00b2' is not a whole number"),
+    (["--multiple-of", "9999999999999", "--", "python", str(EXAMPLE), "--batch", "{B}"],
+     "--multiple-of must be a whole number from 1 to"),
+    (["--multiple-of", "9999", "--", "python", str(EXAMPLE), "--batch", "{B}"],
+     "--multiple-of 9,999 is larger than the search limit, 1024 times the largest value captured (4,096"),
+    (["--multiple-of", "64", "--max-value", "32", "--", "python", str(EXAMPLE), "--batch", "{B}"],
+     "--multiple-of 64 is larger than --max-value 32"),
+    (["--workers", "0", "--", "python", str(EXAMPLE), "--batch", "{B}"], "--workers must be >= 1"),
 ])
 def test_bad_input_is_refused_in_one_line_before_any_capture(cli, argv, message):
     code, out, err = cli("fit", *argv)
     assert code == 2 and out == ""
     assert err.startswith("allocsim fit: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_python_int_spellings_are_not_whole_numbers(capsys):
+    from allocsim.cli import main
+
+    for option in ("--steps", "--workers", "--multiple-of", "--max-value"):
+        with pytest.raises(SystemExit) as info:          # argparse's usage error
+            main(["fit", option, "\u00b3", "--", "python", str(EXAMPLE), "--batch", "{B}"])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and f"argument {option}: not a whole number" in err, (option, err)
+
+
+def test_a_script_named_with_the_placeholder_is_checked_at_each_value(cli, tmp_path):
+    """``cfg{B}.py`` is the script of each capture: cfg2.py at 2, cfg4.py at 4 -- never cfg1.py."""
+    (tmp_path / "cfg2.py").write_text("pass\n")
+    code, _out, err = cli("fit", "--", "python", tmp_path / "cfg{B}.py")
+    assert code == 2 and f"no script '{tmp_path / 'cfg4.py'}' (the script at B = 4)" in err, err
+    from allocsim.fit import check_command
+
+    (tmp_path / "cfg4.py").write_text("pass\n")
+    assert check_command(["python", str(tmp_path / "cfg{B}.py")], [2, 4]) == "B"
+
+
+def test_fit_never_suggests_an_option_it_does_not_take():
+    """A refusal of captures that never agree offers what fit takes (--values), not scale's --allow-mixed."""
+    from allocsim.fit import _refused
+    from allocsim.scale.consistency import Difference, MixedInputs
+
+    runs = [CaptureRun(v, "RTX 4090", None, None, 1.0, 1, 1) for v in (2, 4, 8, 16)]
+    for kind in ("shrinking", "alignment", "precision", "driver"):
+        message = str(_refused(MixedInputs([Difference(kind, f"a {kind} difference")]), runs, "B"))
+        assert "--allow-mixed" not in message and f"a {kind} difference" in message
+        assert message.startswith("the captures at B = 2, 4, 8, 16 are not one configuration")
+    assert "--values 32,64" in str(_refused(MixedInputs([Difference("shrinking", "x")]), runs, "B"))
+    parser_help = subprocess.run([sys.executable, "-m", "allocsim", "fit", "--help"], capture_output=True,
+                                 text=True, cwd=ROOT).stdout
+    assert "--allow-mixed" not in parser_help
 
 
 def test_a_file_fit_did_not_write_is_never_replaced(cli, tmp_path):
@@ -325,12 +371,15 @@ def test_a_script_that_fails_at_a_small_value_says_so(cli, tmp_path, body, expec
                       "type=int)\nargs = p.parse_args()\nx = torch.zeros(args.batch, 10, device='cuda')\n" + body)
     code, out, err = cli("fit", "--gpu", "RTX 4090", "--", sys.executable, script, "--batch", "{B}")
     assert code == 3 and out == ""
-    assert err.startswith("allocsim fit: error: " + expected) and err.count("\n") == 1, err
+    last = err.strip().splitlines()[-1]            # after one progress line per capture
+    assert last.startswith("allocsim fit: error: " + expected), err
+    assert all(line.startswith("allocsim fit: captur") for line in err.strip().splitlines()[:-1]), err
 
 
 @pytest.mark.full
 def test_an_argument_error_shows_the_scripts_own_line(cli, tmp_path):
     code, _out, err = cli("fit", "--gpu", "H100", "--", sys.executable, EXAMPLE, "--bach", "{B}")
     assert code == 3
-    assert "ended with exit status 3: the script exited with 2; the script's last line: " in err
-    assert "fit_example.py: error: the following arguments are required: --batch" in err and err.count("\n") == 1
+    last = err.strip().splitlines()[-1]
+    assert "ended with exit status 3: the script exited with 2; the script's last line: " in last
+    assert "fit_example.py: error: the following arguments are required: --batch" in last

@@ -20,7 +20,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from allocsim.output_file import OutputKept, open_output, write_output
 from allocsim.trace import read_trace, write_trace
 from tests.attack_files import valid_snapshot
 
@@ -126,6 +125,8 @@ def test_fit_refuses_a_link_in_its_folder_before_any_capture(cli, tmp_path):
 # ------------------------------------------------------------------------ what appears while working
 @pytest.mark.parametrize("appears", ["link", "fifo", "users file"])
 def test_what_appears_at_the_name_while_writing_is_refused_and_the_output_kept(tmp_path, appears):
+    from allocsim.output_file import OutputKept, open_output
+
     target, outside = tmp_path / "out.json", tmp_path / "outside.txt"
     with pytest.raises(OutputKept) as info:
         with open_output(target, ours=lambda p: False, text=True) as fh:
@@ -144,6 +145,8 @@ def test_what_appears_at_the_name_while_writing_is_refused_and_the_output_kept(t
 
 
 def test_open_output_replaces_its_own_file_and_cleans_up_on_error(tmp_path):
+    from allocsim.output_file import open_output, write_output
+
     target = tmp_path / "x.txt"
     write_output(target, "one")
     write_output(target, "two", ours=lambda p: Path(p).read_text() == "one")
@@ -239,6 +242,8 @@ def test_validate_report_merge_refuses_and_explains(tmp_path, validate_cli):
 
 def test_a_live_output_grows_at_its_name_and_never_through_a_link(tmp_path):
     """A log fit writes while the script runs: at its own name from the start, created anew."""
+    from allocsim.output_file import open_output
+
     log, outside = tmp_path / "x.log", tmp_path / "outside.txt"
     with open_output(log, text=True, live=True) as fh:
         fh.write("line\n")

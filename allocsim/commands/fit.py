@@ -18,6 +18,13 @@ from ..errors import AllocsimError
 from .common import print_json
 
 
+def _whole(text: str) -> int:
+    """A whole number in ASCII digits (argparse's ``int`` takes ``"²"`` and ``"1_000"``)."""
+    if not text.strip().isascii() or not text.strip().lstrip("-").isdigit():
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    return int(text)
+
+
 def register(subparsers) -> None:
     """Add the ``fit`` subcommand."""
     from ..fit import DEFAULT_GPUS, DEFAULT_STEPS, DEFAULT_VALUES
@@ -51,15 +58,15 @@ def register(subparsers) -> None:
     parser.add_argument("--values", metavar="V1,V2,...",
                         help=f"the values of {{NAME}} to capture, two or more (default "
                              f"{','.join(map(str, DEFAULT_VALUES))})")
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
+    parser.add_argument("--steps", type=_whole, default=DEFAULT_STEPS, metavar="N",
                         help=f"optimizer steps per capture (default {DEFAULT_STEPS}: the first makes the optimizer's "
                              "state, the second runs forward and backward with it; 0: run the script to its end)")
     parser.add_argument("--name", choices=("batch", "seq"), default=None,
                         help="what the value is: seq allows c*v^2 sizes (attention scores), batch does not "
                              "(default: seq when the placeholder's name says seq, len, ctx, context or token)")
-    parser.add_argument("--multiple-of", type=int, default=1, metavar="N",
+    parser.add_argument("--multiple-of", type=_whole, default=1, metavar="N",
                         help="answer with whole multiples of N (default 1)")
-    parser.add_argument("--max-value", type=int, metavar="N",
+    parser.add_argument("--max-value", type=_whole, metavar="N",
                         help="search no further than N (default 1024 times the largest value captured)")
     parser.add_argument("--no-advise", action="store_true",
                         help="PyTorch's default allocator settings only: skip the search for a setting that fits more")
@@ -67,7 +74,7 @@ def register(subparsers) -> None:
                         help="capture for every GPU asked, not once per compute-capability class")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="stop a capture after S seconds (it then fails with exit status 124)")
-    parser.add_argument("--workers", type=int, metavar="N",
+    parser.add_argument("--workers", type=_whole, metavar="N",
                         help="captures at once and processes for the advise runs (default: CPU count)")
     parser.add_argument("-o", "--output", metavar="DIR",
                         help="keep the captures and the script's output in DIR (default: a temporary folder, deleted)")
@@ -79,27 +86,30 @@ def register(subparsers) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Check the input, capture, scale, search and print; see the module doc for the exit status."""
-    from ..fit import DEFAULT_VALUES, EXIT_NOTHING_FITS, ScriptFailed, check_command, fit, parse_values
+    from ..fit import DEFAULT_VALUES, EXIT_NOTHING_FITS, ScriptFailed, check_command, check_search, fit, parse_values
     from ..gpus import find_gpu
 
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     try:
-        check_command(command)
+        # Every argument before the first capture (fit checks them again, and -o, before capturing).
         values = parse_values(args.values) if args.values is not None else list(DEFAULT_VALUES)
+        check_command(command, values)
+        check_search(values, args.multiple_of, args.max_value)
         for name in args.gpu or []:
             find_gpu(name)
         if args.timeout is not None and not args.timeout > 0:
             raise ValueError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
-        if args.max_value is not None and args.max_value < 1:
-            raise ValueError(f"--max-value must be >= 1, got {args.max_value}")
-        interactive = sys.stderr.isatty()
+        if args.steps < 0:
+            raise ValueError(f"--steps must be >= 0, got {args.steps}")
+        if args.workers is not None and args.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {args.workers}")
+        # Progress, one line per capture with its seconds, on stderr (stdout keeps the answer or --json).
         result = fit(command, args.gpu, values=values, steps=args.steps, out_dir=args.output, scale_name=args.name,
                      multiple=args.multiple_of, max_value=args.max_value, advise=not args.no_advise,
                      workers=args.workers, timeout_s=args.timeout, per_gpu=args.per_gpu,
-                     log=(lambda m: print(f"allocsim fit: {m}", file=sys.stderr)) if interactive else
-                     (lambda m: None))
+                     log=lambda m: print(f"allocsim fit: {m}", file=sys.stderr, flush=True))
     except ScriptFailed as exc:
         print(f"allocsim fit: error: {exc}", file=sys.stderr)
         return exc.status
