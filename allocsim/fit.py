@@ -7,12 +7,17 @@
    (``capture_class``: what a capture reads of the card -- cuBLAS workspace size, attention kernels,
    bf16 -- follows the compute capability's major version; within a class one card's capture stands
    for the others, and the answer says which card it was captured for);
-2. **scale** the captures (``scale.Scaler``): each allocation's size as a law of the value;
+2. **scale** the captures (``scale.Scaler``): each allocation's size as a law of the value. Where two
+   captures straddle a kernel switch (allocations on one side only, or sizes that seem to fall),
+   one more capture is made at twice the largest value, up to ``MAX_EXTRA_CAPTURES``, and the laws
+   come from the largest captures that agree (``_choose_inputs``): the answer lies above them;
 3. **search** the largest value that fits each GPU (``scale.findmax.find_max``): the memory the card
    leaves the caching allocator (``gpus.allocator_capacity``; the captures hold their cuBLAS
    workspaces), with PyTorch's defaults and with the best setting ``advise`` finds;
 4. **bound** the answer where the inputs leave sizes open: the same search on the low and the high
-   end of the prediction's range, with the answer's setting (``value_range``).
+   end of the prediction's range, with the answer's setting (``value_range``); and hold it to the GPU
+   estimate (``gpus.gpu_estimate``'s ``fits``, with the margin it keeps): a value it says does not fit
+   is lowered to the largest that does (``_held_to_estimate``), and the memory left free is stated.
 
 The captures are written to a folder (kept when the caller names it) with the script's output
 beside each, so ``allocsim scale`` can replay the search and ``allocsim run`` any capture.

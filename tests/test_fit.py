@@ -383,3 +383,38 @@ def test_an_argument_error_shows_the_scripts_own_line(cli, tmp_path):
     last = err.strip().splitlines()[-1]
     assert "ended with exit status 3: the script exited with 2; the script's last line: " in last
     assert "fit_example.py: error: the following arguments are required: --batch" in last
+
+
+@pytest.mark.shared
+def test_the_answer_keeps_the_margin_the_gpu_estimate_asks(shared_dir, monkeypatch):
+    """The batch fit chooses is the largest whose ``gpu_estimate`` says ``fits`` (issue 38 makes that
+    estimate honest about its range: a margin the allocator's capacity alone does not hold), and the
+    text states the memory left free and what the search found before."""
+    import allocsim.fit as fit_module
+    from allocsim.gpus import allocator_capacity, gpu_estimate
+    from allocsim.scale import load_input
+    from allocsim.scale.build import Scaler
+    from allocsim.scale.findmax import find_max
+
+    series = shared_dir / "traces" / "scale-series"
+    inputs = [load_input(str(series / f"yyin-dev_cs336-a2_xl_b4_fwd_ctx_{v}.pickle"), Fraction(v)) for v in (128, 256)]
+    scaler = Scaler(inputs, "seq")
+    gpu = find_gpu("RTX 4090")
+    capacity = allocator_capacity(gpu, True)
+    found = find_max(scaler, capacity, multiple=64, advise=False)
+    plain = fit_module._answer(gpu, gpu, found, scaler, capacity, True, 64, found.max_value)
+    assert plain.value and plain.lowered_from is None and plain.estimate["fits"]
+    assert plain.margin_bytes == gpu.total_bytes - plain.estimate["total_bytes"] >= 0
+    margin = 2 << 30
+
+    def with_margin(card, reserved, workspaces_in_trace=False):
+        est = gpu_estimate(card, reserved, workspaces_in_trace)
+        return {**est, "fits": est["total_bytes"] + margin <= card.total_bytes}
+
+    monkeypatch.setattr(fit_module, "gpu_estimate", with_margin)
+    held = fit_module._answer(gpu, gpu, found, scaler, capacity, True, 64, found.max_value)
+    assert held.lowered_from == plain.value and held.value is not None and held.value < plain.value
+    assert held.value % 64 == 0 and held.margin_bytes >= margin and held.estimate["fits"]
+    assert held.first_failing == held.value + 64 and "the GPU estimate does not fit" in held.why_not
+    result = FitResult(["python", "t.py", "--seq", "{S}"], "S", "seq", [128, 256], 2, [], [held], 1.0, 1.0, None, [])
+    assert f"lowered from {plain.value}, where the GPU estimate does not fit" in result.format_text()

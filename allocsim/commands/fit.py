@@ -46,8 +46,13 @@ def register(subparsers) -> None:
                "  that capture does not know of them; --per-gpu captures for each card. Captures go to -o DIR\n"
                "  (created if its parent exists) with the script's output beside each, else to a temporary folder\n"
                "  deleted at the end.\n"
+               "kernel switches: where two captures disagree (allocations at one value only, sizes that seem to\n"
+               "  fall as the value grows: a kernel that changes past some size), fit captures at twice the\n"
+               "  largest value (at most two more captures) and fits its laws from the largest ones that agree.\n"
                "range: where the inputs leave sizes open, the answer is searched again at both ends of the laws:\n"
-               "  the lower value fits whatever they are, the upper is the most they allow.\n"
+               "  the lower value fits whatever they are, the upper is the most they allow. The answer is the\n"
+               "  largest value whose GPU estimate fits; the memory it leaves free is stated (margin).\n"
+               "progress: one line per capture on stderr, with its seconds.\n"
                "exit status: 0 = answered, 1 = nothing fits on any GPU asked, 2 = usage or input error,\n"
                "  3 = a capture's script raised or exited with an error (the message has its error line),\n"
                "  124 = a capture reached --timeout, 130 = interrupted",
@@ -57,7 +62,8 @@ def register(subparsers) -> None:
                              f"{', '.join(DEFAULT_GPUS)})")
     parser.add_argument("--values", metavar="V1,V2,...",
                         help=f"the values of {{NAME}} to capture, two or more (default "
-                             f"{','.join(map(str, DEFAULT_VALUES))})")
+                             f"{','.join(map(str, DEFAULT_VALUES))}; one or two more at twice the largest where "
+                             "they disagree)")
     parser.add_argument("--steps", type=_whole, default=DEFAULT_STEPS, metavar="N",
                         help=f"optimizer steps per capture (default {DEFAULT_STEPS}: the first makes the optimizer's "
                              "state, the second runs forward and backward with it; 0: run the script to its end)")
