@@ -41,8 +41,11 @@ from .errors import AllocsimError
 from .gpus import GpuModel, allocator_capacity, find_gpu, gpu_estimate, label_note
 from .units import format_bytes
 
-#: The values captured when none are given: small, past batch 1 (where some kernels take other paths).
-DEFAULT_VALUES = (2, 4)
+#: The values captured when none are given: small, yet past the smallest sizes where kernels take other
+#: paths (batch 1; CUDA reductions take no global buffer at batch 2 of traces/fit_example.py; a 1,024-token
+#: GPT's embedding backward sorts from 4,096 indices on, batch 4), so that both lie on the side of the
+#: answer; a switch between them is found and a third capture made (``_choose_inputs``).
+DEFAULT_VALUES = (4, 8)
 #: Optimizer steps per capture: the first makes the optimizer's state, the second is the first step
 #: that runs forward and backward with it alive and reuses the first step's cached blocks.
 DEFAULT_STEPS = 2
@@ -93,12 +96,12 @@ def parse_values(text: str) -> list[int]:
         part = part.strip()
         if not _WHOLE.fullmatch(part) or int(part) < 1:
             raise ValueError(f"--values {text!r}: {part!r} is not a whole number from 1 to {MAX_VALUE:,} "
-                             "(e.g. --values 2,4)")
+                             "(e.g. --values 4,8)")
         values.append(int(part))
     distinct = sorted(set(values))
     if len(distinct) < 2:
         raise ValueError(f"--values {text!r}: give two or more different values (the laws need two points), "
-                         "e.g. --values 2,4")
+                         "e.g. --values 4,8")
     return distinct
 
 
@@ -616,7 +619,7 @@ class InputsChoice:
 
 
 def _choose_inputs(runs: Sequence[CaptureRun], loaded: dict[str, Any], scale_name: str, knob: str,
-                   final: bool) -> InputsChoice | None:
+                   final: bool) -> tuple[InputsChoice | None, str]:
     """The captures to fit laws from: the longest run of the largest values that is one configuration
     and whose every allocation is found in each of them; None when another capture should be made.
 
@@ -626,7 +629,7 @@ def _choose_inputs(runs: Sequence[CaptureRun], loaded: dict[str, Any], scale_nam
     laws are taken from the captures above the switch, dropping the smaller ones; another capture
     at twice the largest value is asked for until two agree. With ``final`` (no capture left to
     make), the largest values that are one configuration are taken with their open sizes, or
-    ``MixedInputs`` is raised for the largest pair.
+    ``MixedInputs`` is raised for the largest pair. The second item says why the captures disagree.
     """
     from .scale.build import Scaler
     from .scale.consistency import MixedInputs
@@ -652,15 +655,17 @@ def _choose_inputs(runs: Sequence[CaptureRun], loaded: dict[str, Any], scale_nam
                     f"{', '.join(str(c.value) for c in chosen)}, which agree")
         choice = InputsChoice(list(chosen), scaler, note, int(report.unaligned))
         if report.unaligned == 0:
-            return choice
+            return choice, ""
         usable = usable or choice
+    why = (refusal.differences[0].text if refusal is not None and refusal.differences else
+           f"{usable.open_sizes:,} allocations appear at {knob} = {usable.runs[-1].value} only" if usable else "")
     if not final:
-        return None
+        return None, why
     if usable is not None:
         if not usable.note:
             usable.note = (f"{usable.open_sizes:,} allocations appear only at {knob} = {usable.runs[-1].value} "
                            "(a kernel that switches past some size): their sizes past it are open (the range)")
-        return usable
+        return usable, why
     raise refusal if refusal is not None else MixedInputs([])
 
 
@@ -698,7 +703,7 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
     command = list(command)
     values = sorted(set(int(v) for v in values))
     if len(values) < 2 or values[0] < 1 or values[-1] > MAX_VALUE:
-        raise ValueError(f"give two or more different values from 1 to {MAX_VALUE:,} to capture, e.g. --values 2,4")
+        raise ValueError(f"give two or more different values from 1 to {MAX_VALUE:,} to capture, e.g. --values 4,8")
     if steps < 0:
         raise ValueError(f"--steps must be >= 0, got {steps}")
     if workers is not None and workers < 1:
@@ -735,6 +740,7 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
         loaded: dict[str, Any] = {}
         choices: dict[str, InputsChoice] = {}
         pending = list(reps)
+        disagreed: dict[str, str] = {}
         while pending:
             final = not extras
             for rep in list(pending):
@@ -743,10 +749,18 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
                     if c.path not in loaded:
                         loaded[c.path] = load_input(c.path, Fraction(c.value))
                 try:
-                    choice = _choose_inputs(mine, loaded, scale_name, knob, final)
+                    choice, why = _choose_inputs(mine, loaded, scale_name, knob, final)
                 except MixedInputs as exc:
                     raise _refused(exc, mine, knob) from None
+                if why and rep.name not in disagreed:
+                    disagreed[rep.name] = why
                 if choice is not None:
+                    added = [c.value for c in mine if c.value not in values]
+                    if added and not choice.note:
+                        choice.note = (f"the captures at {knob} = {', '.join(map(str, values))} disagree "
+                                       f"({disagreed.get(rep.name, 'a kernel switch')}): {knob} = "
+                                       f"{', '.join(map(str, added))} captured too; the laws fit {knob} = "
+                                       f"{', '.join(str(c.value) for c in choice.runs)}, which agree")
                     choices[rep.name] = choice
                     pending.remove(rep)
             if pending:

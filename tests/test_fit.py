@@ -71,7 +71,7 @@ def test_gpus_share_a_capture_per_compute_capability_class():
     assert "128 SMs, not 108" in what_differs(a4090, a100)
     assert what_differs(h100, h200).startswith("the same SM count")
     assert [find_gpu(n).name for n in DEFAULT_GPUS] == list(DEFAULT_GPUS)
-    assert DEFAULT_VALUES == (2, 4) and DEFAULT_STEPS == 2
+    assert DEFAULT_VALUES == (4, 8) and DEFAULT_STEPS == 2
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -90,7 +90,7 @@ def test_gpus_share_a_capture_per_compute_capability_class():
     (["--multiple-of", "9999999999999", "--", "python", str(EXAMPLE), "--batch", "{B}"],
      "--multiple-of must be a whole number from 1 to"),
     (["--multiple-of", "9999", "--", "python", str(EXAMPLE), "--batch", "{B}"],
-     "--multiple-of 9,999 is larger than the search limit, 1024 times the largest value captured (4,096"),
+     "--multiple-of 9,999 is larger than the search limit, 1024 times the largest value captured (8,192"),
     (["--multiple-of", "64", "--max-value", "32", "--", "python", str(EXAMPLE), "--batch", "{B}"],
      "--multiple-of 64 is larger than --max-value 32"),
     (["--workers", "0", "--", "python", str(EXAMPLE), "--batch", "{B}"], "--workers must be >= 1"),
@@ -418,3 +418,35 @@ def test_the_answer_keeps_the_margin_the_gpu_estimate_asks(shared_dir, monkeypat
     assert held.first_failing == held.value + 64 and "the GPU estimate does not fit" in held.why_not
     result = FitResult(["python", "t.py", "--seq", "{S}"], "S", "seq", [128, 256], 2, [], [held], 1.0, 1.0, None, [])
     assert f"lowered from {plain.value}, where the GPU estimate does not fit" in result.format_text()
+
+
+@pytest.mark.full
+def test_a_kernel_switch_between_the_values_is_found_and_fitted_past(tmp_path):
+    """At 1,024 tokens a sequence, batch 2 runs CUDA's embedding backward in one kernel (2,048 indices)
+    and batch 4 sorts (4,096 > 3,072: ``cuda_scratch.embedding_dense_backward_scratch``): the two
+    captures (``--values 2,4``; the defaults 4 and 8 lie past it) disagree, fit captures batch 8 as
+    well and fits the laws past the switch; the answer's
+    predicted total is a direct capture's at that batch, which fits, and the next batch does not."""
+    args = ["--seq", "1024", "--dim", "32", "--layers", "1", "--heads", "2", "--vocab", "512", "--steps", "2"]
+    code, out, err = _run_cli("fit", "--gpu", "RTX 4090", "--values", "2,4", "--no-advise", "--json", "-o",
+                              tmp_path / "c", "--", sys.executable, EXAMPLE, "--batch", "{B}", *args)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["values"] == [2, 4, 8] and "capturing B = 8 too" in err
+    answer = data["answers"][0]
+    assert answer["fitted_from"][-2:] == [4, 8] and answer["range_low"] == answer["value"] == answer["range_high"]
+    progress = [line for line in err.splitlines() if line.startswith("allocsim fit: captured B = ")]
+    assert len(progress) == 3 and all(re.search(r" in \d+\.\d s \(\d of \d", line) for line in progress)
+    for value, fits in ((answer["value"], True), (answer["value"] + 1, False)):
+        from allocsim.torch_capture.session import capture
+
+        path = tmp_path / f"direct{value}.parquet"
+        with open(tmp_path / f"direct{value}.log", "w") as log:
+            result, _ = capture([sys.executable, str(EXAMPLE), "--batch", str(value), *args], str(path),
+                                steps=DEFAULT_STEPS, gpu=find_gpu("RTX 4090").capture_properties(), stdout=log,
+                                stderr=log)
+        assert result.status == 0, result.message
+        truth = _replay(path, "RTX 4090", ["--policy", "pytorch"])
+        assert truth["fits"] is fits, (value, truth)
+        if fits:
+            assert abs(truth["total_bytes"] - answer["estimate"]["total_bytes"]) <= 0.005 * truth["total_bytes"]

@@ -1,4 +1,4 @@
-"""``allocsim fit [--gpu NAME ...] [--values 2,4] [--steps N] [--json] [-o DIR] -- python train.py --batch {B}``.
+"""``allocsim fit [--gpu NAME ...] [--values 4,8] [--steps N] [--json] [-o DIR] -- python train.py --batch {B}``.
 
 The largest value of the script's ``{B}`` that fits each GPU asked, with the allocator setting that
 lets it fit and the predicted total beside the card's memory: the script is captured on the CPU at
