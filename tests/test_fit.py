@@ -141,7 +141,7 @@ def test_fit_never_suggests_an_option_it_does_not_take():
 def test_a_file_fit_did_not_write_is_never_replaced(cli, tmp_path):
     keep = tmp_path / "out"
     keep.mkdir()
-    foreign = keep / "fit_example.B2.rtx-4090.parquet"
+    foreign = keep / "fit_example.B4.rtx-4090.parquet"
     foreign.write_text("not a trace")
     code, _, err = cli("fit", "--gpu", "RTX 4090", "-o", keep, "--", sys.executable, EXAMPLE, "--batch", "{B}")
     assert code == 2 and "exists and is not" in err and foreign.read_text() == "not a trace"

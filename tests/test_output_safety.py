@@ -116,10 +116,10 @@ def test_fit_refuses_a_link_in_its_folder_before_any_capture(cli, tmp_path):
     out.mkdir()
     script = tmp_path / "train.py"
     script.write_text("import sys\n")
-    outside = _dangling(tmp_path, out / "train.B2.rtx-4090.parquet")
+    outside = _dangling(tmp_path, out / "train.B4.rtx-4090.parquet")
     code, _, err = cli("fit", "--gpu", "RTX 4090", "-o", out, "--", "python", script, "--batch", "{B}")
-    assert code == 2 and "train.B2.rtx-4090.parquet: is a symbolic link" in _one_line(err)
-    assert not outside.exists() and sorted(p.name for p in out.iterdir()) == ["train.B2.rtx-4090.parquet"]
+    assert code == 2 and "train.B4.rtx-4090.parquet: is a symbolic link" in _one_line(err)
+    assert not outside.exists() and sorted(p.name for p in out.iterdir()) == ["train.B4.rtx-4090.parquet"]
 
 
 # ------------------------------------------------------------------------ what appears while working
