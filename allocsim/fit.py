@@ -765,8 +765,9 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
                     pending.remove(rep)
             if pending:
                 value = extras.pop(0)
-                log(f"the captures of {', '.join(r.name for r in pending)} disagree (a kernel switch?): "
-                    f"capturing {knob} = {value} too")
+                reasons = "; ".join(f"{r.name}: {disagreed.get(r.name) or 'they differ'}" for r in pending)
+                log(f"the captures disagree, a kernel switch between them? ({reasons}): capturing {knob} = {value} "
+                    "too")
                 captures += capture_all(command, knob, [value], pending, folder, steps, timeout_s, n_workers,
                                         out_dir is not None, log)
         t1 = time.monotonic()
