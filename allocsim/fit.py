@@ -39,6 +39,7 @@ from typing import Any, Callable, Sequence
 
 from .errors import AllocsimError
 from .gpus import GpuModel, allocator_capacity, find_gpu, gpu_estimate, label_note
+from .metrics.verdict import incomplete_line
 from .units import format_bytes
 
 #: The values captured when none are given: small, yet past the smallest sizes where kernels take other
@@ -236,6 +237,8 @@ class FitResult:
     search_seconds: float
     out_dir: str | None           # where the captures are kept (None: deleted)
     replay: list[str]             # ``allocsim scale ... --find-max`` per capture class (with out_dir)
+    #: Why a capture stopped before the script's end ("" when all are complete; only with allow_incomplete).
+    incomplete: str = ""
 
     @property
     def any_fits(self) -> bool:
@@ -246,7 +249,8 @@ class FitResult:
                 "steps": self.steps, "captures": [c.to_dict() for c in self.captures],
                 "answers": [a.to_dict() for a in self.answers], "capture_seconds": round(self.capture_seconds, 3),
                 "search_seconds": round(self.search_seconds, 3), "out_dir": self.out_dir, "replay": self.replay,
-                "method": METHOD}
+                "method": METHOD,
+                **({"incomplete": True, "incomplete_reason": self.incomplete} if self.incomplete else {})}
 
     def format_text(self) -> str:
         name = self.knob
@@ -264,12 +268,15 @@ class FitResult:
         for a in self.answers:
             label = "" if a.gpu.verified else ", label"
             head = f"{a.gpu.name} ({format_bytes(a.gpu.total_bytes)}{label})"
+            said_incomplete = ((lambda line: incomplete_line(self.incomplete, line)) if self.incomplete else
+                               (lambda line: line))
             if a.value is None:
-                lines.append(f"{head}: nothing fits, not even {name} = {a.first_failing}: {a.why_not}")
+                lines.append(said_incomplete(f"{head}: nothing fits, not even {name} = {a.first_failing}: "
+                                             f"{a.why_not}"))
             else:
                 est = a.estimate or {}
                 at_least = "at least " if a.at_limit else ""
-                lines.append(f"{head}: {name} = {at_least}{a.value} with {a.setting_line}")
+                lines.append(said_incomplete(f"{head}: {name} = {at_least}{a.value} with {a.setting_line}"))
                 lines.append(f"  predicted total {format_bytes(est.get('total_bytes', 0))} of "
                              f"{format_bytes(a.gpu.total_bytes)}: reserved peak "
                              f"{format_bytes(est.get('reserved_peak_bytes', 0))} (cuBLAS workspaces included) + "
@@ -392,6 +399,7 @@ def _last_line(log: str) -> str:
 
 def _failure(result: Any, run: CaptureRun, knob: str, kept: bool) -> ScriptFailed:
     """The one line that says which capture failed, its exit status, and the script's error line."""
+    from .metrics.verdict import ALLOW_INCOMPLETE
     from .torch_capture.session import EXIT_CANNOT_START
 
     status = result.status if result.trace_path is not None else EXIT_CANNOT_START
@@ -401,14 +409,17 @@ def _failure(result: Any, run: CaptureRun, knob: str, kept: bool) -> ScriptFaile
     if last and last not in why:
         error = f"; the script's last line: {last}"
     where = f" (its output: {run.log})" if kept else ""
+    use = (f"; {ALLOW_INCOMPLETE} answers from the captures as they stopped" if result.trace_path is not None
+           else "")
     return ScriptFailed(f"the capture at {knob} = {run.value} (for {run.gpu}) ended with exit status {status}: "
-                        f"{why}{error}{where}", status)
+                        f"{why}{error}{where}{use}", status)
 
 
 def capture_all(command: list[str], knob: str, values: Sequence[int], reps: Sequence[GpuModel], folder: str,
                 steps: int, timeout_s: float | None, workers: int, kept: bool,
-                log: Callable[[str], None]) -> list[CaptureRun]:
-    """Every (card, value) capture, ``workers`` at a time; ``ScriptFailed`` for the first that did not finish."""
+                log: Callable[[str], None], allow_incomplete: bool = False) -> list[CaptureRun]:
+    """Every (card, value) capture, ``workers`` at a time; ``ScriptFailed`` for the first that did not finish
+    (with ``allow_incomplete``: the first that wrote no trace)."""
     jobs = [(gpu, value) for gpu in reps for value in values]
     runs: dict[tuple[str, int], tuple[Any, CaptureRun]] = {}
     at_once = max(1, min(workers, len(jobs)))
@@ -427,7 +438,7 @@ def capture_all(command: list[str], knob: str, values: Sequence[int], reps: Sequ
                 f"{len(jobs)}, {time.monotonic() - started:.0f} s in all)")
     for gpu, value in jobs:           # the first failure in the order asked: the smallest value first
         result, run = runs[(gpu.name, value)]
-        if result.status != 0 or result.trace_path is None:
+        if result.trace_path is None or (result.status != 0 and not allow_incomplete):
             raise _failure(result, run, knob, kept)
     return [runs[(gpu.name, value)][1] for gpu, value in jobs]
 
@@ -557,21 +568,24 @@ def _held_to_estimate(gpu: GpuModel, scaler: Any, params: dict[str, Any] | None,
 
 # ----------------------------------------------------------------------------------------- fit
 def check_command(command: Sequence[str], values: Sequence[int] = DEFAULT_VALUES) -> str:
-    """The knob of ``command`` once it names an interpreter and a script that exists at every value of
-    ``values`` (a script named ``cfg{B}.py`` is ``cfg2.py`` at 2: it is checked as each capture will
-    run it); ValueError otherwise."""
-    from .torch_capture.session import child_command
+    """The knob of ``command`` once it names an interpreter and a script that can be run at every value
+    of ``values`` (``session.check_script``; a script named ``cfg{B}.py`` is ``cfg4.py`` at 4: it is
+    checked as each capture will run it); ValueError otherwise."""
+    from .torch_capture.session import check_script, child_command
 
     command = list(command)
     if not command or (len(command) < 2 and not command[0].endswith(".py")):
         raise ValueError("give the script after --, e.g. allocsim fit -- python train.py --batch {B}")
     knob = knob_of(command)
-    named = child_command(command)[4:]
+    named = child_command(command)[4:5]
     for value in values:
-        script = child_command(with_value(command, knob, value))[4:]
-        if script and script[0] != "-m" and not os.path.isfile(script[0]):
-            at = f" (the script at {knob} = {value})" if script[0] != named[0] else ""
-            raise ValueError(f"no script {script[0]!r}{at}")
+        try:
+            check_script(with_value(command, knob, value))
+        except ValueError as exc:
+            if named and "{" + knob + "}" in named[0]:
+                raise ValueError(f"{exc} (the script at {knob} = {value})") from None
+            raise
+    return knob
     return knob
 
 
@@ -687,9 +701,11 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
         steps: int = DEFAULT_STEPS, out_dir: str | None = None, scale_name: str | None = None, multiple: int = 1,
         max_value: int | None = None, advise: bool = True, workers: int | None = None,
         timeout_s: float | None = None, per_gpu: bool = False, extra_captures: int = MAX_EXTRA_CAPTURES,
-        log: Callable[[str], None] = lambda message: None) -> FitResult:
+        allow_incomplete: bool = False, log: Callable[[str], None] = lambda message: None) -> FitResult:
     """Capture, scale and search (module doc); ``ValueError`` / ``AllocsimError`` on bad input,
-    ``ScriptFailed`` when a capture did not finish. Every argument is checked before the first capture.
+    ``ScriptFailed`` when a capture did not finish (``allow_incomplete``: when it wrote no trace; the
+    answers then say they come from captures that stop early). Every argument is checked before the
+    first capture.
 
     Where two captures disagree (a kernel switch between them), up to ``extra_captures`` more are
     made at twice the largest value, and the laws come from the largest ones that agree (``_choose_inputs``).
@@ -736,7 +752,7 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
     try:
         t0 = time.monotonic()
         captures = capture_all(command, knob, values, reps, folder, steps, timeout_s, n_workers, out_dir is not None,
-                               log)
+                               log, allow_incomplete)
         loaded: dict[str, Any] = {}
         choices: dict[str, InputsChoice] = {}
         pending = list(reps)
@@ -769,16 +785,18 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
                 log(f"the captures disagree, a kernel switch between them? ({reasons}): capturing {knob} = {value} "
                     "too")
                 captures += capture_all(command, knob, [value], pending, folder, steps, timeout_s, n_workers,
-                                        out_dir is not None, log)
+                                        out_dir is not None, log, allow_incomplete)
         t1 = time.monotonic()
         answers: list[GpuAnswer] = []
         replay: list[str] = []
+        incomplete = ""
         executor = make_executor(workers=workers) if advise else None
         with executor if executor is not None else contextlib.nullcontext():
             for rep, members in groups:
                 choice = choices[rep.name]
                 inputs = [loaded[c.path] for c in choice.runs]
                 scaler = choice.scaler
+                incomplete = incomplete or scaler.incomplete
                 in_trace = all(cublas_workspaces_in_trace(item.trace.meta) for item in inputs)
                 for gpu in members:
                     log(f"searching the largest {knob} that fits {gpu.name}")
@@ -804,7 +822,7 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
     answers.sort(key=lambda a: order[a.gpu.name])
     captured = sorted({c.value for c in captures})
     return FitResult(command, knob, scale_name, captured, steps, captures, answers, t1 - t0, t2 - t1,
-                     out_dir, replay)
+                     out_dir, replay, incomplete)
 
 
 __all__ = ["DEFAULT_GPUS", "DEFAULT_STEPS", "DEFAULT_VALUES", "FitResult", "GpuAnswer", "MAX_EXTRA_CAPTURES",

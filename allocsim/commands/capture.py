@@ -4,7 +4,9 @@ The script runs unchanged in a child process of the interpreter named after ``--
 in it is fine: see ``allocsim.torch_capture``); that interpreter needs torch and nothing else. The
 trace it would allocate on one GPU is written to TRACE (Parquet; ``.csv`` for CSV). Replay it with
 ``allocsim run TRACE --policy pytorch --gpu NAME``. The script is the user's own code and runs as
-the user; the trace it leaves is read back like any other.
+the user, but what it writes (checkpoints, logs, removals, renames) goes to a scratch folder instead
+of the user's files (``torch_capture.writeguard``); the summary says what went there. The trace it
+leaves is read back like any other.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ def register(subparsers) -> None:
                              "default: A100 80GB)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="interrupt the script after S seconds and write what it recorded")
+    parser.add_argument("--keep-writes", metavar="DIR", default=None,
+                        help="keep what the script writes (checkpoints, logs: never written over your files, see "
+                             "docs/capture.md) in DIR, a new folder (default: a temporary folder, deleted at the end)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PYTHON SCRIPT ARGS",
                         help="the command that runs the script, after --")
     parser.set_defaults(func=main)
@@ -58,6 +63,8 @@ def default_output(command: list[str]) -> str:
     """``train.capture.parquet`` for ``python train.py`` (or ``python -m pkg.train``)."""
     if len(command) > 2 and command[1] == "-m":
         stem = command[2].rsplit(".", 1)[-1]
+    elif len(command) > 1 and command[1] == "-c":
+        stem = "command"
     else:
         script = command[1] if len(command) > 1 and not command[0].endswith(".py") else command[0]
         stem = os.path.splitext(os.path.basename(script))[0]
@@ -72,7 +79,8 @@ def _usage(message: str) -> int:
 def main(args: argparse.Namespace) -> int:
     """Check everything the capture needs, run it, and report the trace it wrote."""
     from ..gpus import find_gpu
-    from ..torch_capture.session import EXIT_OK, capture, child_command
+    from ..torch_capture.scratch import check_keep_folder
+    from ..torch_capture.session import EXIT_OK, capture, check_script
     from ..output_file import check_trace_output as check_output
 
     command = list(args.command)
@@ -84,10 +92,10 @@ def main(args: argparse.Namespace) -> int:
         return _usage(f"--steps must be >= 0, got {args.steps}")
     if args.timeout is not None and not args.timeout > 0:
         return _usage(f"--timeout must be a number of seconds > 0, got {args.timeout}")
-    script = child_command(command)[4:]
-    if script and script[0] != "-m" and not os.path.isfile(script[0]):
-        return _usage(f"no script {script[0]!r}")
     try:
+        check_script(command)
+        if args.keep_writes is not None:
+            check_keep_folder(args.keep_writes)
         gpu = find_gpu(args.gpu if args.gpu is not None else DEFAULT_GPU)
         # Resolved and checked before the script runs: it may change directory, and a bad -o must
         # not be found after a long run.
@@ -97,7 +105,7 @@ def main(args: argparse.Namespace) -> int:
         return _usage(str(exc))
     try:
         result, _trace = capture(command, out_path, steps=args.steps, gpu=gpu.capture_properties(),
-                                 timeout_s=args.timeout)
+                                 timeout_s=args.timeout, keep_writes=args.keep_writes)
     except OSError as exc:
         return _usage(f"cannot write {out_path}: {exc.strerror or exc}")
     if result.trace_path is None:
@@ -108,6 +116,8 @@ def main(args: argparse.Namespace) -> int:
           f"optimizer steps, peak allocated {format_bytes(summary.get('peak_allocated_bytes', 0))}, peak reserved "
           f"{format_bytes(summary.get('peak_reserved_bytes', 0))} on {gpu.name} (torch {summary.get('torch', '?')}, "
           f"{result.seconds:.1f} s)")
+    if result.writes_line:
+        print(f"capture: {result.writes_line}")
     if result.status != EXIT_OK:
         print(f"capture: the trace stops where {result.message}", file=sys.stderr)
         return result.status

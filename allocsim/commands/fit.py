@@ -6,7 +6,9 @@ two or more small values (``allocsim capture``), the captures are scaled (``allo
 largest fitting value searched per GPU (``scale --find-max`` with ``advise``); ``allocsim.fit`` has
 the steps. Exit status: 0 answered (a GPU where nothing fits is an answer too, unless it is every
 GPU asked: 1), 2 usage or input error (one line), and a capture that did not finish passes its own
-status on (3 the script raised or exited with an error, 124 ``--timeout``, 130 interrupted).
+status on (3 the script raised or exited with an error, 124 ``--timeout``, 130 interrupted) unless
+``--allow-incomplete`` is given: then the answers come from the captures as they stopped and each
+answer line says ``INCOMPLETE TRACE``.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ def register(subparsers) -> None:
                "progress: one line per capture on stderr, with its seconds.\n"
                "exit status: 0 = answered, 1 = nothing fits on any GPU asked, 2 = usage or input error,\n"
                "  3 = a capture's script raised or exited with an error (the message has its error line),\n"
-               "  124 = a capture reached --timeout, 130 = interrupted",
+               "  124 = a capture reached --timeout, 130 = interrupted (with --allow-incomplete such captures\n"
+               "  are used as they stopped: each answer line says INCOMPLETE TRACE and the status is 0 or 1)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", action="append", metavar="NAME",
                         help=f"a GPU to answer for (repeatable; allocsim gpus lists them; default: "
@@ -84,6 +87,10 @@ def register(subparsers) -> None:
                         help="captures at once and processes for the advise runs (default: CPU count)")
     parser.add_argument("-o", "--output", metavar="DIR",
                         help="keep the captures and the script's output in DIR (default: a temporary folder, deleted)")
+    parser.add_argument("--allow-incomplete", action="store_true",
+                        help="answer from captures whose script stopped before its end (raised, exited with an "
+                             "error, --timeout) instead of stopping with the capture's exit status; each answer "
+                             "line then says INCOMPLETE TRACE")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PYTHON SCRIPT ARGS",
                         help="the command that runs the script, after --, with one {NAME} placeholder")
@@ -115,6 +122,7 @@ def main(args: argparse.Namespace) -> int:
         result = fit(command, args.gpu, values=values, steps=args.steps, out_dir=args.output, scale_name=args.name,
                      multiple=args.multiple_of, max_value=args.max_value, advise=not args.no_advise,
                      workers=args.workers, timeout_s=args.timeout, per_gpu=args.per_gpu,
+                     allow_incomplete=args.allow_incomplete,
                      log=lambda m: print(f"allocsim fit: {m}", file=sys.stderr, flush=True))
     except ScriptFailed as exc:
         print(f"allocsim fit: error: {exc}", file=sys.stderr)

@@ -5,7 +5,8 @@ own environment, ``sys.argv`` and ``__main__`` as with ``python SCRIPT ARGS`` (o
 MODULE ARGS``). It needs torch and the standard library only: records go to the parent over a
 private pipe (``channel``), and the parent writes the trace. Settings come from the parent in
 ``ALLOCSIM_CAPTURE_CONFIG`` (JSON): ``steps`` (> 0 ends the script after that many optimizer
-steps, each also a ``ProfilerStep#N`` marker) and ``gpu`` (the card's properties). The exit status
+steps, each also a ``ProfilerStep#N`` marker), ``gpu`` (the card's properties) and ``scratch`` (the
+folder the script's writes go to instead of the user's files: ``writeguard``). The exit status
 says how the script ended: 0 it ended (or reached ``steps``), 3 it raised, 130 it was interrupted,
 2 the capture could not start (no torch, bad settings).
 """
@@ -17,7 +18,6 @@ import os
 import runpy
 import signal
 import sys
-import traceback
 
 EXIT_SCRIPT_FAILED = 3
 EXIT_INTERRUPTED = 130
@@ -30,6 +30,13 @@ class _StepsDone(BaseException):
 
 def _run(argv: list[str]) -> None:
     sys.argv = list(argv)
+    if argv[0] == "-c":                  # `python -c CODE ARGS`: sys.argv and sys.path as Python sets them
+        if len(argv) < 2:
+            raise SystemExit("capture: '-c' needs a command")
+        sys.argv = ["-c", *argv[2:]]
+        sys.path.insert(0, "")
+        exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        return
     if argv[0] == "-m":
         if len(argv) < 2:
             raise SystemExit("capture: '-m' needs a module name")
@@ -79,6 +86,11 @@ def main(args: list[str]) -> int:
 
     from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: PLC0415
 
+    from .writeguard import WriteGuard  # noqa: PLC0415
+
+    # Before anything of the script runs: its writes go to the scratch folder, never to the user's files.
+    guard = WriteGuard(config["scratch"]).install() if isinstance(config.get("scratch"), str) else None
+
     from .devicemap import HOST_ABSTRACT_BYTES, cuda_on_meta  # noqa: PLC0415
     from .roles import Roles  # noqa: PLC0415
     from .tracker import StorageTracker  # noqa: PLC0415
@@ -107,6 +119,7 @@ def main(args: list[str]) -> int:
             "autocast": {"source": autocast.source if autocast else "", "casts": autocast.n_casts if autocast else 0,
                          "cached": autocast.n_cached if autocast else 0,
                          "missing_ops": autocast.missing if autocast else []},
+            "writes": guard.journal() if guard is not None else None,
         }])
         channel.close()
 
@@ -121,6 +134,9 @@ def main(args: list[str]) -> int:
 
     channel_pid = os.getpid()
     os._exit = exit_now
+    # Started with SIGINT ignored (a background job, nohup), Python installs no KeyboardInterrupt:
+    # the SIGINT allocsim sends for Ctrl-C and --timeout must still end the script as Ctrl-C does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     tracker.marker("ProfilerStep#0")
     try:
         with Roles(tracker).installed() as roles, cuda_on_meta(tracker, gpu) as autocast:
@@ -140,7 +156,9 @@ def main(args: list[str]) -> int:
     except BaseException as exc:   # the user's code: any error ends the capture, the trace is kept
         status = EXIT_SCRIPT_FAILED
         failure = f"the script raised {type(exc).__name__}: {exc}"
-        traceback.print_exc()
+        from .tracebacks import print_script_traceback  # noqa: PLC0415
+
+        print_script_traceback(exc)        # as `python SCRIPT` shows it: no child.py or runpy frames
     finally:
         # the records are complete from here on: a second Ctrl-C must not cut them short
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from typing import Any
 
 from ..metrics.categories import CAPTURE_FILE, CAPTURE_PREFIX, CATEGORIES
 from ..policies.base import Policy
+from ..trace.inference.completeness import short_reason
 from ..trace.reading.builder import TraceBuilder
 from ..trace.reading.frames import FrameTable
 from ..trace.schema import FRAME_DTYPES, STACK_DTYPES, frame_from_columns
@@ -44,6 +46,7 @@ class CaptureResult:
     summary: dict[str, Any]
     seconds: float
     message: str = ""                    # why the trace is incomplete or was not written
+    writes_line: str = ""                # where the script's writes went instead ("" when it wrote nothing)
 
 
 class _AllocatorModel:
@@ -231,6 +234,9 @@ class _Converter:
                               f"(first: {self.first_bad})")
         if status != EXIT_OK:
             meta.notes.append(f"incomplete: {message}")
+            steps = summary.get("optimizer_steps", 0)
+            meta.incomplete = short_reason(f"{message or f'the capture ended with status {status}'}; "
+                                           f"{steps} optimizer step{'' if steps == 1 else 's'} recorded")
         trace = self.builder.finish()
         tables = self.frames.tables()
         trace.frames = frame_from_columns(tables["frames"], FRAME_DTYPES)
@@ -244,6 +250,24 @@ def child_command(command: list[str]) -> list[str]:
     if python.endswith(".py"):           # `-- train.py ARGS`: this interpreter runs it
         python, script = sys.executable, command
     return [python, "-m", "allocsim.torch_capture.child", "--", *script]
+
+
+def check_script(command: list[str]) -> None:
+    """Refuse (ValueError, one line) a command whose script cannot be run: a missing file, an interpreter option."""
+    script = child_command(command)[4:]
+    if not script:
+        raise ValueError("give the script after the interpreter, e.g. python train.py")
+    first = script[0]
+    if first in ("-m", "-c"):
+        if len(script) < 2:
+            raise ValueError(f"python {first} needs {'a module' if first == '-m' else 'a command'} after it")
+        return
+    if first.startswith("-"):
+        raise ValueError(f"interpreter option {first!r} before the script is not taken under capture: give the "
+                         "script (or -m MODULE, or -c CODE) right after the interpreter; for -u, -W, -X use "
+                         "PYTHONUNBUFFERED, PYTHONWARNINGS, PYTHONDEVMODE... in the environment")
+    if not os.path.isfile(first):
+        raise ValueError(f"no script {first!r}")
 
 
 def _package_root() -> str:
@@ -276,22 +300,36 @@ class _Interrupts:
 
 def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str, Any] | None = None,
             timeout_s: float | None = None, write: bool = True, stdout: Any = None,
-            stderr: Any = None) -> tuple[CaptureResult, Any]:
+            stderr: Any = None, keep_writes: str | None = None) -> tuple[CaptureResult, Any]:
     """Run ``command`` (``[python, script, args...]``) under the capture; return the result and the ``Trace``.
 
     ``out_path`` is written (Parquet, or CSV for ``.csv``) unless ``write`` is False; the trace is
     None when the child could not start (no torch in that interpreter). ``stdout`` / ``stderr``: where
     the script's output goes (a file object or descriptor, as ``subprocess.Popen`` takes them; None:
-    this process's own).
+    this process's own). The script's own writes go to a scratch folder (``scratch``), deleted at
+    the end unless ``keep_writes`` names a new folder for them.
     """
+    from .scratch import scratch_folder  # noqa: PLC0415
+
+    folder = scratch_folder(keep_writes)
+    try:
+        return _capture(command, out_path, steps, gpu, timeout_s, write, stdout, stderr, folder, keep_writes)
+    finally:
+        if keep_writes is None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _capture(command: list[str], out_path: str, steps: int, gpu: dict[str, Any] | None, timeout_s: float | None,
+             write: bool, stdout: Any, stderr: Any, folder: str, keep_writes: str | None) -> tuple[CaptureResult, Any]:
     from ..trace import write_trace  # noqa: PLC0415
+    from .scratch import ScriptWrites  # noqa: PLC0415
 
     events_r, events_w = os.pipe()
     answers_r, answers_w = os.pipe()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
     env[ENV_FDS] = f"{events_w},{answers_r}"
-    env[ENV_CONFIG] = json.dumps({"steps": int(steps), "gpu": gpu or {}})
+    env[ENV_CONFIG] = json.dumps({"steps": int(steps), "gpu": gpu or {}, "scratch": folder})
     converter = _Converter(out_path)
     t0 = time.monotonic()
     try:
@@ -373,11 +411,16 @@ def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str,
         if status != EXIT_OK:
             reason = str(summary.get("status", ""))
     trace = converter.finish(status, reason, seconds)
+    writes = ScriptWrites.read(summary.get("writes"), folder, keep_writes is not None)
+    writes_line = "" if writes.empty else writes.line(os.getcwd())
+    if writes_line:
+        trace.meta.notes.append(writes_line)
+        trace.meta.version_hints["script_writes"] = writes.to_dict()
     if write:
         write_trace(trace, out_path)
     summary = dict(summary, allocs=converter.model.n_allocs, peak_allocated_bytes=converter.model.peak_allocated,
-                   peak_reserved_bytes=converter.model.peak_reserved)
-    return CaptureResult(status, out_path if write else None, summary, seconds, reason), trace
+                   peak_reserved_bytes=converter.model.peak_reserved, writes=writes.to_dict())
+    return CaptureResult(status, out_path if write else None, summary, seconds, reason, writes_line), trace
 
 
 def _exit_text(code: int) -> str:

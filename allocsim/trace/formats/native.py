@@ -26,6 +26,7 @@ from typing import Any
 
 from ...errors import TraceFormatError, quote
 from ...units import MiB
+from ..inference.completeness import reason_from_header
 from ..reading.builder import MAX_SIZE_BYTES
 from ..reading.header import HeaderTypeError
 from ..reading.ipc_check import IpcFormatError, ipc_stream_bounds
@@ -437,6 +438,8 @@ def _meta_from_header(header: dict, fmt: str) -> TraceMeta:
     meta.devices = [int(d) for d in meta.devices]
     if any(not -(1 << 15) <= d < (1 << 15) for d in meta.devices):
         raise ValueError("meta.devices holds a device id outside int16")
+    # Whether the recording stops early is read once, here: every verdict takes it from meta.incomplete.
+    meta.incomplete = reason_from_header(meta.incomplete, meta.notes, meta.version_hints)
     return meta
 
 
