@@ -801,9 +801,12 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
                 for gpu in members:
                     log(f"searching the largest {knob} that fits {gpu.name}")
                     capacity = allocator_capacity(gpu, in_trace)
-                    found = find_max(scaler, capacity, policy="pytorch", multiple=multiple, max_value=max_value,
-                                     advise=advise, executor=executor)
-                    answer = _answer(gpu, rep, found, scaler, capacity, in_trace, multiple, found.max_value)
+                    try:
+                        found = find_max(scaler, capacity, policy="pytorch", multiple=multiple,
+                                         max_value=max_value, advise=advise, executor=executor)
+                        answer = _answer(gpu, rep, found, scaler, capacity, in_trace, multiple, found.max_value)
+                    except MixedInputs as exc:     # below the captures another reference is used: still fit's line
+                        raise _refused(exc, choice.runs, knob) from None
                     answer.inputs_note = choice.note
                     answer.fitted_from = [c.value for c in choice.runs]
                     answers.append(answer)
