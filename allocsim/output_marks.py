@@ -20,7 +20,7 @@ file of their own, is left alone. The marks, by kind of file:
   value starting ``allocsim-cost-model`` (``is_cost_model_file``).
 
 Each test reads at most the file's first few KiB (Parquet: its footer). Every writer here goes
-through ``output_file.open_output``: a temporary file moved into place, never through a link.
+through ``output_write.open_output``: a temporary file moved into place, never through a link.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def write_table(frame: Any, path: str | os.PathLike, name: str | None = None, *,
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .output_file import open_output
+    from .output_write import open_output
 
     table = pa.Table.from_pandas(frame, preserve_index=False)
     mark = (name or os.path.basename(os.fspath(path))).encode()
@@ -147,7 +147,7 @@ def write_json(data: dict[str, Any], path: str | os.PathLike, schema: str, *,
                within: str | os.PathLike | None = None, allow_nan: bool = True) -> None:
     """Write ``data`` as indented JSON whose first key is ``"schema": schema`` (allocsim's mark; keeps
     a ``schema`` already first in ``data``), through ``open_output`` (replaces only such a file)."""
-    from .output_file import open_output
+    from .output_write import open_output
 
     if not schema.startswith("allocsim-"):
         raise ValueError(f"schema {schema!r} must start with 'allocsim-'")
