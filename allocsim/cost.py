@@ -227,7 +227,7 @@ class CostModel:
     def save(self, path: str | os.PathLike, option: str = "-o") -> None:
         """Write the constants (and provenance) as one flat JSON object: ``"_format"`` first (allocsim's
         mark, ``output_marks.is_cost_model_file``), then the keys sorted; an existing file is replaced
-        only if it is such a cost model (``output_file.open_output``; ValueError otherwise)."""
+        only if it is such a cost model (``output_write.open_output``; ValueError otherwise)."""
         from .output_file import open_output
         from .output_marks import is_cost_model_file
 

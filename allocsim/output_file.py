@@ -56,9 +56,9 @@ def check_output_file(path: str, option: str = "-o", *, ours: Callable[[str], bo
     except OSError as exc:
         raise ValueError(f"{option} {path}: cannot check it ({os_reason(exc)})") from None
     if st is not None:
-        refusal = refusal(option, path, st, ours, what)
-        if refusal:
-            raise ValueError(refusal)
+        refused = refusal(option, path, st, ours, what)
+        if refused:
+            raise ValueError(refused)
     check_parent(path, option)
     if folder_beside is not None and os.path.lexists(folder_beside):
         mode = os.lstat(folder_beside).st_mode
@@ -97,9 +97,9 @@ def check_output_folder(path: str, option: str = "-o", files: Iterable[str] = ()
                 raise ValueError(f"{option} {path}: {target} exists and is {kind_of(st.st_mode) if not stat.S_ISREG(st.st_mode) else 'a file'}, "
                                  "not a folder")
             continue
-        refusal = refusal(option, path, st, written_by_allocsim, "a file allocsim wrote", inside=target)
-        if refusal:
-            raise ValueError(refusal)
+        refused = refusal(option, path, st, written_by_allocsim, "a file allocsim wrote", inside=target)
+        if refused:
+            raise ValueError(refused)
 
 
 #: What a trace output may be named (``convert``, ``scale``, ``capture``): Parquet, or CSV when it ends so.

@@ -209,9 +209,9 @@ class _Target:
             return
         st = self.lstat()
         if st is not None:
-            refusal = refusal(self.option, self.path, st, ours, what)
-            if refusal:
-                raise OutputKept(f"{refusal} (it appeared there while allocsim worked; the output is kept as "
+            refused = refusal(self.option, self.path, st, ours, what)
+            if refused:
+                raise OutputKept(f"{refused} (it appeared there while allocsim worked; the output is kept as "
                                  f"{os.path.join(self.folder, self.tmp)})")
         os.replace(src, dst, src_dir_fd=self.fd, dst_dir_fd=self.fd)
 
@@ -219,9 +219,9 @@ class _Target:
         """Create the file at its own name (O_EXCL, O_NOFOLLOW), after removing a file that may be replaced."""
         st = self.lstat()
         if st is not None:
-            refusal = refusal(self.option, self.path, st, ours, what)
-            if refusal:
-                raise ValueError(refusal)
+            refused = refusal(self.option, self.path, st, ours, what)
+            if refused:
+                raise ValueError(refused)
             os.unlink(self._at(self.name), dir_fd=self.fd)     # the entry itself: a link is never followed
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC | getattr(os, "O_BINARY", 0)
         try:

@@ -59,7 +59,7 @@ class RunResult:
     def save(self, out_dir: str | os.PathLike, within: str | os.PathLike | None = None) -> dict[str, Path]:
         """Write summary.json, timeseries.parquet (with derived columns), perf.json, ooms.parquet after an OOM,
         and timeseries_timed.parquet when the timed replay is kept beside the trace-order one (``RESULT_FILES``),
-        each with allocsim's mark (``output_marks``), through ``output_file.open_output`` (no link followed).
+        each with allocsim's mark (``output_marks``), through ``output_write.open_output`` (no link followed).
 
         ``out_dir`` is created if its parent exists; ``within``: the ``-o`` folder it lies in (default itself).
         """

@@ -306,7 +306,7 @@ def check_report_folder(out_dir: str | os.PathLike, option: str = "-o") -> None:
 
 def write_report(doc: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str, Path]:
     """Write ``results.json`` and ``report.md`` into ``out_dir`` (created if its parent exists) through
-    ``output_file.open_output``: a file there is replaced only if allocsim wrote it, no link is followed."""
+    ``output_write.open_output``: a file there is replaced only if allocsim wrote it, no link is followed."""
     from allocsim.output_file import make_output_folder, open_output
     from allocsim.output_marks import write_json, written_by_allocsim
 

@@ -104,7 +104,7 @@ class Writer:
 
     def __init__(self, out: Path, root: Path | None = None):
         self.out = out
-        #: The ``-o`` folder: no link below it is followed (``output_file.open_output``).
+        #: The ``-o`` folder: no link below it is followed (``output_write.open_output``).
         self.root = root if root is not None else out
         self.written: list[Path] = []
         make_output_folder(str(out), within=str(self.root))

@@ -31,7 +31,7 @@ def journal_dir(output: str | os.PathLike) -> Path:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    # A temporary file moved into place (``output_file.open_output``): a file with a row's name is
+    # A temporary file moved into place (``output_write.open_output``): a file with a row's name is
     # always complete, and a link planted in the journal folder is never written through.
     from ..output_file import write_output
 

@@ -68,7 +68,7 @@ def rows_to_table(rows: list[dict[str, Any]], metadata: dict[str, Any] | None = 
 
 def write_results(rows: Iterable[dict[str, Any]], path: str | os.PathLike, *, complete: bool,
                   expected_rows: int) -> Path:
-    """Write ``rows`` to ``path`` atomically (``output_file.open_output``: temp file + rename, no link
+    """Write ``rows`` to ``path`` atomically (``output_write.open_output``: temp file + rename, no link
     followed) with the sweep metadata."""
     rows = list(rows)
     path = Path(path)

@@ -93,7 +93,7 @@ def read_trace(path: str | os.PathLike, *, format: str | None = None, lenient: b
 def write_trace(trace: Trace, path: str | os.PathLike) -> None:
     """Write ``trace`` losslessly: Parquet unless ``path`` ends in ``.csv`` (or ``.csv.gz``).
 
-    Through ``output_file.open_output``: a temporary file moved into place, never through a link,
+    Through ``output_write.open_output``: a temporary file moved into place, never through a link,
     and an existing file is replaced only if it is an allocsim trace (ValueError otherwise).
     """
     from ..output_file import open_output
