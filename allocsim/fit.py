@@ -168,6 +168,7 @@ class CaptureRun:
     seconds: float
     allocs: int
     peak_reserved_bytes: int
+    status: int = 0               # the capture's exit status (0: the script reached its steps or its end)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -206,6 +207,10 @@ class GpuAnswer:
     #: before the GPU estimate's ``fits`` was held (None: it fitted as found).
     margin_bytes: int | None = None
     lowered_from: int | None = None
+    #: The capture fit made at its answer to confirm it (``confirm``): True it fits there, False it does not
+    #: (after the rounds allowed), None not checked; the line that says so.
+    confirmed: bool | None = None
+    confirm_note: str = ""
 
     @property
     def fits(self) -> bool:
@@ -239,6 +244,8 @@ class FitResult:
     replay: list[str]             # ``allocsim scale ... --find-max`` per capture class (with out_dir)
     #: Why a capture stopped before the script's end ("" when all are complete; only with allow_incomplete).
     incomplete: str = ""
+    #: The values captured to confirm answers (``_confirm``), apart from those the laws are fitted from.
+    confirm_values: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def any_fits(self) -> bool:
@@ -249,22 +256,29 @@ class FitResult:
                 "steps": self.steps, "captures": [c.to_dict() for c in self.captures],
                 "answers": [a.to_dict() for a in self.answers], "capture_seconds": round(self.capture_seconds, 3),
                 "search_seconds": round(self.search_seconds, 3), "out_dir": self.out_dir, "replay": self.replay,
+                "confirm_values": self.confirm_values,
                 "method": METHOD,
                 **({"incomplete": True, "incomplete_reason": self.incomplete} if self.incomplete else {})}
 
     def format_text(self) -> str:
         name = self.knob
+        law_values = [v for v in self.values if v not in self.confirm_values] or list(self.values)
+        n_law = sum(1 for c in self.captures if c.value in law_values)
         classes: dict[str, list[str]] = {}
         for answer in self.answers:
             classes.setdefault(answer.captured_for, []).append(answer.gpu.name)
         said = [rep + (f" (standing for {', '.join(g for g in gpus if g != rep)} too)" if len(gpus) > 1 else "")
                 for rep, gpus in classes.items()]
         lines = [f"allocsim fit: {shell_words(self.command)}",
-                 f"  captured: {name} = {', '.join(map(str, self.values[:-1]))} and {self.values[-1]}, "
+                 f"  captured: {name} = {', '.join(map(str, law_values[:-1]))} and {law_values[-1]}, "
                  + (f"{self.steps} optimizer steps each" if self.steps else "each to the end of the script")
-                 + f", for {' and '.join(said)}: {len(self.captures)} captures, {self.capture_seconds:.1f} s",
+                 + f", for {' and '.join(said)}: {n_law} captures, {self.capture_seconds:.1f} s",
                  f"  searched: the largest {name} on the traces predicted from them ({self.scale_name} laws), "
-                 f"against each GPU's memory less the CUDA context and libraries: {self.search_seconds:.1f} s", ""]
+                 f"against each GPU's memory less the CUDA context and libraries"
+                 + (f", then each answer captured to confirm it ({name} = {', '.join(map(str, self.confirm_values))}: "
+                    f"{len(self.captures) - n_law} capture{'s' if len(self.captures) - n_law != 1 else ''})"
+                    if self.confirm_values else "")
+                 + f": {self.search_seconds:.1f} s", ""]
         for a in self.answers:
             label = "" if a.gpu.verified else ", label"
             head = f"{a.gpu.name} ({format_bytes(a.gpu.total_bytes)}{label})"
@@ -300,8 +314,11 @@ class FitResult:
                                      f"{format_bytes(dest.get('total_bytes', 0))})")
                 lines.append(f"  range: {self._range_text(a)}")
                 if a.extrapolation is not None and a.extrapolation > 2:
-                    lines.append(f"  {a.value} is {a.extrapolation:.3g}x the largest value captured "
-                                 f"({max(self.values)}): confirm it with one capture (below)")
+                    lines.append(f"  {a.value} is {a.extrapolation:.3g}x the largest value its laws come from "
+                                 f"({max(a.fitted_from or law_values)})"
+                                 + ("" if a.confirmed else ": confirm it with one capture (below)"))
+            if a.confirm_note:
+                lines.append(f"  {a.confirm_note}")
             if a.inputs_note:
                 lines.append(f"  {a.inputs_note}")
             if a.captured_for != a.gpu.name:
@@ -384,8 +401,9 @@ def _capture_one(command: list[str], knob: str, value: int, gpu: GpuModel, folde
         result, _trace = capture(argv, path, steps=steps, gpu=gpu.capture_properties(), timeout_s=timeout_s,
                                  stdout=fh, stderr=fh)
     summary = result.summary or {}
-    return result, CaptureRun(value, gpu.name, path, log, result.seconds, int(summary.get("allocs", 0)),
-                              int(summary.get("peak_reserved_bytes", 0)))
+    return result, CaptureRun(value, gpu.name, path if result.trace_path is not None else None, log, result.seconds,
+                              int(summary.get("allocs", 0)), int(summary.get("peak_reserved_bytes", 0)),
+                              int(result.status))
 
 
 def _last_line(log: str) -> str:
@@ -417,15 +435,18 @@ def _failure(result: Any, run: CaptureRun, knob: str, kept: bool) -> ScriptFaile
 
 def capture_all(command: list[str], knob: str, values: Sequence[int], reps: Sequence[GpuModel], folder: str,
                 steps: int, timeout_s: float | None, workers: int, kept: bool,
-                log: Callable[[str], None], allow_incomplete: bool = False) -> list[CaptureRun]:
-    """Every (card, value) capture, ``workers`` at a time; ``ScriptFailed`` for the first that did not finish
-    (with ``allow_incomplete``: the first that wrote no trace)."""
-    jobs = [(gpu, value) for gpu in reps for value in values]
+                log: Callable[[str], None], allow_incomplete: bool = False,
+                jobs: Sequence[tuple[GpuModel, int]] | None = None, strict: bool = True) -> list[CaptureRun]:
+    """Every (card, value) capture (or the ``jobs`` given), ``workers`` at a time; ``ScriptFailed`` for the
+    first that did not finish (with ``allow_incomplete``: the first that wrote no trace; without
+    ``strict``, none: each run's ``status`` and ``path`` say)."""
+    jobs = list(jobs) if jobs is not None else [(gpu, value) for gpu in reps for value in values]
     runs: dict[tuple[str, int], tuple[Any, CaptureRun]] = {}
     at_once = max(1, min(workers, len(jobs)))
     until = f"to optimizer step {steps}" if steps else "to its end"
-    log(f"capturing {knob} = {', '.join(map(str, values))} for {', '.join(g.name for g in reps)}: {len(jobs)} "
-        f"capture{'s' if len(jobs) > 1 else ''}, {at_once} at a time, each running the script {until}")
+    shown = sorted({value for _, value in jobs})
+    log(f"capturing {knob} = {', '.join(map(str, shown))} for {', '.join(dict.fromkeys(g.name for g, _ in jobs))}: "
+        f"{len(jobs)} capture{'s' if len(jobs) > 1 else ''}, {at_once} at a time, each running the script {until}")
     started = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(max_workers=at_once) as pool:
         futures = {pool.submit(_capture_one, command, knob, value, gpu, folder, steps, timeout_s): (gpu, value)
@@ -438,7 +459,7 @@ def capture_all(command: list[str], knob: str, values: Sequence[int], reps: Sequ
                 f"{len(jobs)}, {time.monotonic() - started:.0f} s in all)")
     for gpu, value in jobs:           # the first failure in the order asked: the smallest value first
         result, run = runs[(gpu.name, value)]
-        if result.trace_path is None or (result.status != 0 and not allow_incomplete):
+        if strict and (result.trace_path is None or (result.status != 0 and not allow_incomplete)):
             raise _failure(result, run, knob, kept)
     return [runs[(gpu.name, value)][1] for gpu, value in jobs]
 
@@ -697,11 +718,139 @@ def _refused(exc: Any, runs: Sequence[CaptureRun], knob: str) -> AllocsimError:
     return AllocsimError(f"the captures at {knob} = {values} are not one configuration: {why}; {hint}")
 
 
+@dataclasses.dataclass
+class _Search:
+    """One GPU's search: the captures it reads (``choice``), its answer and the setting found."""
+
+    gpu: GpuModel
+    rep: GpuModel
+    choice: InputsChoice
+    capacity: int
+    in_trace: bool
+    answer: GpuAnswer | None = None
+    params: dict[str, Any] | None = None
+
+    def run(self, knob: str, multiple: int, max_value: int | None, advise: bool, executor: Any) -> None:
+        """Search the largest value (``find_max``) and make the answer (``_answer``) from ``choice``."""
+        from .scale.consistency import MixedInputs
+        from .scale.findmax import find_max
+
+        scaler = self.choice.scaler
+        try:
+            found = find_max(scaler, self.capacity, policy="pytorch", multiple=multiple, max_value=max_value,
+                             advise=advise, executor=executor)
+            answer = _answer(self.gpu, self.rep, found, scaler, self.capacity, self.in_trace, multiple,
+                             found.max_value)
+        except MixedInputs as exc:     # below the captures another reference is used: still fit's line
+            raise _refused(exc, self.choice.runs, knob) from None
+        best = found.best
+        self.params = best.at_value.params if best.at_value is not None else None
+        answer.inputs_note = self.choice.note
+        answer.fitted_from = [c.value for c in self.choice.runs]
+        if self.answer is not None:            # a search again: keep what the first said
+            answer.confirm_note = self.answer.confirm_note
+        self.answer = answer
+
+
+#: Captures at the answer fit makes per GPU to confirm it (the second after a search again).
+CONFIRM_ROUNDS = 2
+
+
+def _confirm(searches: Sequence[_Search], command: list[str], knob: str, folder: str, steps: int,
+             timeout_s: float | None, workers: int, out_dir: str | None, allow_incomplete: bool,
+             loaded: dict[str, Any], scale_name: str, multiple: int, advise: bool, executor: Any,
+             log: Callable[[str], None]) -> list[CaptureRun]:
+    """Capture each answer (for the card its class is captured for) and replay it with the answer's setting.
+
+    A kernel that switches past the largest value captured (CUDA's embedding backward sorts above
+    3,072 indices; layer norm's backward sums in blocks for many rows) is in no capture the laws
+    came from, so the prediction misses it; a capture at the answer has it. Where the capture does
+    not fit, it joins the inputs (``_choose_inputs``: its new allocations are carried at its own
+    size), the search runs again below that value, and the new answer is captured in turn, up to
+    ``CONFIRM_ROUNDS`` captures. Each answer says what its capture showed (``confirm_note``).
+    Returns the captures made.
+    """
+    from .metrics.verdict import GIVEN
+    from .runner import Capacity, simulate_trace
+    from .scale.consistency import MixedInputs
+
+    made: list[CaptureRun] = []
+    todo = [search for search in searches if search.answer.value is not None]
+    for round_ in range(CONFIRM_ROUNDS):
+        if not todo:
+            break
+        jobs = list(dict.fromkeys((search.rep, search.answer.value) for search in todo))
+        have = {(c.gpu, c.value): c for c in [*made, *(c for search in todo for c in search.choice.runs)]}
+        need = [(rep, value) for rep, value in jobs if (rep.name, value) not in have]
+        refused: dict[tuple[str, int], str] = {}
+        if out_dir is not None:
+            for rep, value in list(need):
+                try:
+                    check_capture_paths([capture_paths(command, knob, value, rep, folder)])
+                except ValueError as exc:       # a file fit did not write is in the way: say so, capture nothing
+                    refused[(rep.name, value)] = str(exc)
+                    need.remove((rep, value))
+        if need:
+            log("confirming the answers with a capture at each: "
+                + ", ".join(f"{knob} = {v} for {r.name}" for r, v in need))
+            new = capture_all(command, knob, [], [], folder, steps, timeout_s, workers, out_dir is not None, log,
+                              allow_incomplete, jobs=need, strict=False)
+            made += new
+            have.update({(c.gpu, c.value): c for c in new})
+        still = []
+        for search in todo:
+            answer, value = search.answer, search.answer.value
+            run = have.get((search.rep.name, value))
+            if run is None or run.path is None or (run.status != 0 and not allow_incomplete):
+                why = refused.get((search.rep.name, value)) or (
+                    f"the capture at {knob} = {value} ended with exit status {run.status if run else '?'}")
+                answer.confirmed = False
+                answer.confirm_note = ((answer.confirm_note + "; ") if answer.confirm_note else "") + (
+                    f"not confirmed: {why}")
+                continue
+            if run.path not in loaded:
+                from .scale import load_input
+
+                loaded[run.path] = load_input(run.path, Fraction(run.value))
+            summary = simulate_trace(loaded[run.path].trace, "pytorch", search.params,
+                                     capacity=Capacity(search.capacity, GIVEN), fast=True).summary
+            est = gpu_estimate(search.gpu, int(summary["peak_reserved_bytes"]), workspaces_in_trace=search.in_trace)
+            predicted = (answer.estimate or {}).get("total_bytes", 0)
+            if summary["verdict"]["fits"] and est.get("fits") is True:
+                answer.confirmed = True
+                answer.confirm_note = ((answer.confirm_note + "; ") if answer.confirm_note else "") + (
+                    f"confirmed: captured at {knob} = {value}, it needs {format_bytes(est['total_bytes'])} "
+                    f"(predicted {format_bytes(predicted)})")
+                continue
+            missed = (f"a capture at {knob} = {value} needs {format_bytes(est['total_bytes'])}, not the predicted "
+                      f"{format_bytes(predicted)}: a kernel that switches past the values captured")
+            answer.confirmed = False
+            answer.confirm_note = missed
+            if round_ + 1 == CONFIRM_ROUNDS:
+                answer.confirm_note += f"; not confirmed: the answer is below {value}, give --values near it"
+                continue
+            try:
+                choice, _ = _choose_inputs([*search.choice.runs, run], loaded, scale_name, knob, True)
+            except MixedInputs as exc:
+                answer.confirm_note += (f"; not confirmed: with that capture the inputs are not one configuration "
+                                        f"({exc.differences[0].text if exc.differences else exc}): the answer is "
+                                        f"below {value}, give --values near it")
+                continue
+            search.choice = choice
+            search.run(knob, multiple, value - multiple if value > multiple else value, advise, executor)
+            search.answer.confirm_note = missed + f"; searched again with it: {knob} = {search.answer.value}"
+            if search.answer.value is not None:
+                still.append(search)
+        todo = still
+    return made
+
+
 def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Sequence[int] = DEFAULT_VALUES,
         steps: int = DEFAULT_STEPS, out_dir: str | None = None, scale_name: str | None = None, multiple: int = 1,
         max_value: int | None = None, advise: bool = True, workers: int | None = None,
         timeout_s: float | None = None, per_gpu: bool = False, extra_captures: int = MAX_EXTRA_CAPTURES,
-        allow_incomplete: bool = False, log: Callable[[str], None] = lambda message: None) -> FitResult:
+        allow_incomplete: bool = False, confirm: bool = True,
+        log: Callable[[str], None] = lambda message: None) -> FitResult:
     """Capture, scale and search (module doc); ``ValueError`` / ``AllocsimError`` on bad input,
     ``ScriptFailed`` when a capture did not finish (``allow_incomplete``: when it wrote no trace; the
     answers then say they come from captures that stop early). Every argument is checked before the
@@ -709,10 +858,11 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
 
     Where two captures disagree (a kernel switch between them), up to ``extra_captures`` more are
     made at twice the largest value, and the laws come from the largest ones that agree (``_choose_inputs``).
+    With ``confirm``, each answer is then captured and replayed (``_confirm``): a kernel that switches
+    past the values captured shows there, and the search is made again with that capture.
     """
     from .scale import load_input
     from .scale.consistency import MixedInputs
-    from .scale.findmax import find_max
     from .sweep.executors import make_executor
     from .trace.inference.workspaces import cublas_workspaces_in_trace
 
@@ -787,33 +937,31 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
                 captures += capture_all(command, knob, [value], pending, folder, steps, timeout_s, n_workers,
                                         out_dir is not None, log, allow_incomplete)
         t1 = time.monotonic()
-        answers: list[GpuAnswer] = []
-        replay: list[str] = []
+        confirm_values: list[int] = []
+        searches: list[_Search] = []
         incomplete = ""
         executor = make_executor(workers=workers) if advise else None
         with executor if executor is not None else contextlib.nullcontext():
             for rep, members in groups:
                 choice = choices[rep.name]
                 inputs = [loaded[c.path] for c in choice.runs]
-                scaler = choice.scaler
-                incomplete = incomplete or scaler.incomplete
+                incomplete = incomplete or choice.scaler.incomplete
                 in_trace = all(cublas_workspaces_in_trace(item.trace.meta) for item in inputs)
                 for gpu in members:
                     log(f"searching the largest {knob} that fits {gpu.name}")
-                    capacity = allocator_capacity(gpu, in_trace)
-                    try:
-                        found = find_max(scaler, capacity, policy="pytorch", multiple=multiple,
-                                         max_value=max_value, advise=advise, executor=executor)
-                        answer = _answer(gpu, rep, found, scaler, capacity, in_trace, multiple, found.max_value)
-                    except MixedInputs as exc:     # below the captures another reference is used: still fit's line
-                        raise _refused(exc, choice.runs, knob) from None
-                    answer.inputs_note = choice.note
-                    answer.fitted_from = [c.value for c in choice.runs]
-                    answers.append(answer)
-                    replay.append(shlex.join(["allocsim", "scale", *(f"{c.path}@{c.value}" for c in choice.runs),
-                                              "--name", scale_name, "--gpu", gpu.name, "--find-max",
-                                              *(["--multiple-of", str(multiple)] if multiple != 1 else []),
-                                              *(["--max-value", str(max_value)] if max_value else [])]))
+                    search = _Search(gpu, rep, choice, allocator_capacity(gpu, in_trace), in_trace)
+                    search.run(knob, multiple, max_value, advise, executor)
+                    searches.append(search)
+            if confirm:
+                confirming = _confirm(searches, command, knob, folder, steps, timeout_s, n_workers, out_dir,
+                                      allow_incomplete, loaded, scale_name, multiple, advise, executor, log)
+                confirm_values = sorted({c.value for c in confirming} - {c.value for c in captures})
+                captures += confirming
+        answers = [search.answer for search in searches]
+        replay = [shlex.join(["allocsim", "scale", *(f"{c.path}@{c.value}" for c in search.choice.runs),
+                              "--name", scale_name, "--gpu", search.gpu.name, "--find-max",
+                              *(["--multiple-of", str(multiple)] if multiple != 1 else []),
+                              *(["--max-value", str(max_value)] if max_value else [])]) for search in searches]
         t2 = time.monotonic()
     finally:
         if out_dir is None:
@@ -825,7 +973,7 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
     answers.sort(key=lambda a: order[a.gpu.name])
     captured = sorted({c.value for c in captures})
     return FitResult(command, knob, scale_name, captured, steps, captures, answers, t1 - t0, t2 - t1,
-                     out_dir, replay, incomplete)
+                     out_dir, replay, incomplete, confirm_values)
 
 
 __all__ = ["DEFAULT_GPUS", "DEFAULT_STEPS", "DEFAULT_VALUES", "FitResult", "GpuAnswer", "MAX_EXTRA_CAPTURES",

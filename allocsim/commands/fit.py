@@ -54,6 +54,9 @@ def register(subparsers) -> None:
                "range: where the inputs leave sizes open, the answer is searched again at both ends of the laws:\n"
                "  the lower value fits whatever they are, the upper is the most they allow. The answer is the\n"
                "  largest value whose GPU estimate fits; the memory it leaves free is stated (margin).\n"
+               "confirm: each answer is then captured for its card's class and replayed with its setting; where\n"
+               "  it does not fit (a kernel that switches past the values captured), that capture joins the\n"
+               "  inputs and the search runs again below it (two captures per GPU at most); --no-confirm skips it.\n"
                "progress: one line per capture on stderr, with its seconds.\n"
                "exit status: 0 = answered, 1 = nothing fits on any GPU asked, 2 = usage or input error,\n"
                "  3 = a capture's script raised or exited with an error (the message has its error line),\n"
@@ -79,6 +82,9 @@ def register(subparsers) -> None:
                         help="search no further than N (default 1024 times the largest value captured)")
     parser.add_argument("--no-advise", action="store_true",
                         help="PyTorch's default allocator settings only: skip the search for a setting that fits more")
+    parser.add_argument("--no-confirm", action="store_true",
+                        help="do not capture each answer to confirm it (one capture per GPU, more when a kernel "
+                             "switches past the values captured): faster, and the answers say they are unconfirmed")
     parser.add_argument("--per-gpu", action="store_true",
                         help="capture for every GPU asked, not once per compute-capability class")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
@@ -122,7 +128,7 @@ def main(args: argparse.Namespace) -> int:
         result = fit(command, args.gpu, values=values, steps=args.steps, out_dir=args.output, scale_name=args.name,
                      multiple=args.multiple_of, max_value=args.max_value, advise=not args.no_advise,
                      workers=args.workers, timeout_s=args.timeout, per_gpu=args.per_gpu,
-                     allow_incomplete=args.allow_incomplete,
+                     allow_incomplete=args.allow_incomplete, confirm=not args.no_confirm,
                      log=lambda m: print(f"allocsim fit: {m}", file=sys.stderr, flush=True))
     except ScriptFailed as exc:
         print(f"allocsim fit: error: {exc}", file=sys.stderr)
