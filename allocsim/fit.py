@@ -822,8 +822,11 @@ def _confirm(searches: Sequence[_Search], command: list[str], knob: str, folder:
                     f"confirmed: captured at {knob} = {value}, it needs {format_bytes(est['total_bytes'])} "
                     f"(predicted {format_bytes(predicted)})")
                 continue
-            missed = (f"a capture at {knob} = {value} needs {format_bytes(est['total_bytes'])}, not the predicted "
-                      f"{format_bytes(predicted)}: a kernel that switches past the values captured")
+            verdict = summary["verdict"]
+            shown = (f"needs {format_bytes(est['total_bytes'])}" if verdict["fits"] else
+                     f"does not fit ({verdict['line'][:160]})")
+            missed = (f"a capture at {knob} = {value} {shown}, not the predicted {format_bytes(predicted)}: a kernel "
+                      "that switches past the values captured")
             answer.confirmed = False
             answer.confirm_note = missed
             if round_ + 1 == CONFIRM_ROUNDS:
@@ -838,7 +841,11 @@ def _confirm(searches: Sequence[_Search], command: list[str], knob: str, folder:
                 continue
             search.choice = choice
             search.run(knob, multiple, value - multiple if value > multiple else value, advise, executor)
-            search.answer.confirm_note = missed + f"; searched again with it: {knob} = {search.answer.value}"
+            again = search.answer
+            if again.value is not None and again.at_limit and again.value + multiple == value:
+                # the search stopped below the capture that did not fit: that capture is its first failure
+                again.at_limit, again.first_failing, again.why_not = False, value, verdict["line"]
+            again.confirm_note = missed + f"; searched again with it: {knob} = {again.value}"
             if search.answer.value is not None:
                 still.append(search)
         todo = still

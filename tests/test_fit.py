@@ -274,9 +274,13 @@ def test_fit_on_the_shipped_script_matches_direct_captures(fitted):
     print(f"\nallocsim fit on traces/fit_example.py: {seconds:.1f} s "
           f"(captures {data['capture_seconds']:.1f} s, search {data['search_seconds']:.1f} s)")
     assert [a["gpu"] for a in data["answers"]] == list(DEFAULT_GPUS)
-    assert data["values"] == list(DEFAULT_VALUES) and data["steps"] == DEFAULT_STEPS
+    laws = [c for c in data["captures"] if c["value"] not in data["confirm_values"]]
+    assert sorted({c["value"] for c in laws}) == list(DEFAULT_VALUES) and data["steps"] == DEFAULT_STEPS
     # one capture per value for each compute-capability class: RTX 4090 (8.9) stands for A100 (8.0)
-    assert sorted({c["gpu"] for c in data["captures"]}) == ["H100", "RTX 4090"] and len(data["captures"]) == 4
+    assert sorted({c["gpu"] for c in laws}) == ["H100", "RTX 4090"] and len(laws) == 4
+    # and one at each answer, which confirms it
+    assert all(a["confirmed"] is True for a in data["answers"]), [a["confirm_note"] for a in data["answers"]]
+    assert len(data["captures"]) == 4 + len({(a["captured_for"], a["value"]) for a in data["answers"]})
     checks = []
     for a in data["answers"]:
         assert a["value"] is not None and not a["at_limit"], a
@@ -432,11 +436,13 @@ def test_a_kernel_switch_between_the_values_is_found_and_fitted_past(tmp_path):
                               tmp_path / "c", "--", sys.executable, EXAMPLE, "--batch", "{B}", *args)
     assert code == 0, err
     data = json.loads(out)
-    assert data["values"] == [2, 4, 8] and "appear at B = 4 only): capturing B = 8 too" in err
+    law_values = [v for v in data["values"] if v not in data["confirm_values"]]
+    assert law_values == [2, 4, 8] and "appear at B = 4 only): capturing B = 8 too" in err
     answer = data["answers"][0]
+    assert answer["confirmed"] is True and answer["confirm_note"].startswith("confirmed: captured at B = ")
     assert answer["fitted_from"][-2:] == [4, 8] and answer["range_low"] == answer["value"] == answer["range_high"]
     progress = [line for line in err.splitlines() if line.startswith("allocsim fit: captured B = ")]
-    assert len(progress) == 3 and all(re.search(r" in \d+\.\d s \(\d of \d", line) for line in progress)
+    assert len(progress) == 4 and all(re.search(r" in \d+\.\d s \(\d of \d", line) for line in progress)
     for value, fits in ((answer["value"], True), (answer["value"] + 1, False)):
         from allocsim.torch_capture.session import capture
 
@@ -450,3 +456,28 @@ def test_a_kernel_switch_between_the_values_is_found_and_fitted_past(tmp_path):
         assert truth["fits"] is fits, (value, truth)
         if fits:
             assert abs(truth["total_bytes"] - answer["estimate"]["total_bytes"]) <= 0.005 * truth["total_bytes"]
+
+
+@pytest.mark.full
+def test_a_switch_past_the_values_captured_is_caught_by_the_confirming_capture(tmp_path):
+    """A script whose backward holds a 4 GiB buffer from batch 65 on (as a kernel that switches algorithm
+    past some size does): captures at 4 and 8 cannot see it, so the first answer (far above 64) does
+    not fit when captured; that capture joins the inputs, the search runs again, and the second answer
+    is confirmed by its own capture."""
+    script = tmp_path / "switch.py"
+    script.write_text(
+        "import argparse\nimport torch\nfrom torch import nn\np = argparse.ArgumentParser()\n"
+        "p.add_argument('--batch', type=int)\nargs = p.parse_args()\n"
+        "model = nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(1024, 1024), nn.GELU())]).cuda()\n"
+        "opt = torch.optim.AdamW(model.parameters())\nfor _ in range(3):\n"
+        "    out = model(torch.zeros(args.batch, 256, 1024, device='cuda'))\n"
+        "    extra = torch.empty(1 << 30, device='cuda') if args.batch > 64 else None\n"
+        "    out.sum().backward()\n    del extra, out\n    opt.step()\n    opt.zero_grad()\n")
+    code, out, err = _run_cli("fit", "--gpu", "RTX 4090", "--no-advise", "--json", "--", sys.executable, script,
+                              "--batch", "{B}")
+    assert code == 0, err
+    answer = json.loads(out)["answers"][0]
+    first = int(re.search(r"a capture at B = (\d+) needs", answer["confirm_note"]).group(1))
+    assert first > 64 and answer["value"] < first and answer["confirmed"] is True, answer["confirm_note"]
+    assert f"searched again with it: B = {answer['value']}" in answer["confirm_note"]
+    assert "confirming the answers with a capture at each" in err
