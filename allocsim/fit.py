@@ -310,8 +310,9 @@ class FitResult:
                         lines.append(f"  with PyTorch's defaults nothing fits: {a.defaults_why_not}")
                     else:
                         dest = a.defaults_estimate or {}
+                        unconfirmed = "; not confirmed by a capture" if a.confirmed is not None else ""
                         lines.append(f"  with PyTorch's defaults: {name} = {a.defaults_value} (predicted total "
-                                     f"{format_bytes(dest.get('total_bytes', 0))})")
+                                     f"{format_bytes(dest.get('total_bytes', 0))}{unconfirmed})")
                 lines.append(f"  range: {self._range_text(a)}")
                 if a.extrapolation is not None and a.extrapolation > 2:
                     lines.append(f"  {a.value} is {a.extrapolation:.3g}x the largest value its laws come from "
