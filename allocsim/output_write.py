@@ -139,6 +139,8 @@ def make_output_folder(path: str, option: str = "-o", within: str | None = None)
     parent, name = os.path.split(os.path.normpath(path))
     if within is not None and os.path.normpath(path) == os.path.normpath(within):
         within = None
+    if within is not None and not os.path.lexists(within):
+        make_output_folder(os.fspath(within), option)        # the -o folder first (its parent must exist)
     fd = _open_folder(parent, within, option, path)
     try:
         try:

@@ -342,7 +342,8 @@ def test_kept_captures_replay_the_search_with_allocsim_scale(fitted):
     first = data["answers"][0]
     assert data["replay"][0].startswith("allocsim scale ") and data["replay"][0].endswith(
         "--name batch --gpu 'RTX 4090' --find-max")
-    mine = [f"{c['path']}@{c['value']}" for c in data["captures"] if c["gpu"] == "RTX 4090"]
+    mine = [f"{c['path']}@{c['value']}" for c in data["captures"]
+            if c["gpu"] == "RTX 4090" and c["value"] not in data["confirm_values"]]
     assert all(spec in data["replay"][0] for spec in mine)
     code, out, err = _run_cli("scale", *mine, "--gpu", "RTX 4090", "--find-max", "--no-advise", "--json")
     assert code == 0, err
@@ -367,7 +368,7 @@ def test_advise_on_gpu_gives_a_capture_the_memory_run_gives_it(fitted):
      "the capture at B = 4 (for RTX 4090) ended with exit status 3: the script raised ValueError: batch 4 is too big "
      "for this toy"),
     ("import sys\nsys.exit(f'cannot use batch {args.batch}')\n",
-     "the capture at B = 2 (for RTX 4090) ended with exit status 3: the script exited with cannot use batch 2"),
+     "the capture at B = 4 (for RTX 4090) ended with exit status 3: the script exited with cannot use batch 4"),
 ])
 def test_a_script_that_fails_at_a_small_value_says_so(cli, tmp_path, body, expected):
     script = tmp_path / "toy.py"
