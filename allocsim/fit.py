@@ -199,6 +199,13 @@ class GpuAnswer:
     extrapolation: float | None
     gpu_note: str | None          # an unverified card's label note (gpus.label_note)
     find_max: dict[str, Any]
+    limiting_rank: int | None = None           # a distributed job: the lowest rank of the role that stops first
+    per_role: list[dict[str, Any]] | None = None   # a distributed job: each role's ranks and answer
+    #: The largest value that fits with the unknown terms (gpu_ranges) at their point estimates, with the
+    #: answer's setting (``value`` is searched at their high end: FITS only when the high end fits).
+    point_value: int | None = None
+    point_first_failing: int | None = None
+    point_capacity_bytes: int | None = None
     #: Why the laws come from some captures only (a kernel switch between them; "" when from all).
     inputs_note: str = ""
     #: The values whose captures the laws are fitted from.
@@ -274,7 +281,8 @@ class FitResult:
                  + (f"{self.steps} optimizer steps each" if self.steps else "each to the end of the script")
                  + f", for {' and '.join(said)}: {n_law} captures, {self.capture_seconds:.1f} s",
                  f"  searched: the largest {name} on the traces predicted from them ({self.scale_name} laws), "
-                 f"against each GPU's memory less the CUDA context and libraries"
+                 f"against each GPU's memory less the libraries and the CUDA context (and cuDNN's terms) at the high "
+                 f"end of their ranges"
                  + (f", then each answer captured to confirm it ({name} = {', '.join(map(str, self.confirm_values))}: "
                     f"{len(self.captures) - n_law} capture{'s' if len(self.captures) - n_law != 1 else ''})"
                     if self.confirm_values else "")
@@ -291,16 +299,24 @@ class FitResult:
                 est = a.estimate or {}
                 at_least = "at least " if a.at_limit else ""
                 lines.append(said_incomplete(f"{head}: {name} = {at_least}{a.value} with {a.setting_line}"))
-                lines.append(f"  predicted total {format_bytes(est.get('total_bytes', 0))} of "
+                spread = (f" ({format_bytes(est['total_low_bytes'])} to {format_bytes(est['total_high_bytes'])})"
+                          if "total_low_bytes" in est and "total_high_bytes" in est else "")
+                lines.append(f"  predicted total {format_bytes(est.get('total_bytes', 0))}{spread} of "
                              f"{format_bytes(a.gpu.total_bytes)}: reserved peak "
                              f"{format_bytes(est.get('reserved_peak_bytes', 0))} (cuBLAS workspaces included) + "
-                             f"libraries {format_bytes(est.get('library_bytes', 0))} + CUDA context "
-                             f"{format_bytes(est.get('context_bytes', 0))}")
+                             f"libraries {format_bytes(est.get('library_bytes', 0))}"
+                             + "".join(f" + {t['label']} {format_bytes(t['bytes'])} ({format_bytes(t['low_bytes'])} "
+                                       f"to {format_bytes(t['high_bytes'])})"
+                                       for t in (est.get("unknown_terms") or {}).values()))
                 if a.margin_bytes is not None:
                     lowered = (f"; lowered from {a.lowered_from}, where the GPU estimate does not fit"
                                if a.lowered_from is not None else "")
                     lines.append(f"  margin: {format_bytes(a.margin_bytes)} of the card left free at the predicted "
                                  f"total (the GPU estimate fits){lowered}")
+                if a.point_value is not None and a.point_value != a.value:
+                    lines.append(f"  {a.value} fits with every unknown term at its high end; at their point "
+                                 f"estimates {name} = {a.point_value} fits with the same setting"
+                                 + (f" ({a.point_first_failing} does not)" if a.point_first_failing else ""))
                 if a.at_limit:
                     lines.append(f"  the search stopped at its limit ({a.value}); give --max-value to look further")
                 elif a.first_failing is not None:
@@ -322,6 +338,12 @@ class FitResult:
                 lines.append(f"  {a.confirm_note}")
             if a.inputs_note:
                 lines.append(f"  {a.inputs_note}")
+            if a.limiting_rank is not None and a.per_role:
+                limit = next((r for r in a.per_role if a.limiting_rank in r["ranks"]), None)
+                others = "; ".join(f"ranks {r['ranks_text']}: {r['value'] if r['value'] is not None else 'nothing'}"
+                                   for r in a.per_role)
+                lines.append(f"  limiting rank {a.limiting_rank}"
+                             + (f" (ranks {limit['ranks_text']})" if limit else "") + f"; per role: {others}")
             if a.captured_for != a.gpu.name:
                 lines.append(f"  captured for {a.captured_for}: {a.capture_note}")
             if a.estimate and a.estimate.get("caveat"):
@@ -333,9 +355,10 @@ class FitResult:
         if best is not None:
             at = with_value(self.command, self.knob, best.value)
             extra = [w for w in best.run_args if w not in ("--policy", "pytorch")]
+            out = "at" if best.limiting_rank is not None else "at.parquet"    # a job's capture is a folder
             lines.append(f"confirm an answer: allocsim capture --gpu {shlex.quote(best.gpu.name)} --steps "
-                         f"{self.steps} -o at.parquet -- {shell_words(at)}")
-            lines.append(f"  then: allocsim run at.parquet --policy pytorch --gpu {shlex.quote(best.gpu.name)}"
+                         f"{self.steps} -o {out} -- {shell_words(at)}")
+            lines.append(f"  then: allocsim run {out} --policy pytorch --gpu {shlex.quote(best.gpu.name)}"
                          + (" " + shlex.join(extra) if extra else ""))
         if self.out_dir:
             lines.append(f"captures and the script's output kept in {self.out_dir}; replay the search:")
@@ -354,7 +377,9 @@ class FitResult:
 METHOD = ("each value captured on the CPU (allocsim capture: cuda on the meta device), the captures scaled "
           "(allocsim scale: each allocation's size a law of the value), the largest fitting value searched on the "
           "trace predicted at each value probed (scale --find-max: PyTorch's defaults, then allocsim advise), against "
-          "the GPU's memory less the CUDA context and libraries as run --gpu counts them")
+          "the GPU's memory less the CUDA context and libraries as run --gpu counts them, with the terms a CPU run cannot "
+          "know at the high end of their ranges (allocsim.gpu_ranges); point_value is the answer at their point "
+          "estimates")
 
 
 # ----------------------------------------------------------------------------------------- capture
@@ -514,7 +539,8 @@ def value_range(scaler: Any, capacity_bytes: int, params: dict[str, Any] | None,
 
 
 def _answer(gpu: GpuModel, captured_for: GpuModel, found: Any, scaler: Any, capacity: int, in_trace: bool,
-            multiple: int, limit_value: int) -> GpuAnswer:
+            multiple: int, limit_value: int, cudnn: bool = False, point_capacity: int | None = None,
+            capture: bool = False) -> GpuAnswer:
     from .advise.knobs import preset_for
 
     best, recorded = found.best, found.recorded
@@ -526,7 +552,8 @@ def _answer(gpu: GpuModel, captured_for: GpuModel, found: Any, scaler: Any, capa
     def estimate(answer: Any) -> dict[str, Any] | None:
         if answer.value is None or answer.at_value is None or answer.at_value.peak_reserved_bytes is None:
             return None
-        return gpu_estimate(gpu, answer.at_value.peak_reserved_bytes, workspaces_in_trace=in_trace)
+        return gpu_estimate(gpu, answer.at_value.peak_reserved_bytes, workspaces_in_trace=in_trace, cudnn=cudnn,
+                            capture=capture, fits_high=True)
 
     def why_not(answer: Any) -> str:
         return answer.at_failing.line if answer.at_failing is not None else ""
@@ -535,8 +562,10 @@ def _answer(gpu: GpuModel, captured_for: GpuModel, found: Any, scaler: Any, capa
     lowered_from = None
     if value is not None and best_estimate is not None and best_estimate.get("fits") is not True:
         lowered_from = value
-        value, best_estimate, first_failing, failing = _held_to_estimate(gpu, scaler, params, capacity, in_trace,
-                                                                         value, multiple)
+        value, best_estimate, first_failing, failing = _held_to_estimate(
+            gpu, scaler, params, capacity, in_trace, value, multiple,
+            lambda reserved: gpu_estimate(gpu, reserved, workspaces_in_trace=in_trace, cudnn=cudnn, capture=capture,
+                                          fits_high=True))
         why = (f"the GPU estimate does not fit: needs {format_bytes(failing['total_bytes'])} of "
                f"{format_bytes(gpu.total_bytes)}") if failing else why
     if value is not None:
@@ -544,6 +573,12 @@ def _answer(gpu: GpuModel, captured_for: GpuModel, found: Any, scaler: Any, capa
     else:
         low, high, note = None, None, "nothing fits"
     margin = None if best_estimate is None else int(gpu.total_bytes - best_estimate["total_bytes"])
+    point_value = point_failing = None
+    if point_capacity is not None and value is not None:
+        from .scale.findmax import largest_with_setting
+
+        point_value, point_failing = largest_with_setting(scaler, point_capacity, "pytorch", params,
+                                                          value or multiple, multiple, limit_value)
     return GpuAnswer(
         gpu=gpu, captured_for=captured_for.name,
         capture_note="" if captured_for is gpu else what_differs(captured_for, gpu),
@@ -554,11 +589,13 @@ def _answer(gpu: GpuModel, captured_for: GpuModel, found: Any, scaler: Any, capa
         range_low=low, range_high=high, range_note=note, bound_value=found.bound.value,
         extrapolation=found.extrapolation() if value == best.value else
         (None if value is None else float(Fraction(value) / found.largest_input)),
-        gpu_note=label_note(gpu), find_max=found.to_dict(), margin_bytes=margin, lowered_from=lowered_from)
+        gpu_note=label_note(gpu), find_max=found.to_dict(), margin_bytes=margin, lowered_from=lowered_from,
+        point_value=point_value, point_first_failing=point_failing, point_capacity_bytes=point_capacity)
 
 
 def _held_to_estimate(gpu: GpuModel, scaler: Any, params: dict[str, Any] | None, capacity: int, in_trace: bool,
-                      value: int, multiple: int) -> tuple[int | None, dict[str, Any] | None, int, dict[str, Any] | None]:
+                      value: int, multiple: int, estimate_of: Callable[[int], dict[str, Any]]
+                      ) -> tuple[int | None, dict[str, Any] | None, int, dict[str, Any] | None]:
     """The largest value up to ``value`` whose replay fits ``capacity`` with ``params`` *and* whose
     ``gpu_estimate`` says ``fits`` (the estimate may hold a margin the allocator's capacity does not:
     issue 38's ranges), with that estimate, then the first value that does not and its estimate;
@@ -572,7 +609,7 @@ def _held_to_estimate(gpu: GpuModel, scaler: Any, params: dict[str, Any] | None,
     def fits(k: int) -> bool:
         trace = scaler.at(Fraction(k * multiple), with_range=False).trace
         summary = simulate_trace(trace, "pytorch", params, capacity=Capacity(capacity, GIVEN), fast=True).summary
-        est = gpu_estimate(gpu, int(summary["peak_reserved_bytes"]), workspaces_in_trace=in_trace)
+        est = estimate_of(int(summary["peak_reserved_bytes"]))
         seen[k] = est
         return bool(summary["verdict"]["fits"]) and est.get("fits") is True
 
@@ -593,9 +630,16 @@ def check_command(command: Sequence[str], values: Sequence[int] = DEFAULT_VALUES
     """The knob of ``command`` once it names an interpreter and a script that can be run at every value
     of ``values`` (``session.check_script``; a script named ``cfg{B}.py`` is ``cfg4.py`` at 4: it is
     checked as each capture will run it); ValueError otherwise."""
+    from .torch_capture.distributed.launcher import parse_launch
     from .torch_capture.session import check_script, child_command
 
     command = list(command)
+    if command:
+        launch = parse_launch(with_value(command, knob_of(command), 1))
+        if launch.launcher:
+            if launch.script[:1] != ["-m"] and not os.path.isfile(launch.script[0]):
+                raise ValueError(f"no script {launch.script[0]!r}")
+            return knob_of(command)
     if not command or (len(command) < 2 and not command[0].endswith(".py")):
         raise ValueError("give the script after --, e.g. allocsim fit -- python train.py --batch {B}")
     knob = knob_of(command)
@@ -607,7 +651,6 @@ def check_command(command: Sequence[str], values: Sequence[int] = DEFAULT_VALUES
             if named and "{" + knob + "}" in named[0]:
                 raise ValueError(f"{exc} (the script at {knob} = {value})") from None
             raise
-    return knob
     return knob
 
 
@@ -726,10 +769,18 @@ class _Search:
     gpu: GpuModel
     rep: GpuModel
     choice: InputsChoice
-    capacity: int
+    capacity: int                  # the allocator's, at the high end of the unknown terms (gpu_ranges)
     in_trace: bool
+    cudnn: bool = False
+    capture: bool = False
+    point_capacity: int | None = None
     answer: GpuAnswer | None = None
     params: dict[str, Any] | None = None
+
+    def estimate(self, reserved_peak_bytes: int) -> dict[str, Any]:
+        """``gpus.gpu_estimate`` of a reserved peak on this GPU, as the answer's is made."""
+        return gpu_estimate(self.gpu, reserved_peak_bytes, workspaces_in_trace=self.in_trace, cudnn=self.cudnn,
+                            capture=self.capture, fits_high=True)
 
     def run(self, knob: str, multiple: int, max_value: int | None, advise: bool, executor: Any) -> None:
         """Search the largest value (``find_max``) and make the answer (``_answer``) from ``choice``."""
@@ -741,7 +792,7 @@ class _Search:
             found = find_max(scaler, self.capacity, policy="pytorch", multiple=multiple, max_value=max_value,
                              advise=advise, executor=executor)
             answer = _answer(self.gpu, self.rep, found, scaler, self.capacity, self.in_trace, multiple,
-                             found.max_value)
+                             found.max_value, self.cudnn, self.point_capacity, self.capture)
         except MixedInputs as exc:     # below the captures another reference is used: still fit's line
             raise _refused(exc, self.choice.runs, knob) from None
         best = found.best
@@ -815,7 +866,7 @@ def _confirm(searches: Sequence[_Search], command: list[str], knob: str, folder:
                 loaded[run.path] = load_input(run.path, Fraction(run.value))
             summary = simulate_trace(loaded[run.path].trace, "pytorch", search.params,
                                      capacity=Capacity(search.capacity, GIVEN), fast=True).summary
-            est = gpu_estimate(search.gpu, int(summary["peak_reserved_bytes"]), workspaces_in_trace=search.in_trace)
+            est = search.estimate(int(summary["peak_reserved_bytes"]))
             predicted = (answer.estimate or {}).get("total_bytes", 0)
             if summary["verdict"]["fits"] and est.get("fits") is True:
                 answer.confirmed = True
@@ -862,7 +913,7 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
     """Capture, scale and search (module doc); ``ValueError`` / ``AllocsimError`` on bad input,
     ``ScriptFailed`` when a capture did not finish (``allow_incomplete``: when it wrote no trace; the
     answers then say they come from captures that stop early). Every argument is checked before the
-    first capture.
+    first capture. A launcher command (``torchrun ...``) is ``fit_ranks.fit_job``'s.
 
     Where two captures disagree (a kernel switch between them), up to ``extra_captures`` more are
     made at twice the largest value, and the laws come from the largest ones that agree (``_choose_inputs``).
@@ -872,6 +923,7 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
     from .scale import load_input
     from .scale.consistency import MixedInputs
     from .sweep.executors import make_executor
+    from .gpu_ranges import is_capture, runs_cudnn
     from .trace.inference.workspaces import cublas_workspaces_in_trace
 
     command = list(command)
@@ -955,9 +1007,14 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
                 inputs = [loaded[c.path] for c in choice.runs]
                 incomplete = incomplete or choice.scaler.incomplete
                 in_trace = all(cublas_workspaces_in_trace(item.trace.meta) for item in inputs)
+                cudnn = any(runs_cudnn(item.trace) for item in inputs)
+                capture = all(is_capture(item.trace) for item in inputs)
                 for gpu in members:
                     log(f"searching the largest {knob} that fits {gpu.name}")
-                    search = _Search(gpu, rep, choice, allocator_capacity(gpu, in_trace), in_trace)
+                    # FITS only at the high end of the unknown terms (gpu_ranges); the point's answer after
+                    search = _Search(gpu, rep, choice, allocator_capacity(gpu, in_trace, end="high", cudnn=cudnn,
+                                                                          capture=capture), in_trace, cudnn, capture,
+                                     allocator_capacity(gpu, in_trace, end="point", cudnn=cudnn, capture=capture))
                     search.run(knob, multiple, max_value, advise, executor)
                     searches.append(search)
             if confirm:

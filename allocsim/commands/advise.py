@@ -88,8 +88,13 @@ def main(args: argparse.Namespace) -> int:
     """Search, print the advice; 0 when a setting fits, 1 when none does, 2 on bad input."""
     from ..advise.advice import advise
     from ..advise.report import advice_to_dict, format_advice
+    from ..capture_folder import is_capture_folder_path
     from ..sweep import executor_from_options
 
+    if is_capture_folder_path(args.trace):
+        from .per_rank import advise_folder
+
+        return advise_folder(args, cost_args(args), EXIT_NONE_FITS)
     try:
         if args.output is not None:
             from ..sweep.results import check_results_output
@@ -120,10 +125,20 @@ def main(args: argparse.Namespace) -> int:
         print("allocsim advise: interrupted; finished runs are journaled: rerun the same command to resume",
               file=sys.stderr)
         return 130
+    bet = None
+    if gpu is not None:
+        from ..units import format_bytes
+
+        bet = (f"--gpu {gpu.name}: the capacity is its memory less its own terms with what a CPU run cannot know "
+               f"at the high end of its range ({format_bytes(advice.capacity_bytes)}), so a setting listed fits "
+               "whatever those are within their ranges (allocsim gpus; docs/capture.md, 'Ranges you can bet on')")
     if args.json:
-        print_json({**advice_to_dict(advice), **({"gpu_note": gpu_note} if gpu_note else {})})
+        print_json({**advice_to_dict(advice), **({"gpu_note": gpu_note} if gpu_note else {}),
+                    **({"gpu_capacity_note": bet} if bet else {})})
     else:
         print(format_advice(advice))
+        if bet:
+            print(f"note: {bet}")
         if gpu_note:
             print(f"note: {gpu_note}")
     if advice.error_groups():   # a run that crashed leaves the search incomplete: never a clean 0

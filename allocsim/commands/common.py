@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 def add_trace_args(parser: argparse.ArgumentParser) -> None:
     """Add the TRACE argument and the options every trace-reading command takes."""
-    parser.add_argument("trace", metavar="TRACE", help="trace file (PyTorch snapshot, Kineto JSON, RMM CSV, allocsim Parquet/CSV)")
+    parser.add_argument("trace", metavar="TRACE", help="trace file (PyTorch snapshot, Kineto JSON, RMM CSV, allocsim "
+                        "Parquet/CSV), or a capture folder of a distributed job (run, advise, report: per rank)")
     add_read_args(parser)
 
 

@@ -124,11 +124,16 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--steps must be >= 0, got {args.steps}")
         if args.workers is not None and args.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {args.workers}")
-        # Progress, one line per capture with its seconds, on stderr (stdout keeps the answer or --json).
-        result = fit(command, args.gpu, values=values, steps=args.steps, out_dir=args.output, scale_name=args.name,
+        from ..fit_ranks import fit_job, is_job
+
+        # A launcher command is answered per role of ranks (fit_ranks: no switch handling or confirming
+        # captures there yet); progress, one line per capture with its seconds, on stderr.
+        extra = {} if is_job(command) else {"confirm": not args.no_confirm}
+        answer = fit_job if is_job(command) else fit
+        result = answer(command, args.gpu, values=values, steps=args.steps, out_dir=args.output, scale_name=args.name,
                      multiple=args.multiple_of, max_value=args.max_value, advise=not args.no_advise,
                      workers=args.workers, timeout_s=args.timeout, per_gpu=args.per_gpu,
-                     allow_incomplete=args.allow_incomplete, confirm=not args.no_confirm,
+                     allow_incomplete=args.allow_incomplete, **extra,
                      log=lambda m: print(f"allocsim fit: {m}", file=sys.stderr, flush=True))
     except ScriptFailed as exc:
         print(f"allocsim fit: error: {exc}", file=sys.stderr)

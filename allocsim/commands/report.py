@@ -72,6 +72,15 @@ def _read_options(args: argparse.Namespace) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     """Build the page and write it; 0 when written, 2 on bad input."""
     started = time.perf_counter()
+    from ..capture_folder import is_capture_folder_path
+
+    if is_capture_folder_path(args.trace):
+        from .per_rank import report_folder
+
+        if args.sites < 1:
+            print(f"allocsim report: error: --sites must be >= 1, got {args.sites}", file=sys.stderr)
+            return 2
+        return report_folder(args, build_report, _read_options(args))
     try:
         if args.sites < 1:
             raise ValueError(f"--sites must be >= 1, got {args.sites}")

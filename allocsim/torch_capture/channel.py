@@ -14,6 +14,9 @@ Messages (a JSON array per line, the first item says which):
 ``["S", stack_id, frames]``     a stack met for the first time: ``[[filename, line, name], ...]``, innermost first
 ``["A", t_ns, addr, size_bytes, stream, stack_id]``   a request of the caching allocator
 ``["F", t_ns, addr, stream]``   its free
+``["P", t_ns, addr, stream]``   its free, while other streams recorded uses of it (``record_stream``)
+``["K", t_ns, addr, stream]``   that block is reusable now (``stream_clock``)
+``["X", fact]``                 a fact of a distributed job (``distributed.facts``)
 ``["C", addr, category]``       the live block at ``addr`` is a ``parameter``, ``gradient``, ... (see ``categories``)
 ``["M", t_ns, label]``          a marker (``ProfilerStep#N``, ``memory_history start``, ...)
 ``["E", t_ns]``                 the script called ``torch.cuda.empty_cache()``

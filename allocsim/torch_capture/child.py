@@ -92,6 +92,7 @@ def main(args: list[str]) -> int:
     guard = WriteGuard(config["scratch"]).install() if isinstance(config.get("scratch"), str) else None
 
     from .devicemap import HOST_ABSTRACT_BYTES, cuda_on_meta  # noqa: PLC0415
+    from .distributed.rank import RankHooks  # noqa: PLC0415
     from .roles import Roles  # noqa: PLC0415
     from .tracker import StorageTracker  # noqa: PLC0415
 
@@ -116,6 +117,9 @@ def main(args: list[str]) -> int:
             "cudnn_workspace_ratios": tracker.workspace_ratio._asdict(),
             "cublas_workspace_bytes": tracker.cublas.bytes,
             "host_abstract_bytes": HOST_ABSTRACT_BYTES, "gpu": gpu,
+            # as the script left them: cuDNN's engine choice (and its trial workspaces) follows them on a GPU
+            "cudnn_flags": {"benchmark": bool(torch.backends.cudnn.benchmark),
+                            "allow_tf32": bool(torch.backends.cudnn.allow_tf32)},
             "autocast": {"source": autocast.source if autocast else "", "casts": autocast.n_casts if autocast else 0,
                          "cached": autocast.n_cached if autocast else 0,
                          "missing_ops": autocast.missing if autocast else []},
@@ -139,7 +143,8 @@ def main(args: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     tracker.marker("ProfilerStep#0")
     try:
-        with Roles(tracker).installed() as roles, cuda_on_meta(tracker, gpu) as autocast:
+        rank = RankHooks(tracker, config.get("distributed"))
+        with rank.installed(), Roles(tracker).installed() as roles, cuda_on_meta(tracker, gpu) as autocast:
             handle = register_optimizer_step_post_hook(after_step)
             try:
                 _run(script)

@@ -13,6 +13,7 @@ through untouched.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import select
@@ -31,6 +32,7 @@ from ..trace.reading.frames import FrameTable
 from ..trace.schema import FRAME_DTYPES, STACK_DTYPES, frame_from_columns
 from . import FORMAT
 from .channel import ENV_CONFIG, ENV_FDS
+from .distributed.roles import JobFacts
 
 EXIT_OK, EXIT_CANNOT_START, EXIT_SCRIPT_FAILED, EXIT_TIMEOUT, EXIT_INTERRUPTED = 0, 2, 3, 124, 130
 #: Seconds the script gets to end after SIGINT (Ctrl-C, --timeout) before it is killed.
@@ -83,6 +85,14 @@ class _AllocatorModel:
         if alloc_id in self.policy.live:
             self.policy.free(alloc_id)
 
+    def free_requested(self, alloc_id: int) -> None:
+        if alloc_id in self.policy.live and alloc_id not in self.policy.pending:
+            self.policy.free_requested(alloc_id)
+
+    def free_completed(self, alloc_id: int) -> None:
+        if alloc_id in self.policy.live:
+            self.policy.free_completed(alloc_id)
+
     def stats(self) -> dict[str, int]:
         policy = self.policy
         return {
@@ -122,6 +132,9 @@ class _Converter:
         self.notes: list[str] = []
         self.bad_lines = 0
         self.first_bad = ""
+        self.facts = JobFacts()
+        # the request stream without times or addresses: equal for ranks that do the same work
+        self.fingerprint = hashlib.blake2b(digest_size=16)
 
     def handle(self, message: list[Any]) -> Any:
         """Apply one message; return the answer to send back for a question (else None)."""
@@ -137,6 +150,7 @@ class _Converter:
             self.live[int(addr)] = alloc_id
             self.allocs.append([index, child_stack, phase, None, None])
             self.model.malloc(alloc_id, int(size_bytes), int(stream))
+            self.fingerprint.update(b"A%d,%d;" % (int(size_bytes), int(stream)))
         elif kind == "F":
             _, t_ns, addr, stream = message
             alloc_id = self.live.pop(int(addr), None)
@@ -144,6 +158,22 @@ class _Converter:
             if alloc_id is not None:
                 self.allocs[alloc_id][4] = builder.next_event_index - 1
                 self.model.free(alloc_id)
+                self.fingerprint.update(b"F%d;" % alloc_id)
+        elif kind == "P":             # freed while other streams recorded uses: reusable at its "K"
+            _, t_ns, addr, stream = message
+            alloc_id = self.live.get(int(addr))
+            builder.free_requested(self.record, int(t_ns), 0, int(stream), int(addr))
+            if alloc_id is not None:
+                self.allocs[alloc_id][4] = builder.next_event_index - 1
+                self.model.free_requested(alloc_id)
+                self.fingerprint.update(b"P%d;" % alloc_id)
+        elif kind == "K":
+            _, t_ns, addr, stream = message
+            alloc_id = self.live.pop(int(addr), None)
+            builder.free_completed(self.record, int(t_ns), 0, int(stream), int(addr))
+            if alloc_id is not None:
+                self.model.free_completed(alloc_id)
+                self.fingerprint.update(b"K%d;" % alloc_id)
         elif kind == "S":
             _, child_stack, frames = message
             dicts = [{"filename": str(f), "line": int(line), "name": str(name)} for f, line, name in frames]
@@ -163,6 +193,8 @@ class _Converter:
             self.notes.append(str(message[1]))
         elif kind == "Q":
             return self.model.answer(str(message[1]))
+        elif kind == "X":
+            self.facts.add(message[1])
         elif kind == "D":
             self.summary = dict(message[1])
         return None
@@ -217,8 +249,11 @@ class _Converter:
             "cudnn_workspace_ratios": summary.get("cudnn_workspace_ratios", {}),
             "cublas_workspaces": "in trace", "cublas_workspace_bytes": summary.get("cublas_workspace_bytes"),
             "gpu": summary.get("gpu", {}), "categories": "capture",
-            "autocast": summary.get("autocast", {}),
+            "autocast": summary.get("autocast", {}), "cudnn_flags": summary.get("cudnn_flags", {}),
         })
+        if self.facts.rank is not None:        # one rank of a distributed job
+            meta.version_hints["distributed"] = {"rank": self.facts.rank, "world_size": self.facts.world_size,
+                                                 "backend": self.facts.backend}
         ratios = summary.get("cudnn_workspace_ratios") or {}
         meta.notes.append(
             f"allocsim capture of `{' '.join(script)}` with torch {summary.get('torch', '?')}: cuda mapped to the "
@@ -300,27 +335,34 @@ class _Interrupts:
 
 def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str, Any] | None = None,
             timeout_s: float | None = None, write: bool = True, stdout: Any = None,
-            stderr: Any = None, keep_writes: str | None = None) -> tuple[CaptureResult, Any]:
+            stderr: Any = None, keep_writes: str | None = None, env_extra: dict[str, str] | None = None,
+            distributed: dict[str, Any] | None = None) -> tuple[CaptureResult, Any]:
     """Run ``command`` (``[python, script, args...]``) under the capture; return the result and the ``Trace``.
 
     ``out_path`` is written (Parquet, or CSV for ``.csv``) unless ``write`` is False; the trace is
     None when the child could not start (no torch in that interpreter). ``stdout`` / ``stderr``: where
     the script's output goes (a file object or descriptor, as ``subprocess.Popen`` takes them; None:
     this process's own). The script's own writes go to a scratch folder (``scratch``), deleted at
-    the end unless ``keep_writes`` names a new folder for them.
+    the end unless ``keep_writes`` names a new folder for them. ``env_extra``: variables the script
+    gets beside this process's (a launcher's ``RANK``, ``WORLD_SIZE``...); ``distributed``: the
+    rank's settings for the child (``allocsim.torch_capture.distributed.rank``). The summary carries
+    the job's ``facts`` and the request stream's ``fingerprint``.
     """
     from .scratch import scratch_folder  # noqa: PLC0415
 
     folder = scratch_folder(keep_writes)
     try:
-        return _capture(command, out_path, steps, gpu, timeout_s, write, stdout, stderr, folder, keep_writes)
+        return _capture(command, out_path, steps, gpu, timeout_s, write, stdout, stderr, folder, keep_writes,
+                        env_extra, distributed)
     finally:
         if keep_writes is None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
 def _capture(command: list[str], out_path: str, steps: int, gpu: dict[str, Any] | None, timeout_s: float | None,
-             write: bool, stdout: Any, stderr: Any, folder: str, keep_writes: str | None) -> tuple[CaptureResult, Any]:
+             write: bool, stdout: Any, stderr: Any, folder: str, keep_writes: str | None,
+             env_extra: dict[str, str] | None = None,
+             distributed: dict[str, Any] | None = None) -> tuple[CaptureResult, Any]:
     from ..trace import write_trace  # noqa: PLC0415
     from .scratch import ScriptWrites  # noqa: PLC0415
 
@@ -329,7 +371,9 @@ def _capture(command: list[str], out_path: str, steps: int, gpu: dict[str, Any] 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
     env[ENV_FDS] = f"{events_w},{answers_r}"
-    env[ENV_CONFIG] = json.dumps({"steps": int(steps), "gpu": gpu or {}, "scratch": folder})
+    env.update(env_extra or {})
+    env[ENV_CONFIG] = json.dumps({"steps": int(steps), "gpu": gpu or {}, "scratch": folder,
+                                  "distributed": distributed or {}})
     converter = _Converter(out_path)
     t0 = time.monotonic()
     try:
@@ -419,7 +463,9 @@ def _capture(command: list[str], out_path: str, steps: int, gpu: dict[str, Any] 
     if write:
         write_trace(trace, out_path)
     summary = dict(summary, allocs=converter.model.n_allocs, peak_allocated_bytes=converter.model.peak_allocated,
-                   peak_reserved_bytes=converter.model.peak_reserved, writes=writes.to_dict())
+                   peak_reserved_bytes=converter.model.peak_reserved, writes=writes.to_dict(),
+                   facts=converter.facts.to_dict(), groups=converter.facts.groups, messages=converter.facts.messages,
+                   fingerprint=converter.fingerprint.hexdigest())
     return CaptureResult(status, out_path if write else None, summary, seconds, reason, writes_line), trace
 
 

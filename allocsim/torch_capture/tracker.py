@@ -35,11 +35,13 @@ from typing import Any, Iterator
 import contextlib
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 from . import cublas, cuda_scratch, cudnn
 from .channel import Channel
+from .stream_clock import StreamClock, released
+from .uploads import Uploads
 
 #: The device the script's ``cuda`` tensors live on during a capture.
 CAPTURE_DEVICE = "meta"
@@ -76,14 +78,27 @@ def _tensors(args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
                     yield item
 
 
-def _on_meta(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and t.device.type == CAPTURE_DEVICE
+_META_KEY = torch._C.DispatchKey.Meta
+
+
+def on_meta(t: Any) -> bool:
+    """Whether ``t`` lives on the capture's device, as ATen sees it.
+
+    Under the capture's torch-function mode ``t.device`` answers ``cuda:0`` (``identity``), so
+    there the dispatch keys say where the tensor really is.
+    """
+    if not isinstance(t, torch.Tensor):
+        return False
+    if torch._C._is_torch_function_mode_enabled():
+        return torch._C._dispatch_keys(t).has(_META_KEY)
+    return t.device.type == CAPTURE_DEVICE
 
 
 class _ThreadFlags(threading.local):
     host = 0            # > 0: outputs are host storages (a CPU factory, .cpu())
     device_copy = 0     # > 0: outputs are device storages whatever the inputs (host -> cuda copies)
     optimizer = 0       # > 0: inside an optimizer's step
+    category = ""       # the category of requests made now, when the code that makes them says it
 
 
 class StorageTracker:
@@ -126,6 +141,9 @@ class StorageTracker:
         self._defer: dict[int, int] | None = None
         self._pending: tuple[int, dict[int, int], list[Any]] | None = None
         self.n_in_place = 0
+        self.uploads = Uploads()           # small host values copied to the device, for a copy back
+        self.clock = StreamClock()         # when blocks with record_stream uses go back (stream_clock)
+        self._uses: dict[int, set[int]] = {}   # id(storage) -> other streams that recorded uses of it
 
     # ----------------------------------------------------------------- clock, stacks, streams
     def now_ns(self) -> int:
@@ -187,6 +205,8 @@ class StorageTracker:
 
     def _sent_alloc(self, message: list[Any], size_bytes: int) -> None:
         self.channel.send(message)
+        if self.flags.category:
+            self.channel.send(["C", message[2], self.flags.category])
         self.n_allocs += 1
         self.live_bytes += size_bytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
@@ -213,9 +233,38 @@ class StorageTracker:
         if entry is None:
             return
         _ref, addr, size_bytes, stream, _category = entry
-        self.channel.send(["F", self.now_ns(), addr, stream])
+        uses = self._uses.pop(key, None)
+        if uses:
+            # freed while other streams recorded uses: the block goes back later (stream_clock)
+            self.channel.send(["P", self.now_ns(), addr, stream])
+            self.clock.defer(addr, stream, uses)
+        else:
+            self.channel.send(["F", self.now_ns(), addr, stream])
         self.n_frees += 1
         self.live_bytes -= size_bytes
+
+    def record_stream(self, tensor: Any, stream: int) -> None:
+        """``tensor.record_stream(stream)``: its block is in use on ``stream`` until that work is done."""
+        if not on_meta(tensor):
+            return
+        with self._lock:
+            key = id(tensor.untyped_storage())
+            entry = self._live.get(key)
+            if entry is not None and int(stream) != entry[3]:
+                self._uses.setdefault(key, set()).add(int(stream))
+                self.clock.tick()
+
+    def learned(self, blocks: list[tuple[int, int]]) -> None:
+        """Blocks whose recorded uses the host now knows are done go back (``stream_clock``)."""
+        if blocks:
+            with self._lock:
+                if self.active:
+                    released(blocks, self.channel.send, self.now_ns)
+
+    def host_waits(self) -> None:
+        """A read-back (``item()``, ``cpu()``...) waited for the current stream's work."""
+        if self.clock.pending:
+            self.learned(self.clock.stream_synchronized(self.current_stream()))
 
     def _released(self, key: int) -> None:
         with self._lock:
@@ -248,9 +297,37 @@ class StorageTracker:
             self.n_frees += 1
         return addr
 
+    def storage_resized(self, storage: Any, size_bytes: int) -> None:
+        """``storage.resize_(size_bytes)`` ran: a device storage's block goes back (0) or is requested anew.
+
+        FSDP frees an unsharded parameter between its uses by resizing its storage to 0 and back
+        (``free_storage`` / ``alloc_storage`` in torch/distributed/fsdp/_fully_shard/_fsdp_param.py),
+        which reaches no ATen operator: the CUDA caching allocator frees the block and allocates a
+        new one, as here.
+        """
+        if getattr(storage, "device", None) is None or storage.device.type != CAPTURE_DEVICE:
+            return
+        with self._lock:
+            if not self.active:
+                return
+            key = id(storage)
+            if key in self._host:
+                return
+            entry = self._live.get(key)
+            if entry is not None and entry[0]() is storage:
+                if entry[2] == size_bytes:
+                    return
+                self._free(key)
+            if size_bytes > 0:
+                self._alloc(storage, int(size_bytes), "UntypedStorage.resize_")
+
     def categorize(self, tensor: Any, category: str) -> None:
         """Say that ``tensor``'s device storage is a ``parameter``, ``gradient``, ``optimizer_state``, ..."""
-        if not _on_meta(tensor):
+        if is_traceable_wrapper_subclass(tensor):          # a DTensor: its local tensor holds the memory
+            for name in tensor.__tensor_flatten__()[0]:
+                self.categorize(getattr(tensor, name), category)
+            return
+        if not on_meta(tensor):
             return
         with self._lock:
             self._settle()
@@ -262,11 +339,11 @@ class StorageTracker:
     # ----------------------------------------------------------------- host and device storages
     def is_host(self, t: Any) -> bool:
         """Whether ``t`` is an abstract host tensor (a large CPU tensor the capture keeps on meta)."""
-        return _on_meta(t) and id(t.untyped_storage()) in self._host
+        return on_meta(t) and id(t.untyped_storage()) in self._host
 
     def is_device(self, t: Any) -> bool:
         """Whether ``t`` stands for a CUDA tensor."""
-        return _on_meta(t) and id(t.untyped_storage()) not in self._host
+        return on_meta(t) and id(t.untyped_storage()) not in self._host
 
     def mark_host(self, t: Any) -> None:
         storage = t.untyped_storage()
@@ -290,6 +367,16 @@ class StorageTracker:
         """Outputs made inside the block are device storages (a copy of a host tensor to ``cuda``)."""
         return self._raised("device_copy")
 
+    @contextlib.contextmanager
+    def named(self, category: str) -> Iterator[None]:
+        """Requests made inside the block (this thread) are ``category`` (``communication``, ``parameter``...)."""
+        before = self.flags.category
+        self.flags.category = category
+        try:
+            yield
+        finally:
+            self.flags.category = before
+
     def _outputs_on_host(self, args: tuple, kwargs: dict) -> bool:
         if self.flags.device_copy:
             return False
@@ -311,13 +398,13 @@ class StorageTracker:
                 return
             if self._outputs_on_host(args, kwargs):
                 for t in tree_flatten(out)[0]:
-                    if _on_meta(t):
+                    if on_meta(t):
                         self.mark_host(t)
                 return
             self._settle()
             if func in _IN_PLACE_ON_CUDA and torch._C._current_graph_task_id() != -1:
                 self._defer = {id(t.untyped_storage()): int(t.untyped_storage().nbytes()) for t in args
-                               if _on_meta(t) and id(t.untyped_storage()) in self._live}
+                               if on_meta(t) and id(t.untyped_storage()) in self._live}
             try:
                 self._record(func, args, kwargs, out)
             finally:
@@ -326,9 +413,9 @@ class StorageTracker:
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         """Record the outputs of ``func`` and the requests its CUDA kernel makes beside them."""
         # Positional arguments only (how autograd calls them); anything else is recorded plainly.
-        if func is _CONV and len(args) == 9 and not kwargs and _on_meta(args[0]):
+        if func is _CONV and len(args) == 9 and not kwargs and on_meta(args[0]):
             self._record_convolution(args, out)
-        elif func is _CONV_BACKWARD and len(args) == 11 and not kwargs and _on_meta(args[0]):
+        elif func is _CONV_BACKWARD and len(args) == 11 and not kwargs and on_meta(args[0]):
             self._record_convolution_backward(args, out)
         else:
             self._record_outputs(func, out)
@@ -409,7 +496,7 @@ class StorageTracker:
 
     def _record_outputs(self, func: Any, out: Any) -> None:
         for t in tree_flatten(out)[0]:
-            if not _on_meta(t):
+            if not on_meta(t):
                 continue
             storage = t.untyped_storage()
             key = id(storage)
@@ -445,13 +532,34 @@ class StorageTracker:
         self.channel.send(["N", text])
 
     def stop(self) -> None:
-        """Stop recording; storages still alive stay live in the trace (the script ended with them)."""
+        """Stop recording; storages still alive stay live in the trace (the script ended with them).
+
+        Blocks held for recorded uses on other streams go back now: the script ended, the device is idle.
+        """
         with self._lock:
             self._settle()
+            if self.active:
+                released(self.clock.release_all(), self.channel.send, self.now_ns)
             self.active = False
 
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
+
+
+#: Functional-collective ops whose CUDA result is their input, where meta makes a new tensor:
+#: ``_c10d_functional::wait_tensor`` waits for the collective and returns the same tensor
+#: (torch/csrc/distributed/c10d/Functional.cpp); ``_wrap_tensor_autograd`` returns
+#: ``AsyncCollectiveTensor(input)``, a wrapper around it (torch/distributed/_functional_collectives.py,
+#: registered when that module is imported: matched by name).
+_ALIAS_ON_CUDA = frozenset({"_c10d_functional::wait_tensor", "_c10d_functional::_wrap_tensor_autograd"})
+_alias_op: dict[Any, bool] = {}
+
+
+def _is_alias_op(func: Any) -> bool:
+    known = _alias_op.get(func)
+    if known is None:
+        known = _alias_op[func] = func.name() in _ALIAS_ON_CUDA
+    return known
 
 
 def _zero_scalar(dtype: torch.dtype) -> Any:
@@ -472,10 +580,22 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if any(is_traceable_wrapper_subclass(t) for t in _tensors(args, kwargs)):
+            # a DTensor (or another wrapper) holds no memory itself: its own dispatch runs the
+            # operator on its local tensors, which this mode then sees and records
+            return NotImplemented
         if func is _LOCAL_SCALAR and args and isinstance(args[0], torch.Tensor) and args[0].device.type == CAPTURE_DEVICE:
             # A read-back the torch-function mode did not see (``Tensor.__contains__`` and other Python
             # methods call ``.item()`` while that mode is off): zero, as every read-back answers.
+            self.tracker.host_waits()
             return _zero_scalar(args[0].dtype)
+        if _is_alias_op(func) and args and isinstance(args[0], torch.Tensor) and args[0].device.type == CAPTURE_DEVICE:
+            return args[0]                                  # the same tensor, as on CUDA: no new block
+        uploads = self.tracker.uploads
+        answer = uploads.dispatch(func, args, kwargs)      # a device-to-host copy C++ code makes
+        if answer is not NotImplemented:
+            return answer
         out = func(*args, **kwargs)
         self.tracker.on_operator(func, args, kwargs, out)
+        uploads.after(func, args, out)
         return out
