@@ -427,9 +427,9 @@ def test_the_answer_keeps_the_margin_the_gpu_estimate_asks(shared_dir, monkeypat
     assert plain.margin_bytes == gpu.total_bytes - plain.estimate["total_bytes"] >= 0
     margin = 2 << 30
 
-    def with_margin(card, reserved, workspaces_in_trace=False):
-        est = gpu_estimate(card, reserved, workspaces_in_trace)
-        return {**est, "fits": est["total_bytes"] + margin <= card.total_bytes}
+    def with_margin(card, reserved, workspaces_in_trace=False, **options):
+        est = gpu_estimate(card, reserved, workspaces_in_trace, **options)
+        return {**est, "fits": est["fits"] and est["total_bytes"] + margin <= card.total_bytes}
 
     monkeypatch.setattr(fit_module, "gpu_estimate", with_margin)
     held = fit_module._answer(gpu, gpu, found, scaler, capacity, True, 64, found.max_value)
