@@ -224,11 +224,16 @@ class CostModel:
         except ValueError as exc:
             raise ValueError(f"{os.fspath(path)}: {exc}") from None
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the constants (and provenance) as one flat JSON object, keys sorted."""
-        data: dict[str, Any] = {"_format": FORMAT}
-        data.update({k: v for k, v in self.provenance.items() if k != "_format"})
+    def save(self, path: str | os.PathLike, option: str = "-o") -> None:
+        """Write the constants (and provenance) as one flat JSON object: ``"_format"`` first (allocsim's
+        mark, ``output_marks.is_cost_model_file``), then the keys sorted; an existing file is replaced
+        only if it is such a cost model (``output_write.open_output``; ValueError otherwise)."""
+        from .output_file import open_output
+        from .output_marks import is_cost_model_file
+
+        data: dict[str, Any] = {k: v for k, v in self.provenance.items() if k != "_format"}
         data.update(self.to_dict())
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True)
-            fh.write("\n")
+        text = json.dumps({"_format": FORMAT, **dict(sorted(data.items()))}, indent=2) + "\n"
+        with open_output(path, ours=is_cost_model_file, what="a cost model allocsim wrote", option=option,
+                         text=True) as fh:
+            fh.write(text)

@@ -18,7 +18,8 @@ import pandas as pd
 from .metrics.series import build_timeseries, with_derived
 from .metrics.summary import OOM_COLUMNS, RunInfo, RunOutput, summarize
 from .metrics.verdict import format_duration_ns
-from .output_marks import write_json, write_table
+from .output_file import make_output_folder, open_output
+from .output_marks import is_json_output, write_json, write_table
 from .units import format_bytes
 
 
@@ -55,23 +56,29 @@ class RunResult:
         """The summary as JSON text (deterministic unless ``include_perf``)."""
         return json.dumps(self.to_dict(include_perf=include_perf), indent=indent, allow_nan=False)
 
-    def save(self, out_dir: str | os.PathLike) -> dict[str, Path]:
+    def save(self, out_dir: str | os.PathLike, within: str | os.PathLike | None = None) -> dict[str, Path]:
         """Write summary.json, timeseries.parquet (with derived columns), perf.json, ooms.parquet after an OOM,
         and timeseries_timed.parquet when the timed replay is kept beside the trace-order one (``RESULT_FILES``),
-        each with allocsim's mark (``output_marks``)."""
+        each with allocsim's mark (``output_marks``), through ``output_write.open_output`` (no link followed).
+
+        ``out_dir`` is created if its parent exists; ``within``: the ``-o`` folder it lies in (default itself).
+        """
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        root = os.fspath(within if within is not None else out)
+        make_output_folder(os.fspath(out), within=root)
         paths = {"summary": out / "summary.json", "timeseries": out / "timeseries.parquet",
                  "perf": out / "perf.json"}
-        paths["summary"].write_text(self.to_json() + "\n", encoding="utf-8")   # (its first key: "schema")
-        write_table(with_derived(self.timeseries), paths["timeseries"])
-        write_json(self.perf, paths["perf"], PERF_SCHEMA)
+        with open_output(paths["summary"], ours=is_json_output, what="a JSON file allocsim wrote", within=root,
+                         text=True) as fh:
+            fh.write(self.to_json() + "\n")   # (its first key: "schema")
+        write_table(with_derived(self.timeseries), paths["timeseries"], within=root)
+        write_json(self.perf, paths["perf"], PERF_SCHEMA, within=root)
         if len(self.ooms):
             paths["ooms"] = out / "ooms.parquet"
-            write_table(self.ooms, paths["ooms"])
+            write_table(self.ooms, paths["ooms"], within=root)
         if self.timed_timeseries is not None:
             paths["timeseries_timed"] = out / "timeseries_timed.parquet"
-            write_table(with_derived(self.timed_timeseries), paths["timeseries_timed"])
+            write_table(with_derived(self.timed_timeseries), paths["timeseries_timed"], within=root)
         return paths
 
     def format_text(self) -> str:

@@ -71,7 +71,7 @@ def test_gpus_share_a_capture_per_compute_capability_class():
     assert "128 SMs, not 108" in what_differs(a4090, a100)
     assert what_differs(h100, h200).startswith("the same SM count")
     assert [find_gpu(n).name for n in DEFAULT_GPUS] == list(DEFAULT_GPUS)
-    assert DEFAULT_VALUES == (2, 4) and DEFAULT_STEPS == 2
+    assert DEFAULT_VALUES == (4, 8) and DEFAULT_STEPS == 2
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -85,6 +85,15 @@ def test_gpus_share_a_capture_per_compute_capability_class():
     (["--timeout", "0", "--", "python", str(EXAMPLE), "--batch", "{B}"], "--timeout must be"),
     (["--steps", "-1", "--", "python", str(EXAMPLE), "--batch", "{B}"], "--steps must be >= 0"),
     (["-o", "/no/such/folder/x", "--", "python", str(EXAMPLE), "--batch", "{B}"], "folder /no/such/folder does not exist"),
+    # issue 40: Python's own words never reach the user, and each refusal names what the user gave
+    (["--values", "\u00b2,4", "--", "python", str(EXAMPLE), "--batch", "{B}"], "'\u00b2' is not a whole number"),
+    (["--multiple-of", "9999999999999", "--", "python", str(EXAMPLE), "--batch", "{B}"],
+     "--multiple-of must be a whole number from 1 to"),
+    (["--multiple-of", "9999", "--", "python", str(EXAMPLE), "--batch", "{B}"],
+     "--multiple-of 9,999 is larger than the search limit, 1024 times the largest value captured (8,192"),
+    (["--multiple-of", "64", "--max-value", "32", "--", "python", str(EXAMPLE), "--batch", "{B}"],
+     "--multiple-of 64 is larger than --max-value 32"),
+    (["--workers", "0", "--", "python", str(EXAMPLE), "--batch", "{B}"], "--workers must be >= 1"),
 ])
 def test_bad_input_is_refused_in_one_line_before_any_capture(cli, argv, message):
     code, out, err = cli("fit", *argv)
@@ -92,10 +101,47 @@ def test_bad_input_is_refused_in_one_line_before_any_capture(cli, argv, message)
     assert err.startswith("allocsim fit: error: ") and message in err and err.count("\n") == 1, err
 
 
+def test_python_int_spellings_are_not_whole_numbers(capsys):
+    from allocsim.cli import main
+
+    for option in ("--steps", "--workers", "--multiple-of", "--max-value"):
+        with pytest.raises(SystemExit) as info:          # argparse's usage error
+            main(["fit", option, "\u00b3", "--", "python", str(EXAMPLE), "--batch", "{B}"])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and f"argument {option}: not a whole number" in err, (option, err)
+
+
+def test_a_script_named_with_the_placeholder_is_checked_at_each_value(cli, tmp_path):
+    """``cfg{B}.py`` is the script of each capture: cfg2.py at 2, cfg4.py at 4 -- never cfg1.py."""
+    (tmp_path / "cfg2.py").write_text("pass\n")
+    code, _out, err = cli("fit", "--", "python", tmp_path / "cfg{B}.py")
+    assert code == 2 and f"no script '{tmp_path / 'cfg4.py'}' (the script at B = 4)" in err, err
+    from allocsim.fit import check_command
+
+    (tmp_path / "cfg4.py").write_text("pass\n")
+    assert check_command(["python", str(tmp_path / "cfg{B}.py")], [2, 4]) == "B"
+
+
+def test_fit_never_suggests_an_option_it_does_not_take():
+    """A refusal of captures that never agree offers what fit takes (--values), not scale's --allow-mixed."""
+    from allocsim.fit import _refused
+    from allocsim.scale.consistency import Difference, MixedInputs
+
+    runs = [CaptureRun(v, "RTX 4090", None, None, 1.0, 1, 1) for v in (2, 4, 8, 16)]
+    for kind in ("shrinking", "alignment", "precision", "driver"):
+        message = str(_refused(MixedInputs([Difference(kind, f"a {kind} difference")]), runs, "B"))
+        assert "--allow-mixed" not in message and f"a {kind} difference" in message
+        assert message.startswith("the captures at B = 2, 4, 8, 16 are not one configuration")
+    assert "--values 32,64" in str(_refused(MixedInputs([Difference("shrinking", "x")]), runs, "B"))
+    parser_help = subprocess.run([sys.executable, "-m", "allocsim", "fit", "--help"], capture_output=True,
+                                 text=True, cwd=ROOT).stdout
+    assert "--allow-mixed" not in parser_help
+
+
 def test_a_file_fit_did_not_write_is_never_replaced(cli, tmp_path):
     keep = tmp_path / "out"
     keep.mkdir()
-    foreign = keep / "fit_example.B2.rtx-4090.parquet"
+    foreign = keep / "fit_example.B4.rtx-4090.parquet"
     foreign.write_text("not a trace")
     code, _, err = cli("fit", "--gpu", "RTX 4090", "-o", keep, "--", sys.executable, EXAMPLE, "--batch", "{B}")
     assert code == 2 and "exists and is not" in err and foreign.read_text() == "not a trace"
@@ -241,13 +287,17 @@ def test_fit_on_the_shipped_script_matches_direct_captures(fitted):
     print(f"\nallocsim fit on traces/fit_example.py: {seconds:.1f} s "
           f"(captures {data['capture_seconds']:.1f} s, search {data['search_seconds']:.1f} s)")
     assert [a["gpu"] for a in data["answers"]] == list(DEFAULT_GPUS)
-    assert data["values"] == list(DEFAULT_VALUES) and data["steps"] == DEFAULT_STEPS
+    laws = [c for c in data["captures"] if c["value"] not in data["confirm_values"]]
+    assert sorted({c["value"] for c in laws}) == list(DEFAULT_VALUES) and data["steps"] == DEFAULT_STEPS
     # the captures ran in the interpreter given after -- and name its torch (no --torch: nothing to note)
     import torch
 
     assert data["torch"]["trace_torch"] == torch.__version__ and data["torch"]["note"] is None
     # one capture per value for each compute-capability class: RTX 4090 (8.9) stands for A100 (8.0)
-    assert sorted({c["gpu"] for c in data["captures"]}) == ["H100", "RTX 4090"] and len(data["captures"]) == 4
+    assert sorted({c["gpu"] for c in laws}) == ["H100", "RTX 4090"] and len(laws) == 4
+    # and one at each answer, which confirms it
+    assert all(a["confirmed"] is True for a in data["answers"]), [a["confirm_note"] for a in data["answers"]]
+    assert len(data["captures"]) == 4 + len({(a["captured_for"], a["value"]) for a in data["answers"]})
     checks = []
     for a in data["answers"]:
         assert a["value"] is not None and not a["at_limit"], a
@@ -309,7 +359,8 @@ def test_kept_captures_replay_the_search_with_allocsim_scale(fitted):
     first = data["answers"][0]
     assert data["replay"][0].startswith("allocsim scale ") and data["replay"][0].endswith(
         "--name batch --gpu 'RTX 4090' --find-max")
-    mine = [f"{c['path']}@{c['value']}" for c in data["captures"] if c["gpu"] == "RTX 4090"]
+    mine = [f"{c['path']}@{c['value']}" for c in data["captures"]
+            if c["gpu"] == "RTX 4090" and c["value"] not in data["confirm_values"]]
     assert all(spec in data["replay"][0] for spec in mine)
     code, out, err = _run_cli("scale", *mine, "--gpu", "RTX 4090", "--find-max", "--no-advise", "--json")
     assert code == 0, err
@@ -336,7 +387,7 @@ def test_advise_on_gpu_gives_a_capture_the_memory_run_gives_it(fitted):
      "the capture at B = 4 (for RTX 4090) ended with exit status 3: the script raised ValueError: batch 4 is too big "
      "for this toy"),
     ("import sys\nsys.exit(f'cannot use batch {args.batch}')\n",
-     "the capture at B = 2 (for RTX 4090) ended with exit status 3: the script exited with cannot use batch 2"),
+     "the capture at B = 4 (for RTX 4090) ended with exit status 3: the script exited with cannot use batch 4"),
 ])
 def test_a_script_that_fails_at_a_small_value_says_so(cli, tmp_path, body, expected):
     script = tmp_path / "toy.py"
@@ -344,12 +395,110 @@ def test_a_script_that_fails_at_a_small_value_says_so(cli, tmp_path, body, expec
                       "type=int)\nargs = p.parse_args()\nx = torch.zeros(args.batch, 10, device='cuda')\n" + body)
     code, out, err = cli("fit", "--gpu", "RTX 4090", "--", sys.executable, script, "--batch", "{B}")
     assert code == 3 and out == ""
-    assert err.startswith("allocsim fit: error: " + expected) and err.count("\n") == 1, err
+    last = err.strip().splitlines()[-1]            # after one progress line per capture
+    assert last.startswith("allocsim fit: error: " + expected), err
+    assert all(line.startswith("allocsim fit: captur") for line in err.strip().splitlines()[:-1]), err
 
 
 @pytest.mark.full
 def test_an_argument_error_shows_the_scripts_own_line(cli, tmp_path):
     code, _out, err = cli("fit", "--gpu", "H100", "--", sys.executable, EXAMPLE, "--bach", "{B}")
     assert code == 3
-    assert "ended with exit status 3: the script exited with 2; the script's last line: " in err
-    assert "fit_example.py: error: the following arguments are required: --batch" in err and err.count("\n") == 1
+    last = err.strip().splitlines()[-1]
+    assert "ended with exit status 3: the script exited with 2; the script's last line: " in last
+    assert "fit_example.py: error: the following arguments are required: --batch" in last
+
+
+@pytest.mark.shared
+def test_the_answer_keeps_the_margin_the_gpu_estimate_asks(shared_dir, monkeypatch):
+    """The batch fit chooses is the largest whose ``gpu_estimate`` says ``fits`` (issue 38 makes that
+    estimate honest about its range: a margin the allocator's capacity alone does not hold), and the
+    text states the memory left free and what the search found before."""
+    import allocsim.fit as fit_module
+    from allocsim.gpus import allocator_capacity, gpu_estimate
+    from allocsim.scale import load_input
+    from allocsim.scale.build import Scaler
+    from allocsim.scale.findmax import find_max
+
+    series = shared_dir / "traces" / "scale-series"
+    inputs = [load_input(str(series / f"yyin-dev_cs336-a2_xl_b4_fwd_ctx_{v}.pickle"), Fraction(v)) for v in (128, 256)]
+    scaler = Scaler(inputs, "seq")
+    gpu = find_gpu("RTX 4090")
+    capacity = allocator_capacity(gpu, True)
+    found = find_max(scaler, capacity, multiple=64, advise=False)
+    plain = fit_module._answer(gpu, gpu, found, scaler, capacity, True, 64, found.max_value)
+    assert plain.value and plain.lowered_from is None and plain.estimate["fits"]
+    assert plain.margin_bytes == gpu.total_bytes - plain.estimate["total_bytes"] >= 0
+    margin = 2 << 30
+
+    def with_margin(card, reserved, workspaces_in_trace=False, **options):
+        est = gpu_estimate(card, reserved, workspaces_in_trace, **options)
+        return {**est, "fits": est["fits"] and est["total_bytes"] + margin <= card.total_bytes}
+
+    monkeypatch.setattr(fit_module, "gpu_estimate", with_margin)
+    held = fit_module._answer(gpu, gpu, found, scaler, capacity, True, 64, found.max_value)
+    assert held.lowered_from == plain.value and held.value is not None and held.value < plain.value
+    assert held.value % 64 == 0 and held.margin_bytes >= margin and held.estimate["fits"]
+    assert held.first_failing == held.value + 64 and "the GPU estimate does not fit" in held.why_not
+    result = FitResult(["python", "t.py", "--seq", "{S}"], "S", "seq", [128, 256], 2, [], [held], 1.0, 1.0, None, [])
+    assert f"lowered from {plain.value}, where the GPU estimate does not fit" in result.format_text()
+
+
+@pytest.mark.full
+def test_a_kernel_switch_between_the_values_is_found_and_fitted_past(tmp_path):
+    """At 1,024 tokens a sequence, batch 2 runs CUDA's embedding backward in one kernel (2,048 indices)
+    and batch 4 sorts (4,096 > 3,072: ``cuda_scratch.embedding_dense_backward_scratch``): the two
+    captures (``--values 2,4``; the defaults 4 and 8 lie past it) disagree, fit captures batch 8 as
+    well and fits the laws past the switch; the answer's
+    predicted total is a direct capture's at that batch, which fits, and the next batch does not."""
+    args = ["--seq", "1024", "--dim", "32", "--layers", "1", "--heads", "2", "--vocab", "512", "--steps", "2"]
+    code, out, err = _run_cli("fit", "--gpu", "RTX 4090", "--values", "2,4", "--no-advise", "--json", "-o",
+                              tmp_path / "c", "--", sys.executable, EXAMPLE, "--batch", "{B}", *args)
+    assert code == 0, err
+    data = json.loads(out)
+    law_values = [v for v in data["values"] if v not in data["confirm_values"]]
+    assert law_values == [2, 4, 8] and "a kernel switch between them? (RTX 4090: " in err
+    assert "): capturing B = 8 too" in err
+    answer = data["answers"][0]
+    assert answer["confirmed"] is True and answer["confirm_note"].startswith("confirmed: captured at B = ")
+    assert answer["fitted_from"][-2:] == [4, 8] and answer["range_low"] == answer["value"] == answer["range_high"]
+    progress = [line for line in err.splitlines() if line.startswith("allocsim fit: captured B = ")]
+    assert len(progress) == 4 and all(re.search(r" in \d+\.\d s \(\d of \d", line) for line in progress)
+    for value, fits in ((answer["value"], True), (answer["value"] + 1, False)):
+        from allocsim.torch_capture.session import capture
+
+        path = tmp_path / f"direct{value}.parquet"
+        with open(tmp_path / f"direct{value}.log", "w") as log:
+            result, _ = capture([sys.executable, str(EXAMPLE), "--batch", str(value), *args], str(path),
+                                steps=DEFAULT_STEPS, gpu=find_gpu("RTX 4090").capture_properties(), stdout=log,
+                                stderr=log)
+        assert result.status == 0, result.message
+        truth = _replay(path, "RTX 4090", ["--policy", "pytorch"])
+        assert truth["fits"] is fits, (value, truth)
+        if fits:
+            assert abs(truth["total_bytes"] - answer["estimate"]["total_bytes"]) <= 0.005 * truth["total_bytes"]
+
+
+@pytest.mark.full
+def test_a_switch_past_the_values_captured_is_caught_by_the_confirming_capture(tmp_path):
+    """A script whose backward holds a 4 GiB buffer from batch 65 on (as a kernel that switches algorithm
+    past some size does): captures at 4 and 8 cannot see it, so the first answer (far above 64) does
+    not fit when captured; that capture joins the inputs, the search runs again, and the second answer
+    is confirmed by its own capture."""
+    script = tmp_path / "switch.py"
+    script.write_text(
+        "import argparse\nimport torch\nfrom torch import nn\np = argparse.ArgumentParser()\n"
+        "p.add_argument('--batch', type=int)\nargs = p.parse_args()\n"
+        "model = nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(1024, 1024), nn.GELU())]).cuda()\n"
+        "opt = torch.optim.AdamW(model.parameters())\nfor _ in range(3):\n"
+        "    out = model(torch.zeros(args.batch, 256, 1024, device='cuda'))\n"
+        "    extra = torch.empty(1 << 30, device='cuda') if args.batch > 64 else None\n"
+        "    out.sum().backward()\n    del extra, out\n    opt.step()\n    opt.zero_grad()\n")
+    code, out, err = _run_cli("fit", "--gpu", "RTX 4090", "--no-advise", "--json", "--", sys.executable, script,
+                              "--batch", "{B}")
+    assert code == 0, err
+    answer = json.loads(out)["answers"][0]
+    first = int(re.search(r"a capture at B = (\d+) does not fit", answer["confirm_note"]).group(1))
+    assert first > 64 and answer["value"] < first and answer["confirmed"] is True, answer["confirm_note"]
+    assert f"searched again with it: B = {answer['value']}" in answer["confirm_note"]
+    assert "confirming the answers with a capture at each" in err

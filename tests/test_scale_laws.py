@@ -74,3 +74,23 @@ def test_bad_points_are_refused():
         fit_law([], "batch")
     with pytest.raises(ValueError):
         fit_law([(Fraction(2), 1), (Fraction(2), 2)], "batch")
+
+
+def test_a_tensor_cut_to_whole_batches_is_no_configuration_change():
+    """``data.narrow(0, 0, len(data) // v * v)`` (the word language model's ``batchify``) holds a few bytes
+    less at some larger batches: carried at the largest batch's size with every size seen as its range,
+    not refused as shrinking; a fall of more than 1/1000 (a dtype, a code path) still is."""
+    from fractions import Fraction as F
+
+    from allocsim.scale.laws import fit_law
+
+    n_tokens, element = 217_646, 8
+    points = [(F(v), element * v * (n_tokens // v)) for v in (4, 8, 16, 32)]
+    assert [s for _, s in points] == [1_741_152, 1_741_120, 1_741_056, 1_741_056]   # as captured
+    for pts in (points[:2], points):
+        law = fit_law(pts, "batch", F(2307))
+        assert law.kind == "whole-batches" and not law.shrinking
+        assert law.predict(F(2307))[0] == pts[-1][1]
+        assert law.bounds(F(2307)) == (min(s for _, s in pts), max(s for _, s in pts))
+    halved = fit_law([(F(4), 1000), (F(8), 500)], "batch")
+    assert halved.shrinking and halved.kind != "whole-batches"

@@ -52,7 +52,7 @@ def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (AllocsimError, ValueError) as exc:
+    except (AllocsimError, ValueError, OSError) as exc:
         # Every error names the file it is about, even one raised far from the reader.
         source = getattr(args, "file", None) or getattr(args, "trace", None)
         message = str(exc) if not source or str(source) in str(exc) else f"{source}: {exc}"

@@ -3,7 +3,10 @@
 Measures malloc/free latency against size, the device-wide sync, the allocation granularity and
 the cost of a pool hit (see ``validate.calibrate``), fits the ``CostModel`` constants and writes
 them with ``CostModel.save``; ``allocsim run --cost-model FILE`` and ``python -m validate replay
---cost-model FILE`` read it. Default output: ``validate/results/BACKEND/calibration.json``.
+--cost-model FILE`` read it. Default output: ``calibration-BACKEND.json`` in the current folder (the
+repository's tracked ``validate/results/`` only when ``-o`` names it). ``-o`` is checked before the
+measurement (``allocsim.output_file``): its folder must exist, and an existing file there is replaced
+only if it is a cost model allocsim wrote.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from pathlib import Path
 
 from .calibrate import calibrate
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+#: The output without ``-o``: in the current folder, never inside the repository.
+DEFAULT_OUT = "calibration-{backend}.json"
 
 
 def register(subparsers) -> None:
@@ -22,8 +26,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("calibrate", help="measure a device's allocation costs into a cost-model file",
                               description=__doc__.split("\n\n")[1].replace("\n", " "))
     p.add_argument("--backend", choices=("host", "cupy"), default="host", help="device to measure (default host)")
-    p.add_argument("-o", "--out", metavar="FILE", help="cost-model JSON to write "
-                                                       "(default validate/results/BACKEND/calibration.json)")
+    p.add_argument("-o", "--out", metavar="FILE", help="cost-model JSON to write (default calibration-BACKEND.json "
+                                                       "in the current folder; its folder must exist)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (seconds, for tests)")
     p.add_argument("--touch", action="store_true", help="host: populate mappings (match replay --touch)")
     p.add_argument("--device-id", type=int, default=0, help="CUDA device (cupy backend)")
@@ -32,11 +36,14 @@ def register(subparsers) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from allocsim.output_file import check_output_file
+    from allocsim.output_marks import is_cost_model_file
+
+    out = Path(args.out or DEFAULT_OUT.format(backend=args.backend))
+    check_output_file(str(out), ours=is_cost_model_file, what="a cost model allocsim wrote")   # before measuring
     log = None if args.json else (lambda m: print(f"validate calibrate: {m}", file=sys.stderr))
     model, provenance = calibrate(args.backend, quick=args.quick, touch=args.touch, device_id=args.device_id,
                                   log=log)
-    out = Path(args.out) if args.out else RESULTS_DIR / args.backend / "calibration.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     model.save(out)
     if args.json:
         from allocsim.commands.common import print_json

@@ -270,8 +270,9 @@ def dump_rows(data: dict[str, Any], path: str = ROWS_PATH) -> None:
     head = {k: v for k, v in data.items() if k != "rows"}
     text = json.dumps(head, indent=1)[:-2] + ',\n "rows": [\n'
     text += ",\n".join("  " + json.dumps(r) for r in data["rows"]) + "\n ]\n}\n"
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    from allocsim.output_file import write_output
+
+    write_output(path, text, option="--extract")
 
 
 def load(path: str = ROWS_PATH) -> dict[str, Any]:

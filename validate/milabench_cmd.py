@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+from allocsim.output_file import write_output
+
 from . import milabench
 
 
@@ -54,8 +56,8 @@ def main(args: argparse.Namespace) -> int:
     calibration = None
     if args.calibrate:
         calibration = milabench.calibrate(rows, args.work, args.python, args.jobs, _log)
-        with open(milabench.CALIBRATION_PATH, "w", encoding="utf-8") as fh:
-            json.dump(calibration, fh, indent=1)
+        # Asked for (--calibrate): the repository's own file, replaced through the one output check.
+        write_output(milabench.CALIBRATION_PATH, json.dumps(calibration, indent=1), option="--calibrate")
         ranges = calibration["ranges"]
         print(f"terms written to validate/milabench_calibration.json\n\n{milabench.format_terms(calibration)}\n")
         print(f"ranges: context0 {ranges['context0_low_bytes'] / milabench.MiB:.0f} to "

@@ -290,58 +290,162 @@ def render_calibration(cal: Mapping[str, Any]) -> list[str]:
 
 
 # ====================================================================== files
+#: What ``write_report`` writes in its folder (checked before any work by ``check_report_folder``).
+REPORT_FILES = ("results.json", "report.md")
+#: Whole-file caps on what ``merge`` reads (results of a validation are kilobytes to a few MiB).
+MAX_RESULTS_BYTES = 256 << 20
+
+
+def check_report_folder(out_dir: str | os.PathLike, option: str = "-o") -> None:
+    """Refuse, before any work, a report folder ``write_report`` must not write (``output_file``'s rules:
+    its parent exists, and ``results.json`` / ``report.md`` there are absent or files allocsim wrote)."""
+    from allocsim.output_file import check_output_folder
+
+    check_output_folder(os.fspath(out_dir), option, files=REPORT_FILES)
+
+
 def write_report(doc: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str, Path]:
-    """Write ``results.json`` and ``report.md`` into ``out_dir``; return their paths."""
+    """Write ``results.json`` and ``report.md`` into ``out_dir`` (created if its parent exists) through
+    ``output_write.open_output``: a file there is replaced only if allocsim wrote it, no link is followed."""
+    from allocsim.output_file import make_output_folder, open_output
+    from allocsim.output_marks import write_json, written_by_allocsim
+
     out = Path(out_dir)
-    out.mkdir(exist_ok=True)     # its parent must exist: a mistyped path is an error, not a new tree
-    data = dict(jsonable(dict(doc)))
-    data.setdefault("schema", SCHEMA)
+    make_output_folder(os.fspath(out))    # its parent must exist: a mistyped path is an error, not a new tree
+    data = {"schema": SCHEMA, **{k: v for k, v in dict(jsonable(dict(doc))).items() if k != "schema"}}
     paths = {"json": out / "results.json", "markdown": out / "report.md"}
-    paths["json"].write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    paths["markdown"].write_text(render_markdown(data), encoding="utf-8")
+    write_json(data, paths["json"], SCHEMA, within=out, allow_nan=False)
+    with open_output(paths["markdown"], ours=written_by_allocsim, what="a report allocsim wrote", within=out,
+                     text=True) as fh:
+        fh.write(render_markdown(data))
     return paths
+
+
+def _read_json(path: Path, what: str) -> Any:
+    """``path`` parsed, or ValueError naming it and why (too large, unreadable, not JSON)."""
+    from allocsim.jsonfile import parse_json
+
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read(MAX_RESULTS_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read {what} ({exc.strerror or type(exc).__name__})") from None
+    if len(text) > MAX_RESULTS_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_RESULTS_BYTES >> 20} MiB; not {what}")
+    return parse_json(text, f"{path}: {what}")
+
+
+def _check_run(run: Any, where: str) -> None:
+    """Refuse (ValueError naming ``where``, the file and record) a run ``render_run`` cannot show."""
+    if not isinstance(run, dict):
+        raise ValueError(f"{where}: not an object but {type(run).__name__}")
+    for key in ("trace", "options", "cost_model"):
+        if run.get(key) is not None and not isinstance(run[key], dict):
+            raise ValueError(f"{where}: {key!r} is {type(run[key]).__name__}, not an object")
+    for key in ("policies", "real_allocators", "notes"):
+        if run.get(key) is not None and not isinstance(run[key], list):
+            raise ValueError(f"{where}: {key!r} is {type(run[key]).__name__}, not a list")
+    for key in ("policies", "real_allocators"):
+        for i, row in enumerate(run.get(key) or []):
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: {key}[{i}] is {type(row).__name__}, not an object")
+    try:
+        render_run(run)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{where}: cannot be shown ({type(exc).__name__}: {exc})") from None
 
 
 def merge(dirs: Iterable[str | os.PathLike], *, title: str | None = None,
           calibration: str | os.PathLike | None = None, preamble: list[str] | None = None,
           extra_sections: list[str] | None = None) -> dict[str, Any]:
-    """Join the ``results.json`` of several folders (each one or more runs) into one document."""
+    """Join the ``results.json`` of several folders (each one or more runs) into one document.
+
+    A folder without ``results.json`` (a step that did not run) is skipped with a note on stderr; a
+    path that is not a folder, a file that is not JSON, a ``runs`` that is not a list of runs, or a
+    calibration that is not a JSON object is a ValueError naming the file and the record.
+    """
     runs: list[Any] = []
     machine = None
     for d in dirs:
-        path = Path(d) / "results.json"
+        folder = Path(d)
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"{folder}: is a file, not a result folder (give the folder that holds results.json)")
+        path = folder / "results.json"
         if not path.exists():
+            print(f"validate.report: note: {folder}: no results.json, skipped", file=sys.stderr)
             continue
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = _read_json(path, "a results file")
+        if not isinstance(doc, dict):
+            raise ValueError(f"{path}: not a results file (a JSON {type(doc).__name__}, not an object)")
+        found = doc.get("runs") or []
+        if not isinstance(found, list):
+            raise ValueError(f"{path}: 'runs' is {type(found).__name__}, not a list of runs")
+        for i, run in enumerate(found):
+            _check_run(run, f"{path}: runs[{i}]")
+        if doc.get("machine") is not None and not isinstance(doc["machine"], dict):
+            raise ValueError(f"{path}: 'machine' is {type(doc['machine']).__name__}, not an object")
         machine = machine or doc.get("machine")
-        runs += doc.get("runs") or []
+        runs += found
     out: dict[str, Any] = {"schema": SCHEMA, "title": title or "predicted vs measured", "machine": machine or {},
                            "runs": runs, "preamble": preamble or [], "extra_sections": extra_sections or []}
     if calibration and Path(calibration).exists():
-        data = json.loads(Path(calibration).read_text(encoding="utf-8"))
+        data = _read_json(Path(calibration), "a calibration file")
+        if not isinstance(data, dict):
+            raise ValueError(f"{calibration}: not a calibration file (a JSON {type(data).__name__}, not an object)")
         out["calibration"] = {"constants": {k: v for k, v in data.items() if not k.startswith("_")},
                               "provenance": {k: v for k, v in data.items() if k.startswith("_")}}
-        out["machine"] = out["machine"] or data.get("_device") or {}
+        device = data.get("_device")
+        out["machine"] = out["machine"] or (device if isinstance(device, dict) else {})
+        try:
+            render_calibration(out["calibration"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"{calibration}: cannot be shown ({type(exc).__name__}: {exc})") from None
     return out
 
 
+def _read_section(path: str) -> str | None:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_RESULTS_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ValueError(f"--section-file {path}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+    if len(data) > MAX_RESULTS_BYTES:
+        raise ValueError(f"--section-file {path}: larger than {MAX_RESULTS_BYTES >> 20} MiB")
+    return data.decode("utf-8", errors="replace")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m validate.report merge DIR... -o OUT [--calibration FILE] [--title T] [--note TEXT]``."""
+    """``python -m validate.report merge DIR... -o OUT [--calibration FILE] [--title T] [--note TEXT]``.
+
+    Exit status 0 written, 2 bad input (one line naming the file and why; nothing written).
+    """
+    from allocsim.terminal import escaped_output
+
     parser = argparse.ArgumentParser(prog="python -m validate.report")
     sub = parser.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("merge", help="join result folders into one report.md + results.json")
     m.add_argument("dirs", nargs="+")
-    m.add_argument("-o", "--out", required=True)
+    m.add_argument("-o", "--out", required=True,
+                   help="folder for report.md and results.json (created if its parent exists; a file there "
+                        "is replaced only if allocsim wrote it)")
     m.add_argument("--calibration")
     m.add_argument("--title")
     m.add_argument("--note", action="append", default=[], help="a paragraph for the top of the report")
     m.add_argument("--section-file", action="append", default=[], help="a Markdown file appended as a section")
     args = parser.parse_args(argv)
-    sections = [Path(p).read_text(encoding="utf-8") for p in args.section_file if Path(p).exists()]
-    doc = merge(args.dirs, title=args.title, calibration=args.calibration, preamble=args.note,
-                extra_sections=sections)
-    paths = write_report(doc, args.out)
-    print(f"wrote {paths['markdown']} and {paths['json']} ({len(doc['runs'])} runs)")
+    with escaped_output():
+        try:
+            check_report_folder(args.out)                     # before reading anything
+            sections = [text for text in map(_read_section, args.section_file) if text is not None]
+            doc = merge(args.dirs, title=args.title, calibration=args.calibration, preamble=args.note,
+                        extra_sections=sections)
+            paths = write_report(doc, args.out)
+        except (ValueError, OSError) as exc:
+            print(f"validate.report: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {paths['markdown']} and {paths['json']} ({len(doc['runs'])} runs)")
     return 0
 
 

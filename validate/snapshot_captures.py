@@ -47,6 +47,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from allocsim.output_file import make_output_folder, make_output_folders, write_output
+
 HERE = Path(__file__).resolve().parent
 RECIPES_PATH = HERE / "snapshot_recipes.json"
 #: ``../shared`` beside the repository root, where the real snapshots are.
@@ -103,6 +105,7 @@ def extract_tree(git_dir: str | os.PathLike, commit: str, dest: str | os.PathLik
     names = subprocess.run(["git", "-C", str(git_dir), "ls-tree", "-r", "-z", "--name-only", commit],
                            capture_output=True, check=True).stdout.decode().split("\0")
     count = 0
+    Path(dest).mkdir(parents=True, exist_ok=True)
     for name in names:
         if not name.endswith(suffixes):
             continue
@@ -110,8 +113,10 @@ def extract_tree(git_dir: str | os.PathLike, commit: str, dest: str | os.PathLik
         if blob.returncode != 0:
             continue             # a blob the clone does not hold (LFS-like); the scripts never need them
         target = Path(dest) / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(blob.stdout)
+        # Written as files under ``dest`` only: no link there (one the tree holds is written as a file
+        # of its text) is followed out of it (``allocsim.output_file``).
+        make_output_folders(str(target.parent), str(dest), "--repos")
+        write_output(target, blob.stdout, within=dest, option="--repos")
         count += 1
     return count
 
@@ -141,10 +146,12 @@ def stub_distributions(folder: Path, names: Iterable[str]) -> Path:
     The repositories' ``cs336_systems/__init__.py`` asks for its own installed version (``uv`` installs
     the project); the capture runs the tree from ``PYTHONPATH`` instead, so the metadata is stubbed.
     """
+    make_output_folder(str(folder), "--work")
     for name in names:
         info = folder / f"{name.replace('-', '_')}-0.dist-info"
-        info.mkdir(parents=True, exist_ok=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0\n")
+        make_output_folder(str(info), "--work", within=str(folder))
+        write_output(info / "METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 0\n", within=folder,
+                     option="--work")
     return folder.resolve()
 
 
@@ -200,9 +207,9 @@ def run_capture(name: str, cap: Mapping[str, Any], repos: str | os.PathLike, wor
     path = str(output) if output.exists() else None
     if path is None and not message:
         message = f"allocsim capture wrote no trace (exit status {done.returncode})"
-    sidecar.write_text(json.dumps({"path": path, "returncode": done.returncode, "message": message,
-                                   "seconds": round(seconds, 1), "argv": argv[1:], "recipe": dict(cap)},
-                                  indent=1) + "\n")
+    write_output(sidecar, json.dumps({"path": path, "returncode": done.returncode, "message": message,
+                                      "seconds": round(seconds, 1), "argv": argv[1:], "recipe": dict(cap)},
+                                     indent=1) + "\n", within=work, option="--work")
     return CaptureOutcome(path, done.returncode, message, seconds)
 
 

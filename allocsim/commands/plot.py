@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AllocsimError
-from ..output_file import check_output_file, check_output_folder
+from ..output_file import check_output_file, check_output_folder, make_output_folder, open_output
 from ..output_marks import FIGURE_METADATA, write_table, written_by_allocsim
 from ..units import parse_bytes
 from .common import add_read_args, note_picked_device, trace_limits
@@ -102,15 +102,20 @@ class Writer:
     """Saves figures (PNG + SVG) and tables into one directory, each with allocsim's mark, and lists
     what it wrote; a path that is not ours to write (a FIFO, a user's file) is refused before it is touched."""
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, root: Path | None = None):
         self.out = out
+        #: The ``-o`` folder: no link below it is followed (``output_write.open_output``).
+        self.root = root if root is not None else out
         self.written: list[Path] = []
-        out.mkdir(parents=True, exist_ok=True)
+        make_output_folder(str(out), within=str(self.root))
 
     def _path(self, name: str) -> Path:
         path = self.out / name
         check_output_file(str(path), "-o", ours=written_by_allocsim, what="a file allocsim wrote")
         return path
+
+    def _open(self, path: Path):
+        return open_output(path, ours=written_by_allocsim, what="a file allocsim wrote", within=str(self.root))
 
     def figure(self, stem: str, draw, size: tuple[float, float] = (10, 4.5), **kwargs: Any) -> None:
         """Draw with ``draw(ax=...)`` on a fresh Figure (no pyplot state) and save it twice."""
@@ -122,14 +127,22 @@ class Writer:
         if stem == "segments":
             fig.set_size_inches(11, 1.6 + 0.25 * max(len(ax.get_yticks()), 4))
         for ext, path in paths.items():
-            # "tight": legends placed beside or below the axes and long titles are never cut off.
-            fig.savefig(path, dpi=120 if ext == "png" else None, bbox_inches="tight", pad_inches=0.15,
-                        metadata=FIGURE_METADATA[ext])
+            with self._open(path) as fh:
+                # "tight": legends placed beside or below the axes and long titles are never cut off.
+                fig.savefig(fh, format=ext, dpi=120 if ext == "png" else None, bbox_inches="tight",
+                            pad_inches=0.15, metadata=FIGURE_METADATA[ext])
             self.written.append(path)
 
     def table(self, name: str, df: pd.DataFrame) -> None:
         path = self._path(name)
-        write_table(df, path)
+        write_table(df, path, within=self.root)
+        self.written.append(path)
+
+    def copy(self, src: Path, name: str) -> None:
+        """Copy a file of a result folder (``RESULT_FILES``) in, as written (a run's tables and JSON)."""
+        path = self._path(name)
+        with open(src, "rb") as source, self._open(path) as fh:
+            shutil.copyfileobj(source, fh)
         self.written.append(path)
 
 
@@ -217,7 +230,7 @@ def plot_trace(args: argparse.Namespace, out: Path) -> list[Path]:
         result, observer, table = _simulate(trace, spec, own, capacity, args)
         where = out if len(specs) == 1 else out / _folder(label)
         written += write_result(where, result, table, observer.peak_segments,
-                                step_markers(trace, result.timeseries, result.summary))
+                                step_markers(trace, result.timeseries, result.summary), root=out)
         peaks[label] = observer.peak or {}
         s = result.summary
         lat = s.get("alloc_latency_ns") or {}
@@ -262,10 +275,11 @@ def write_site_timeline(w: Writer, trace: Any, top: int, site_filter: Any) -> li
 
 
 def write_result(out: Path, result: Any, table: pd.DataFrame | None, segments: pd.DataFrame | None,
-                 markers: pd.DataFrame | None) -> list[Path]:
-    """Save one run's tables (as ``allocsim run -o`` does, plus attribution) and draw its figures."""
-    paths = list(result.save(out).values())
-    w = Writer(out)
+                 markers: pd.DataFrame | None, root: Path | None = None) -> list[Path]:
+    """Save one run's tables (as ``allocsim run -o`` does, plus attribution) and draw its figures
+    (``root``: the ``-o`` folder ``out`` lies in, default ``out``)."""
+    paths = list(result.save(out, within=root).values())
+    w = Writer(out, root)
     if table is not None:
         w.table("attribution.parquet", table)
     if segments is not None:
@@ -311,19 +325,21 @@ def _read_result_dir(src: Path) -> dict[str, Any]:
     return data
 
 
-def plot_result_dir(src: Path, out: Path) -> list[Path]:
-    """Re-draw a result directory (or one holding a result per policy and a comparison)."""
+def plot_result_dir(src: Path, out: Path, root: Path | None = None) -> list[Path]:
+    """Re-draw a result directory (or one holding a result per policy and a comparison); ``root``: the
+    ``-o`` folder ``out`` lies in (default ``out``)."""
     import pandas as pd
 
     from ..plots import plot_latency, plot_policy_comparison
 
+    root = root if root is not None else out
     if (src / "summary.json").is_file():
+        w = Writer(out, root)
         if out.resolve() != src.resolve():
-            out.mkdir(parents=True, exist_ok=True)
             for name in RESULT_FILES:
                 if (src / name).is_file():
-                    shutil.copy2(src / name, out / name)
-        w = Writer(out)
+                    w.copy(src / name, name)
+            w.written.clear()           # copies are not listed as drawn
         d = _read_result_dir(src)
         draw_result(w, d["summary"], d["timeseries"], d["ooms"], d["table"], d["segments"], d["markers"],
                     d["timed"])
@@ -333,9 +349,9 @@ def plot_result_dir(src: Path, out: Path) -> list[Path]:
         raise ValueError(f"{src}: no summary.json here or in a subdirectory (not a result directory)")
     written: list[Path] = []
     for sub in subdirs:
-        written += plot_result_dir(sub, out / sub.name)
+        written += plot_result_dir(sub, out / sub.name, root)
     if (src / "comparison.parquet").is_file():
-        w = Writer(out)
+        w = Writer(out, root)
         table = pd.read_parquet(src / "comparison.parquet")
         if out.resolve() != src.resolve():
             w.table("comparison.parquet", table)

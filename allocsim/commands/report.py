@@ -25,7 +25,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import AllocsimError
-from ..output_file import check_output_file
+from ..output_file import check_output_file, open_output
 from ..output_marks import is_report_page
 from ..units import parse_bytes
 from .common import add_incomplete_arg, add_trace_args, incomplete_status
@@ -87,7 +87,8 @@ def main(args: argparse.Namespace) -> int:
         check_output_file(args.out, ours=is_report_page, what="a page allocsim report wrote")   # before any work
         html, data = build_report(args.trace, args.policy or ["pytorch"], capacity=args.capacity, device=args.device,
                                   sites=args.sites, advise=args.advise, read_options=_read_options(args))
-        with open(args.out, "w", encoding="utf-8", errors="backslashreplace") as fh:
+        with open_output(args.out, ours=is_report_page, what="a page allocsim report wrote", text=True,
+                         errors="backslashreplace") as fh:
             fh.write(html)
     except (AllocsimError, ValueError, OSError) as exc:
         print(f"allocsim report: error: {exc}", file=sys.stderr)

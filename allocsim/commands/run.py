@@ -506,8 +506,10 @@ def state_only(args: argparse.Namespace, trace: Any) -> dict[str, Any]:
     devices = [int(d) for d in trace.devices]
     report["device"] = args.device if args.device is not None else (devices[0] if len(devices) == 1 else None)
     if args.out_dir:
-        os.makedirs(args.out_dir, exist_ok=True)
-        write_json(report, os.path.join(args.out_dir, "state.json"), report["schema"])
+        from ..output_file import make_output_folder
+
+        make_output_folder(args.out_dir)
+        write_json(report, os.path.join(args.out_dir, "state.json"), report["schema"], within=args.out_dir)
     return report
 
 

@@ -19,8 +19,13 @@ attention scores). Rules, in order:
   laws through both (``a + c*v^2``, ``b*v + c*v^2``) in the range; three: ``linear`` or
   ``quadratic``, determined; four or more that no quadratic fits: ``irregular``, the quadratic
   through the three points nearest the target, the range over every three.
-* ``shrinking`` is said of any law whose size falls as the value grows: no tensor dimension does
-  that, so it marks inputs from different configurations (``consistency``), not a law.
+* ``whole-batches`` -- sizes within ``ROUNDING_SHARE`` of each other that fall as the value grows:
+  a tensor cut to whole batches (``data.narrow(0, 0, len(data) // v * v)``: the word language
+  model's ``batchify``, a loader's ``drop_last``) holds ``e * v * floor(N / v)`` bytes, which falls
+  by less than ``e * v`` between values. Carried at the size of the largest value; its range spans
+  every size seen.
+* ``shrinking`` is said of any other law whose size falls as the value grows: no tensor dimension
+  does that, so it marks inputs from different configurations (``consistency``), not a law.
 """
 
 from __future__ import annotations
@@ -37,7 +42,11 @@ DEFAULT_TWO_POINT_POWERS = (1, 2)
 #: Powers k of the monomial laws ``c * v**k`` (with 0, a constant).
 MONOMIAL_POWERS = (0, 1, 2)
 
-LAW_KINDS = ("constant", "proportional", "quadratic-only", "linear", "quadratic", "irregular")
+LAW_KINDS = ("constant", "proportional", "quadratic-only", "whole-batches", "linear", "quadratic", "irregular")
+#: The most a size cut to whole batches falls between two values, as a share of it: the part of one
+#: batch left over is a few bytes a sample out of a dataset of megabytes; a change of dtype or of
+#: code path changes a size by far more (a half, a factor of 50 in the 1,024-token GPT's embedding sort).
+ROUNDING_SHARE = Fraction(1, 1000)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +144,16 @@ def _shrinks(pts: Sequence[tuple[Fraction, int]]) -> bool:
     return any(s1 < s0 for (_, s0), (_, s1) in zip(pts, pts[1:]))
 
 
+def _whole_batches(pts: Sequence[tuple[Fraction, int]]) -> SizeLaw | None:
+    """Falling sizes within ``ROUNDING_SHARE`` of the largest (module doc), or None."""
+    sizes = [s for _, s in pts]
+    if not _shrinks(pts) or max(sizes) - min(sizes) > ROUNDING_SHARE * max(sizes):
+        return None
+    return SizeLaw("whole-batches", Fraction(pts[-1][1]),
+                   alternatives=((Fraction(min(sizes)), Fraction(0), Fraction(0)),
+                                 (Fraction(max(sizes)), Fraction(0), Fraction(0))))
+
+
 def powers_for(scale_name: str) -> tuple[int, ...]:
     """Monomial powers a scale parameter allows: 0 and ``TWO_POINT_POWERS`` (batch: no v**2)."""
     return (0, *TWO_POINT_POWERS.get(scale_name, DEFAULT_TWO_POINT_POWERS))
@@ -159,7 +178,7 @@ def fit_law(points: Sequence[tuple[Fraction, int]], scale_name: str = "", target
                              (Fraction(0), Fraction(s0) / v0, Fraction(0)) for k in powers if k)
         return SizeLaw("constant", Fraction(s0), assumed_zero=("b", "c"), alternatives=alternatives)
     shrinking = _shrinks(pts)
-    law = _monomial(pts, powers)
+    law = _monomial(pts, powers) or _whole_batches(pts)
     if law is not None:
         return law
     if len(pts) == 2:

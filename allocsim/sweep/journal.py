@@ -3,7 +3,7 @@
 Layout, beside the results file (``RESULTS.parquet.parts/``):
 
 - ``row-<row_key>.json``: one finished row, written to a temp file and renamed into place, so a file
-  with that name is always complete (a SIGKILL leaves at most a ``.tmp-*`` file, ignored and removed);
+  with that name is always complete (a SIGKILL leaves at most a ``.*.allocsim-tmp`` file, ignored and removed);
 - ``batch-<hash>.jsonl``: many rows, one JSON object per line, made by ``compact()`` at the end of a
   complete sweep (then the ``row-*`` files it holds are deleted).
 
@@ -31,10 +31,11 @@ def journal_dir(output: str | os.PathLike) -> Path:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    # A temporary file moved into place (``output_write.open_output``): a file with a row's name is
+    # always complete, and a link planted in the journal folder is never written through.
+    from ..output_file import write_output
+
+    write_output(path, text, option="journal", what="a journal file")
 
 
 class Journal:
@@ -75,8 +76,12 @@ class Journal:
         """Merge every journaled row into one ``batch-*.jsonl`` and delete the files it replaces."""
         old = self._files()
         rows = self.load()
-        for stale in self.directory.glob(f"{TMP_PREFIX}*") if self.directory.is_dir() else []:
-            stale.unlink(missing_ok=True)
+        from ..output_file import TEMP_SUFFIX
+
+        stale = [*self.directory.glob(f"{TMP_PREFIX}*"), *self.directory.glob(f".*{TEMP_SUFFIX}")] \
+            if self.directory.is_dir() else []
+        for path in stale:
+            path.unlink(missing_ok=True)
         if len(old) <= 1 or not rows:
             return old[0] if old else None
         keys = sorted(rows)

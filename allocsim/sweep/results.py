@@ -21,7 +21,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..output_file import check_output_file
+from ..output_file import check_output_file, open_output
 from ..jsonfile import parse_json
 from .flatten import PERF_COLUMNS
 
@@ -68,16 +68,16 @@ def rows_to_table(rows: list[dict[str, Any]], metadata: dict[str, Any] | None = 
 
 def write_results(rows: Iterable[dict[str, Any]], path: str | os.PathLike, *, complete: bool,
                   expected_rows: int) -> Path:
-    """Write ``rows`` to ``path`` atomically (temp file + rename) with the sweep metadata."""
+    """Write ``rows`` to ``path`` atomically (``output_write.open_output``: temp file + rename, no link
+    followed) with the sweep metadata."""
     rows = list(rows)
     path = Path(path)
     # Checked again here, right before the rename: only a results file this program wrote is replaced.
     check_output_file(os.fspath(path), ours=is_results_file, what="an allocsim results file")
     meta = {"schema": SCHEMA, "complete": complete, "expected_rows": expected_rows, "rows": len(rows)}
     table = rows_to_table(rows, meta)
-    tmp = path.with_name(f".tmp-{path.name}.{os.getpid()}")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    with open_output(path, ours=is_results_file, what="an allocsim results file") as fh:
+        pq.write_table(table, fh)
     return path
 
 

@@ -91,11 +91,18 @@ def read_trace(path: str | os.PathLike, *, format: str | None = None, lenient: b
 
 
 def write_trace(trace: Trace, path: str | os.PathLike) -> None:
-    """Write ``trace`` losslessly: Parquet unless ``path`` ends in ``.csv`` (or ``.csv.gz``)."""
+    """Write ``trace`` losslessly: Parquet unless ``path`` ends in ``.csv`` (or ``.csv.gz``).
+
+    Through ``output_write.open_output``: a temporary file moved into place, never through a link,
+    and an existing file is replaced only if it is an allocsim trace (ValueError otherwise).
+    """
+    from ..output_file import open_output
+    from ..output_marks import is_allocsim_trace
     from .formats.native import write_csv, write_parquet
 
     path = os.fspath(path)
-    if path.endswith(".csv") or path.endswith(".csv.gz"):
-        write_csv(trace, path)
-    else:
-        write_parquet(trace, path)
+    with open_output(path, ours=is_allocsim_trace, what="an allocsim trace") as fh:
+        if path.endswith(".csv") or path.endswith(".csv.gz"):
+            write_csv(trace, fh, compress=path.endswith(".gz"))
+        else:
+            write_parquet(trace, fh)

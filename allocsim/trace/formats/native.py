@@ -8,6 +8,7 @@ holding the rest.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -21,11 +22,13 @@ import pyarrow.compute as pc
 import pyarrow.ipc
 import pyarrow.parquet as pq
 from struct import error as struct_error
+from typing import Any
 
 from ...errors import TraceFormatError, quote
 from ...units import MiB
 from ..inference.completeness import reason_from_header
 from ..reading.builder import MAX_SIZE_BYTES
+from ..reading.header import HeaderTypeError
 from ..reading.ipc_check import IpcFormatError, ipc_stream_bounds
 from ..reading.limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, open_binary
 from ..reading.surrogates import repair_value, surrogate_note
@@ -149,8 +152,9 @@ def _typed_column(values: pd.Series, dtype: np.dtype, path: str, name: str, col:
     return array.astype(dtype, copy=False)
 
 
-def write_parquet(trace: Trace, path: str) -> None:
-    """Write ``trace`` to ``path`` as allocsim Parquet (zstd-compressed)."""
+def write_parquet(trace: Trace, path: Any) -> None:
+    """Write ``trace`` to ``path`` (a path or a binary file) as allocsim Parquet (zstd-compressed);
+    ``allocsim.trace.write_trace`` is the safe way to a path."""
     check_schema(trace)
     table = pa.Table.from_pandas(trace.events, preserve_index=False)
     metadata = dict(table.schema.metadata or {})
@@ -369,6 +373,8 @@ def _assemble(path: str, events: pd.DataFrame, header: dict, side: dict, fmt: st
         if not isinstance(raw_labels, list):
             raise TypeError("labels is not a list")
         labels = [str(x) for x in raw_labels]
+    except HeaderTypeError as exc:
+        raise TraceFormatError(path, f"header field {exc.field}", exc.reason) from None
     except (TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise TraceFormatError(path, "header", f"malformed metadata: {quote(str(exc))}") from None
     if meta.allocator_settings is not None:
@@ -412,8 +418,12 @@ def _bounded_json(raw: bytes | str, limits: Limits) -> object:
 
 
 def _meta_from_header(header: dict, fmt: str) -> TraceMeta:
-    """Rebuild ``TraceMeta`` from a header, checking the types a hand-edited file could break."""
+    """Rebuild ``TraceMeta`` from a header, checking the types a hand-edited file could break
+    (``reading.header.check_meta``: every field allocsim reads, nested ones included)."""
+    from ..reading.header import check_meta
+
     data = header.get("meta") or {"format": fmt}
+    check_meta(data)
     meta = TraceMeta.from_dict(data)
     for name in ("devices", "repairs", "notes"):
         if not isinstance(getattr(meta, name), list):
@@ -433,17 +443,30 @@ def _meta_from_header(header: dict, fmt: str) -> TraceMeta:
     return meta
 
 
-def write_csv(trace: Trace, path: str) -> None:
-    """Write ``trace`` as allocsim CSV: a ``# allocsim`` JSON header line, then the event rows."""
+def write_csv(trace: Trace, path: Any, *, compress: bool | None = None) -> None:
+    """Write ``trace`` as allocsim CSV: a ``# allocsim`` JSON header line, then the event rows.
+
+    ``path``: a path (gzip-compressed when it ends ``.gz``) or a binary file (gzip when ``compress``);
+    ``allocsim.trace.write_trace`` is the safe way to a path.
+    """
     check_schema(trace)
     header = _header(trace)
     header["tables"] = {
         name: getattr(trace, name).astype(object).to_dict(orient="list") for name in _SIDE_TABLES
     }
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "wt", newline="") as fh:
+    with contextlib.ExitStack() as stack:
+        if isinstance(path, (str, os.PathLike)):
+            raw = stack.enter_context(open(path, "wb"))
+            compress = os.fspath(path).endswith(".gz") if compress is None else compress
+        else:
+            raw = path
+        if compress:
+            raw = stack.enter_context(gzip.GzipFile(filename="", mode="wb", fileobj=raw))
+        fh = io.TextIOWrapper(raw, encoding="utf-8", newline="")
         fh.write("# allocsim " + json.dumps(header, default=_json_default) + "\n")
         trace.events.to_csv(fh, index=False)
+        fh.flush()
+        fh.detach()
 
 
 def _json_default(value):
