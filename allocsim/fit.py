@@ -472,13 +472,13 @@ def _answer(gpu: GpuModel, captured_for: GpuModel, found: Any, scaler: Any, capa
 # ----------------------------------------------------------------------------------------- fit
 def check_command(command: Sequence[str]) -> str:
     """The knob of ``command`` once it names an interpreter and an existing script (ValueError otherwise)."""
-    from .torch_capture.session import child_command
+    from .torch_capture.command_line import script_of
 
     command = list(command)
     if not command or (len(command) < 2 and not command[0].endswith(".py")):
         raise ValueError("give the script after --, e.g. allocsim fit -- python train.py --batch {B}")
     knob = knob_of(command)
-    script = child_command(with_value(command, knob, 1))[4:]
+    script = script_of(with_value(command, knob, 1))
     if script and script[0] != "-m" and not os.path.isfile(script[0]):
         raise ValueError(f"no script {script[0]!r}")
     return knob
