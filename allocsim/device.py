@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from sortedcontainers import SortedList
 
+from .driver_addresses import TOP_ADDR, DriverAddresses
 from .errors import AllocsimError
 from .units import MiB, align_up
 
@@ -17,6 +18,10 @@ from .units import MiB, align_up
 DEFAULT_GRANULARITY_BYTES = 2 * MiB
 #: Address alignment of every device allocation (cudaMalloc guarantees at least 256 B).
 DEVICE_ALIGNMENT_BYTES = 512
+#: Orders a device can hand out fresh cudaMalloc addresses in: ``creation`` (each above every
+#: earlier one, never reused) or ``driver`` (as the CUDA driver places segments on Linux, learned
+#: from real snapshots: ``allocsim.driver_addresses``, docs/addresses.md).
+ADDRESS_ORDERS = ("creation", "driver")
 
 
 class DeviceOutOfMemory(AllocsimError):
@@ -29,17 +34,29 @@ class SimulatedDevice:
     ``small_granularity_bytes`` applies to requests below ``granularity_bytes``: the default rounds
     every allocation to whole 2 MiB pages; set it lower to model a driver that packs small
     allocations (calibration measures what the real one does).
+
+    ``address_order`` says where fresh cudaMallocs land (``ADDRESS_ORDERS``); None leaves it to
+    the policy on top (``prefer_address_order``: the ``pytorch`` preset asks for ``driver``, every
+    other policy keeps ``creation``). Recorded addresses (``follow_addresses``, ``hint_addresses``)
+    come first either way.
     """
 
     def __init__(self, capacity_bytes: int | None = None, *,
                  granularity_bytes: int = DEFAULT_GRANULARITY_BYTES,
-                 small_granularity_bytes: int | None = None):
+                 small_granularity_bytes: int | None = None, address_order: str | None = None):
         if capacity_bytes is not None and capacity_bytes < 0:
             raise ValueError("capacity_bytes must be >= 0")
+        if address_order is not None and address_order not in ADDRESS_ORDERS:
+            raise ValueError(f"address_order must be one of {ADDRESS_ORDERS}, got {address_order!r}")
         self.capacity_bytes = capacity_bytes
         self.granularity_bytes = granularity_bytes
         self.small_granularity_bytes = small_granularity_bytes or granularity_bytes
-        self._next_addr = 1 << 40          # fake device virtual addresses, never reused
+        self._next_addr = 1 << 40          # fake device virtual addresses above every range handed out
+        self._address_order_given = address_order is not None
+        self._driver: DriverAddresses | None = None
+        self.address_order = "creation"
+        if address_order is not None:
+            self._set_address_order(address_order)
         self._sizes: dict[int, int] = {}   # addr -> bytes actually reserved
         self.reserved_bytes = 0
         self.peak_reserved_bytes = 0
@@ -76,6 +93,25 @@ class SimulatedDevice:
     def device(self) -> "SimulatedDevice":
         """A device is its own device (so adaptors can always ask ``upstream.device``)."""
         return self
+
+    def prefer_address_order(self, order: str) -> None:
+        """Use ``order`` for fresh addresses unless the device was built with one (a policy's default).
+
+        Only before the device has handed out an address: a policy calls it from its constructor.
+        """
+        if order not in ADDRESS_ORDERS:
+            raise ValueError(f"address_order must be one of {ADDRESS_ORDERS}, got {order!r}")
+        if self._address_order_given or self.n_mallocs or self._address_spaces:
+            return
+        self._set_address_order(order)
+
+    def _set_address_order(self, order: str) -> None:
+        self.address_order = order
+        self._driver = DriverAddresses() if order == "driver" else None
+        if self._driver is not None:
+            # The driver's chunks lie below TOP_ADDR; bump addresses (its fallback, reserved virtual
+            # ranges) start above it, so the two never meet however many of either a trace makes.
+            self._next_addr = max(self._next_addr, TOP_ADDR)
 
     def footprint(self, size_bytes: int) -> int:
         """Bytes the device really reserves for a ``size_bytes`` request."""
@@ -120,10 +156,24 @@ class SimulatedDevice:
         return addr
 
     def _fresh_address(self, footprint: int, backing: object) -> int:
-        """The next address of the bump pointer (a real device may hand out its real pointer)."""
+        """The address of a new range: the driver's placement, else above everything (a real device may
+        hand out its real pointer)."""
+        if self._driver is not None:
+            starts = self._occupied_starts
+            addr = self._driver.place(footprint, starts[0] if starts else None, self._overlaps)
+            if addr is not None:
+                return addr
+        return self._bump_address(footprint)
+
+    def _bump_address(self, footprint: int) -> int:
         addr = self._next_addr
         self._next_addr = align_up(addr + footprint, DEVICE_ALIGNMENT_BYTES)
         return addr
+
+    def _in_use(self, addr: int, size_bytes: int) -> None:
+        """A range the device did not place itself (adopted, recorded) is no longer free for placement."""
+        if self._driver is not None:
+            self._driver.carve(addr, size_bytes)
 
     # ------------------------------------------------------------------ what a real device adds
     # A simulated device holds no memory: these do nothing. ``validate.devices.RealDevice`` backs
@@ -171,6 +221,7 @@ class SimulatedDevice:
         if backing is not None:
             self._backing[addr] = backing
         self._occupied_starts.add(addr)
+        self._in_use(addr, size_bytes)
         self._grow_reserved(size_bytes)
         self._next_addr = max(self._next_addr, align_up(addr + size_bytes, DEVICE_ALIGNMENT_BYTES))
         self.n_adopted += 1
@@ -186,6 +237,7 @@ class SimulatedDevice:
         if backing is not None:
             self._backing[addr] = backing
         self._occupied_starts.add(addr)
+        self._in_use(addr, size_bytes)
         self._next_addr = max(self._next_addr, align_up(addr + size_bytes, DEVICE_ALIGNMENT_BYTES))
 
     def adopt_mapped(self, addr: int, size_bytes: int) -> None:
@@ -262,6 +314,7 @@ class SimulatedDevice:
             addr, size = plan.pop()
             if size == footprint and not self._overlaps(addr, footprint):
                 self._next_addr = max(self._next_addr, align_up(addr + footprint, DEVICE_ALIGNMENT_BYTES))
+                self._in_use(addr, footprint)
                 return addr
             plan.clear()   # diverged from the recording
         hints = self._address_hints
@@ -269,6 +322,7 @@ class SimulatedDevice:
             if size == footprint and not self._overlaps(addr, footprint):
                 del hints[k]
                 self._next_addr = max(self._next_addr, align_up(addr + footprint, DEVICE_ALIGNMENT_BYTES))
+                self._in_use(addr, footprint)
                 return addr
         return None
 
@@ -291,6 +345,8 @@ class SimulatedDevice:
         footprint = self._sizes.pop(addr)
         self._back_free(self._backing.pop(addr, None), footprint)
         self._occupied_starts.remove(addr)
+        if self._driver is not None:
+            self._driver.release(addr, footprint)
         self.reserved_bytes -= footprint
         self.n_frees += 1
         self.freed_bytes += footprint
@@ -301,7 +357,9 @@ class SimulatedDevice:
         """cuMemAddressReserve: return the base of a fresh virtual range; it holds no memory until mapped."""
         size_bytes = align_up(max(size_bytes, 1), self.granularity_bytes)
         backing = self._back_reserve(size_bytes)
-        addr = self._fresh_address(size_bytes, backing)
+        # cuMemAddressReserve is not cudaMalloc: ranges come above everything in either address
+        # order (their order decides no tie: each (stream, pool) has its own range).
+        addr = self._bump_address(size_bytes)
         self._address_spaces[addr] = size_bytes
         if backing is not None:
             self._backing[addr] = backing

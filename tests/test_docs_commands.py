@@ -53,6 +53,10 @@ COVERED: dict[str, tuple[str, str]] = {
         "each answer against direct captures"),
     "python -m validate calibrate --backend host -o calibration.json": (
         "tests/test_validate_host.py::host_calibration", "takes minutes; the test runs it with --quick"),
+    ("python -m validate addresses ../shared/traces/pytorch-snapshots/*.pickle "
+     "../shared/traces/scale-series/*.pickle ../shared/traces/state-only-snapshots/*.pickle"): (
+        "tests/test_driver_addresses.py::test_the_evidence_command_gives_the_documented_figures",
+        "the shell expands its globs; the test measures the same files and checks the figures docs/addresses.md quotes"),
     "python -m validate replay traces/bert_fp32.json.gz --policy pytorch,cupy --backend host --json": (
         "tests/test_validate_host.py::test_replay_command_json_and_reports",
         "replays on real host memory; the test runs these policies and more and checks the JSON"),

@@ -312,8 +312,8 @@ def test_load_state_adopts_segments_and_binds_live_blocks():
     assert policy.small.size_at == {BASE + 32 * MiB: 2 * MiB}     # touching free pieces merged
     assert policy.malloc(8, 16 * MiB, S1) == BASE + 4 * MiB
     policy.free(7)
-    addr = policy.malloc(9, 30 * MiB, S1)                        # a new segment, above the adopted ones
-    assert addr >= BASE + 34 * MiB and policy.decisions == [("segment_alloc", addr, 30 * MiB, S1)]
+    addr = policy.malloc(9, 30 * MiB, S1)      # a new segment, below the adopted ones (the driver's top-down order)
+    assert addr + 30 * MiB <= BASE and policy.decisions == [("segment_alloc", addr, 30 * MiB, S1)]
     policy.free(8)
     policy.empty_cache()
     assert [a for a, *_ in policy.decisions[1:]] == ["segment_free", "segment_free"]

@@ -215,10 +215,14 @@ def test_a_pinned_multiprocess_dataloader_feeds_the_device(tmp_path):
 def test_a_read_back_inside_a_tensor_method_is_zero(tmp_path):
     # ``x in t`` calls ``(x == t).any().item()`` inside Tensor.__contains__, where the capture's
     # torch-function mode is off (transformers' warn_if_padding_and_no_attention_mask does this): the
-    # dispatch level answers the read-back with zero, so ``in`` is False whatever x is.
+    # dispatch level answers the read-back: zero for a tensor whose values are not computed (random
+    # numbers, as weights and activations), the real value for one made by a factory without random
+    # numbers (its values are cheap: allocsim.torch_capture.datadep), as on the GPU.
     script = tmp_path / "contains.py"
     script.write_text("import torch\nt = torch.ones(1000, device='cuda')\n"
-                      "assert (0 in t) is False and (1 in t) is False\n"
+                      "assert (0 in t) is False and (1 in t) is True\n"
+                      "r = torch.randn(1000, device='cuda')\n"
+                      "assert (0 in r) is False and (1 in r) is False\n"
                       "y = torch.ones(10, device='cuda')\n")
     status, trace = capture_file(script, tmp_path / "contains.parquet")
     assert status == 0

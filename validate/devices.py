@@ -15,7 +15,8 @@ Both have ``SimulatedDevice``'s interface (``malloc``/``free``/``footprint``/``m
 * count the time spent measuring in ``overhead_ns`` so callers can take it out of latencies.
 
 Addresses. By default a device hands policies the same *virtual* addresses ``SimulatedDevice``
-would (a bump pointer from ``1 << 40``) and keeps the real pointer of each allocation
+would (in the order the policy asks for: the driver's for the ``pytorch`` preset, creation order
+for the others; see ``allocsim.driver_addresses``) and keeps the real pointer of each allocation
 (``real_pointer(addr)``). Policies break best-fit ties by address; with real pointers those
 tie-breaks would follow where the kernel or driver happened to place each segment, which is
 run-to-run noise rather than policy behaviour, and a simulated run could not reproduce them.
@@ -103,8 +104,10 @@ class RealDevice(SimulatedDevice):
                  small_granularity_bytes: int | None = None, real_addresses: bool = False):
         if granularity_bytes <= 0 or (small_granularity_bytes is not None and small_granularity_bytes <= 0):
             raise ValueError("granularities must be > 0")
+        # Real pointers are the driver's own placement: the simulated one would only shadow them.
         super().__init__(capacity_bytes, granularity_bytes=granularity_bytes,
-                         small_granularity_bytes=small_granularity_bytes)
+                         small_granularity_bytes=small_granularity_bytes,
+                         address_order="creation" if real_addresses else None)
         self._next_addr = FIRST_VIRTUAL_ADDR
         self.real_addresses = real_addresses
         # Timing and measurement.

@@ -107,12 +107,14 @@ class _Segments:
 class _DeviceCheck:
     """One device's replay and comparison."""
 
-    def __init__(self, trace: Trace, device: int, capacity_bytes: int | None = None):
+    def __init__(self, trace: Trace, device: int, capacity_bytes: int | None = None, *,
+                 address_order: str | None = None, recorded_addresses: bool = True):
         self.trace = trace
         self.device = device
         self.capacity_bytes = capacity_bytes
+        self.recorded_addresses = recorded_addresses
         kwargs = allocator_settings_to_kwargs(trace.meta.allocator_settings)
-        self.sim = SimulatedDevice(capacity_bytes)
+        self.sim = SimulatedDevice(capacity_bytes, address_order=address_order)
         self.policy = PyTorchPolicy(self.sim, record_decisions=True, **kwargs)
         self.expandable = bool(self.policy.expandable_segments)
         segments, blocks = trace.initial_segments, trace.initial_blocks
@@ -259,7 +261,7 @@ class _DeviceCheck:
         if kind == ALLOC:
             if self.first is None:
                 self._context = self.free_blocks(policy.rounded_size(size), stream)
-            if not self.expandable:
+            if not self.expandable and self.recorded_addresses:
                 sim.hint_addresses([(a, s) for act, a, s, _st, _d in real if act == "segment_alloc"])
             try:
                 policy.malloc(aid, size, stream)
@@ -429,6 +431,7 @@ class _DeviceCheck:
             "inferred_capacity_bytes": self.recorded.capacity_bytes,
             "inferred_capacity_source": self.recorded.capacity_source,
             "start_state_notes": self.start_notes,
+            "_address_order": self.sim.address_order,
         }
 
 
@@ -463,39 +466,50 @@ def _histogram(sizes: list[int]) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------------- entry points
-def check_trace(trace: Trace, device: int | None = None, *, capacity_bytes: int | None = None) -> dict[str, Any]:
+def check_trace(trace: Trace, device: int | None = None, *, capacity_bytes: int | None = None,
+                address_order: str | None = None, recorded_addresses: bool = True) -> dict[str, Any]:
     """Compare one device (or every device) of a snapshot trace; return the report dict.
 
     With ``device`` the result is that device's report; without, ``{"file", "devices": {...}}``.
     ``capacity_bytes`` replays on a device of that size instead of forcing the inferred OOM paths
     and the recorded OOMs (the real capacity is rarely known; see the module docstring).
+    ``recorded_addresses=False`` lets the simulated device place the segments the replay makes
+    (in ``address_order``, default the preset's: the driver's) instead of handing it the recorded
+    addresses: how well the address rule predicts the recorded tie-breaks.
     """
     devices = trace.devices
+    options = {"capacity_bytes": capacity_bytes, "address_order": address_order,
+               "recorded_addresses": recorded_addresses}
     if device is not None:
         if device not in devices:
             raise AllocsimError(f"{trace.meta.source or 'trace'}: no device {device} (devices: {devices})")
-        return check_device(trace, device, capacity_bytes=capacity_bytes)
+        return check_device(trace, device, **options)
     return {"file": trace.meta.source,
-            "devices": {str(d): check_device(trace, d, capacity_bytes=capacity_bytes) for d in devices}}
+            "devices": {str(d): check_device(trace, d, **options) for d in devices}}
 
 
-def check_device(trace: Trace, device: int, *, capacity_bytes: int | None = None) -> dict[str, Any]:
+def check_device(trace: Trace, device: int, *, capacity_bytes: int | None = None, address_order: str | None = None,
+                 recorded_addresses: bool = True) -> dict[str, Any]:
     """Replay one device of ``trace`` through the pytorch preset and compare every decision."""
     if trace.meta.format != "pytorch-snapshot":
         raise AllocsimError(f"{trace.meta.source or 'trace'} is a {trace.meta.format} trace: only PyTorch "
                             "snapshots record the allocator's decisions")
     sub = trace if trace.devices == [device] else trace.for_device(device)
-    report = _DeviceCheck(sub, device, capacity_bytes).run()
+    report = _DeviceCheck(sub, device, capacity_bytes, address_order=address_order,
+                          recorded_addresses=recorded_addresses).run()
     report["capacity_bytes"] = capacity_bytes
     report["file"] = trace.meta.source
+    report["recorded_addresses"] = recorded_addresses
+    report["address_order"] = report.pop("_address_order")
     return report
 
 
-def check_snapshot(path: str | os.PathLike, device: int | None = None, *,
-                   capacity_bytes: int | None = None) -> dict[str, Any]:
+def check_snapshot(path: str | os.PathLike, device: int | None = None, *, capacity_bytes: int | None = None,
+                   address_order: str | None = None, recorded_addresses: bool = True) -> dict[str, Any]:
     """Read a PyTorch memory snapshot and compare the preset's decisions with the recorded ones."""
     trace = read_trace(path)
-    return check_trace(trace, device, capacity_bytes=capacity_bytes)
+    return check_trace(trace, device, capacity_bytes=capacity_bytes, address_order=address_order,
+                       recorded_addresses=recorded_addresses)
 
 
 # ---------------------------------------------------------------------- text
@@ -522,7 +536,9 @@ def format_device(rep: dict[str, Any]) -> str:
     lines = [f"device {rep['device']}: {rep['matched']:,} of {rep['decisions']:,} decisions matched "
              f"({100 * rep['match_rate']:.2f} %)"
              + ("  [expandable segments]" if rep["expandable_segments"] else "")
-             + f"  streams: {rep['streams']}"]
+             + f"  streams: {rep['streams']}"
+             + ("" if rep.get("recorded_addresses", True)
+                else f"  [segments placed by the device, {rep.get('address_order')} order]")]
     for kind, v in rep["by_kind"].items():
         lines.append(f"  {kind:<14} {v['matched']:>7,} / {v['decisions']:<7,}")
     lines.append(f"  peak reserved   real {_b(rep['real_peak_reserved_bytes'])} B   predicted "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from allocsim.device import ADDRESS_ORDERS
 from allocsim.units import parse_bytes
 
 from .fidelity import check_snapshot, format_report
@@ -24,13 +25,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--capacity", default=None, metavar="BYTES",
                         help="replay on a device of this capacity (e.g. 22519218176 or 21GiB) instead of "
                              "forcing the inferred OOM-path failures and recorded OOMs")
+    parser.add_argument("--own-addresses", action="store_true",
+                        help="let the simulated device place the segments the replay makes instead of handing "
+                             "it the recorded addresses (how well the address rule predicts the recorded ties)")
+    parser.add_argument("--address-order", choices=ADDRESS_ORDERS, default=None,
+                        help="with --own-addresses: the device's order (default: the preset's, driver)")
     parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     """Run the comparison and print it; exit 0 (the report says how well it matched)."""
     capacity = parse_bytes(args.capacity) if args.capacity is not None else None
-    report = check_snapshot(args.file, args.device, capacity_bytes=capacity)
+    report = check_snapshot(args.file, args.device, capacity_bytes=capacity, address_order=args.address_order,
+                            recorded_addresses=not args.own_addresses)
     if args.json:
         print(json.dumps(report, default=_plain))
     else:

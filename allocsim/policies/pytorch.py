@@ -53,6 +53,11 @@ class PyTorchPolicy(PoolPolicy):
                  record_decisions: bool = False):
         super().__init__(upstream, alignment_bytes=K_MIN_BLOCK_SIZE, growth="pytorch",
                          small_pool_max_bytes=K_SMALL_SIZE, stream_bound=True, oom_release="all")
+        # PyTorch breaks best-fit ties by address (BlockComparatorSize: stream, size, ptr), so the
+        # driver's placement of segments decides them: ask the device for it (docs/addresses.md).
+        prefer = getattr(self.device, "prefer_address_order", None)
+        if prefer is not None:
+            prefer("driver")
         if max_split_size_bytes is not None and max_split_size_bytes < 0:
             max_split_size_bytes = None   # a snapshot's -1
         if max_split_size_bytes is not None and max_split_size_bytes < K_LARGE_BUFFER:

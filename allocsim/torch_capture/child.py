@@ -35,7 +35,6 @@ import runpy
 import signal
 import sys
 import threading
-import traceback
 import types
 
 EXIT_SCRIPT_FAILED = 3
@@ -109,7 +108,9 @@ def _outcome(exc: BaseException) -> tuple[int, str]:
         return EXIT_SCRIPT_FAILED, f"the script exited with {str(exc.code)[:200]}"
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED, "the script was interrupted (SIGINT)"
-    traceback.print_exception(exc)
+    from .tracebacks import print_script_traceback  # noqa: PLC0415
+
+    print_script_traceback(exc)        # as `python SCRIPT` shows it: no child.py or runpy frames
     return EXIT_SCRIPT_FAILED, f"the script raised {type(exc).__name__}: {str(exc)[:500]}"
 
 

@@ -8,8 +8,9 @@ driver for a primary context and fails, and a CPU-only build refuses ``cuda`` te
 
 What the mapping does, each because the CUDA run does it:
 
-* every ``device`` argument that names ``cuda`` (a string, a ``torch.device``, ``Tensor.cuda()``,
-  ``Module.cuda()``) names ``meta`` instead;
+* every ``device`` argument that names ``cuda`` (a string, a ``torch.device``, an integer index,
+  ``Tensor.cuda()``, ``Module.cuda()``, ``Module.to(0)``, the default device set by
+  ``torch.set_default_device("cuda")``) names ``meta`` instead; ``torch.device(0)`` is ``cuda:0``;
 * large CPU tensors are never materialised: a factory without a device (``torch.empty/zeros/randn``,
   so every ``nn.Module`` built on the CPU) whose result would take ``HOST_ABSTRACT_BYTES`` or more
   makes an abstract *host* tensor on ``meta`` (no memory, no trace record), and ``.to("cuda")`` of
@@ -17,14 +18,14 @@ What the mapping does, each because the CUDA run does it:
   values. The capture's own memory and time therefore do not grow with the model's size;
 * ``.cpu()`` of a device tensor is a host tensor (abstract when large, zeros when small);
 * reading a value back (``item()``, ``float()``, ``tolist()``, ``numpy()``, printing it with a
-  format) gives zeros: the run's numbers are not computed, only its memory. Data-dependent control
-  flow therefore takes the branch zeros take (a loss is 0.0, a mask is all False);
-* optimizers take their CUDA default, the multi-tensor ``foreach`` kernels;
+  format) gives the tensor's values when they are cheap (small tensors from the data, ``datadep``)
+  and zeros otherwise: the model's numbers are not computed, only its memory;
+* optimizers take their CUDA steps (``optimizers``), ``DataParallel`` runs on its one GPU
+  (``dataparallel``), the legacy ``torch.cuda.*Tensor`` types work (``legacy``), ``torch.accelerator``
+  is the GPU (``accelerator``);
 * ``F.dropout`` in training is ``native_dropout``, CUDA's fused kernel with a one-byte mask;
-* ``F.scaled_dot_product_attention`` is the kernel PyTorch picks on an Ampere-or-newer GPU: flash
-  attention for half precision without a mask, memory-efficient attention for float32 or a float
-  mask (no L x L matrix is kept); a boolean mask, ``enable_gqa`` or a head size over 256 keep the
-  generic path;
+* ``F.scaled_dot_product_attention`` runs the backend CUDA selects for the GPU and torch version
+  (``sdpa``), with the mask conversion and padding of ``attention.cpp``;
 * ``torch.cuda`` answers as the capture's GPU would (``cuda_api``); ``torch.autocast("cuda")``
   casts as CUDA's autocast does (``autocast``); pinned memory is ordinary host memory;
   ``Tensor.record_stream`` is a no-op; ``Tensor.is_cuda`` is True for device tensors;
@@ -43,9 +44,10 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils import _device as torch_device_module
 from torch.utils._pytree import tree_map
 
-from . import cuda_api
+from . import accelerator, cuda_api, dataparallel, datadep, legacy, optimizers, sdpa
 from .autocast import CudaAutocast
 from .tracker import CAPTURE_DEVICE, Recorder, StorageTracker
 
@@ -62,6 +64,22 @@ _FACTORIES = {getattr(torch, name) for name in (
     "empty", "zeros", "ones", "full", "rand", "randn", "randint", "randperm", "arange", "range", "linspace",
     "logspace", "eye", "empty_strided", "tril_indices", "triu_indices", "bartlett_window",
     "hann_window", "hamming_window", "blackman_window", "kaiser_window") if hasattr(torch, name)}
+
+
+def _is_index(value: Any) -> bool:
+    """A bare device index (``module.to(0)``, ``device=0``): the current accelerator's device ``value``."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _cuda_index(value: Any) -> Any:
+    """An integer device as the GPU run reads it (``cuda:N``); anything else unchanged."""
+    return torch.device("cuda", value) if _is_index(value) else value
+
+
+def _default_is_cuda() -> bool:
+    """Whether ``torch.set_default_device("cuda")`` or ``with torch.device("cuda"):`` is in force."""
+    current = torch_device_module.CURRENT_DEVICE
+    return current is not None and current.type == "cuda"
 
 
 def _is_cuda(value: Any) -> bool:
@@ -86,8 +104,9 @@ def _host_zeros(t: torch.Tensor) -> torch.Tensor:
     return torch.zeros(t.shape, dtype=t.dtype)
 
 
-def _readback(func: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:
-    host = _host_zeros(t)
+def _readback(func: Any, t: torch.Tensor, args: tuple, kwargs: dict, values: datadep.Values) -> Any:
+    known = values.get(t)
+    host = known if known is not None else _host_zeros(t)
     if func is torch.Tensor.__format__:
         return format(host.item() if host.dim() == 0 else host, *args[1:])
     return func(host, *args[1:], **kwargs)
@@ -100,13 +119,18 @@ def _nbytes(t: Any) -> int:
 class CudaOnMeta(TorchFunctionMode):
     """The torch-function half of the mapping: device arguments, host tensors, CUDA kernels' choices, read-backs."""
 
-    def __init__(self, tracker: StorageTracker):
+    def __init__(self, tracker: StorageTracker, values: datadep.Values):
         super().__init__()
         self.tracker = tracker
+        self.values = values
+        self.capability = (int(tracker.gpu.get("major", 8)), int(tracker.gpu.get("minor", 0)))
+        self.sdpa_backends: set[str] = set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         tracker = self.tracker
+        if _is_index(kwargs.get("device")):
+            kwargs["device"] = _cuda_index(kwargs["device"])
         self_t = args[0] if args and isinstance(args[0], torch.Tensor) else None
         on_meta = self_t is not None and self_t.device.type == CAPTURE_DEVICE
         if self_t is not None:
@@ -121,13 +145,22 @@ class CudaOnMeta(TorchFunctionMode):
             elif on_meta and func is torch.Tensor.cpu:
                 return self_t if tracker.is_host(self_t) else self._to_host(self_t, {})
             elif on_meta and func in _READBACK:
-                return _readback(func, self_t, args, kwargs)
+                return _readback(func, self_t, args, kwargs, self.values)
             elif func is torch.Tensor.record_stream:
                 return None
-        if func is _PARSE_TO or func is torch.device:
-            # a device object stays "cuda" (the script sees its GPU); Module.to moves through Tensor.to above
-            return func(*args, **kwargs)
+            elif func is torch.Tensor.type:
+                return self._legacy_type(self_t, args, kwargs)
+            elif on_meta and func is torch.Tensor.get_device:
+                return -1 if tracker.is_host(self_t) else 0
+        if func is torch.device:
+            # torch.device(0) names the current accelerator's device 0; a device object stays "cuda"
+            return func(*((_cuda_index(args[0]),) + tuple(args[1:]) if args else args), **kwargs)
+        if func is _PARSE_TO:
+            # Module.to(0): the integer is a device; Module.to moves through Tensor.to above
+            return func(*((_cuda_index(args[0]),) + tuple(args[1:]) if args else args), **kwargs)
         device_arg = kwargs.get("device")
+        if device_arg is None and _default_is_cuda() and func in torch_device_module._device_constructors():
+            device_arg = kwargs["device"] = "cuda"      # torch.set_default_device("cuda")
         if func in _FACTORIES and _is_cpu(device_arg):
             return self._host_factory(func, args, kwargs)
         if device_arg is not None:
@@ -136,17 +169,43 @@ class CudaOnMeta(TorchFunctionMode):
         if func is F.dropout and args and _dropout_fused(args, kwargs):
             return _native_dropout(args, kwargs)
         if func is F.scaled_dot_product_attention:
-            fused = _fused_attention(args, kwargs)
-            if fused is not None:
-                return fused
+            chosen = sdpa.attention(args, kwargs, tracker.is_device, self.capability, tracker.torch_version)
+            if chosen is not None:
+                out, backend = chosen
+                if backend not in self.sdpa_backends:
+                    self.sdpa_backends.add(backend)
+                    tracker.note(f"scaled_dot_product_attention ran the {backend} kernel, as CUDA picks it for "
+                                 f"compute capability {self.capability[0]}.{self.capability[1]} with torch "
+                                 f"{torch.__version__.split('+')[0]} (allocsim.torch_capture.sdpa)")
+                return out
         args = tuple(_map(a) for a in args)
         return func(*args, **kwargs)
+
+    def _legacy_type(self, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:
+        """``Tensor.type()`` / ``Tensor.type(torch.cuda.HalfTensor)`` with the legacy names meaning what they do on a GPU."""
+        wanted = args[1] if len(args) > 1 else kwargs.get("dtype")
+        on_device = self.tracker.is_device(t)
+        if wanted is None:
+            return legacy.type_name(t, on_device)
+        options = {"non_blocking": bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))}
+        if isinstance(wanted, torch.dtype):
+            return t if wanted == t.dtype else t.to(wanted, **options)
+        parsed = legacy.parse_type(wanted)
+        if parsed is None:
+            return torch.Tensor.type(*args, **kwargs)
+        dtype, to_device = parsed
+        if to_device:
+            return self._to_device(t, dict(options, dtype=dtype))
+        if on_device:
+            return self._to_host(t, {"dtype": dtype})
+        return t if dtype == t.dtype else t.to(dtype)
 
     def _to_target(self, args: tuple, kwargs: dict) -> Any:
         """Where ``Tensor.to(...)`` sends the tensor (None: it stays where it is)."""
         target = kwargs.get("device", kwargs.get("other"))
         if target is None and len(args) > 1 and not isinstance(args[1], (torch.dtype, bool)):
             target = args[1]
+        target = _cuda_index(target)
         if isinstance(target, torch.Tensor):
             if target.device.type != CAPTURE_DEVICE:
                 return target.device
@@ -211,35 +270,6 @@ def _native_dropout(args: tuple, kwargs: dict) -> torch.Tensor:
     return out
 
 
-_SDPA_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-
-
-def _fused_attention(args: tuple, kwargs: dict) -> Any:
-    """The flash or memory-efficient kernel's output for a meta ``scaled_dot_product_attention``, else None."""
-    given = dict(zip(_SDPA_NAMES, args)) | kwargs
-    q, k, v = given.get("query"), given.get("key"), given.get("value")
-    mask = given.get("attn_mask")
-    if not all(isinstance(t, torch.Tensor) and t.device.type == CAPTURE_DEVICE for t in (q, k, v)):
-        return None
-    if given.get("enable_gqa") or q.dim() != 4 or q.shape[-1] > 256 or k.shape[1] != q.shape[1]:
-        return None
-    dropout_p, is_causal, scale = given.get("dropout_p", 0.0), given.get("is_causal", False), given.get("scale")
-    aten = torch.ops.aten
-    if torch.is_autocast_enabled("cuda") and q.dtype == torch.float32:
-        # autocast casts SDPA's inputs to its dtype before the kernel is chosen
-        low = torch.get_autocast_dtype("cuda")
-        q, k, v = (t.to(low) for t in (q, k, v))
-        if isinstance(mask, torch.Tensor) and mask.is_floating_point():
-            mask = mask.to(low)
-    if mask is None and q.dtype in (torch.float16, torch.bfloat16):
-        return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
-    if mask is None or (isinstance(mask, torch.Tensor) and mask.dtype == q.dtype):
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        return aten._scaled_dot_product_efficient_attention(q, k, v, mask, needs_grad, dropout_p, is_causal,
-                                                            scale=scale)[0]
-    return None
-
-
 @contextlib.contextmanager
 def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
     missing = object()
@@ -254,24 +284,20 @@ def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
             setattr(owner, name, old)
 
 
-def _foreach_devices_with_meta(original):
-    def supported(*args, **kwargs):
-        return list(original(*args, **kwargs)) + [CAPTURE_DEVICE]
-    return supported
-
-
 class ThreadModes:
     """The modes a thread runs the script under: the function mode, the recorder, and autocast's key."""
 
     def __init__(self, tracker: StorageTracker, autocast: CudaAutocast):
         self.tracker = tracker
         self.autocast = autocast
+        self.values = datadep.Values(HOST_ABSTRACT_BYTES)
 
     @contextlib.contextmanager
     def entered(self) -> Iterator[None]:
         """Enter the capture in the calling thread (the main thread, or a thread the script started)."""
         self.autocast.enable_thread()
-        with Recorder(self.tracker), CudaOnMeta(self.tracker):
+        with Recorder(self.tracker), datadep.ValueMode(self.tracker, self.values), \
+                CudaOnMeta(self.tracker, self.values):
             yield
 
 
@@ -340,11 +366,19 @@ def _compile_eager(tracker: StorageTracker) -> Any:
     return compile
 
 
+def _default_device(original: Any) -> Any:
+    """``torch.get_default_device()`` saying ``cuda:0`` (not the capture's ``meta``) under ``set_default_device("cuda")``."""
+    def get_default_device() -> torch.device:
+        if _default_is_cuda():
+            current = torch_device_module.CURRENT_DEVICE
+            return torch.device("cuda", current.index or 0)
+        return original()
+    return get_default_device
+
+
 @contextlib.contextmanager
 def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> Iterator[CudaAutocast]:
     """Map ``cuda`` to ``meta`` and answer ``torch.cuda`` as ``gpu`` would, inside the block (this thread and those it starts)."""
-    import torch.optim.optimizer as optimizer_mod   # noqa: PLC0415
-
     gpu = dict(gpu or {})
     autocast = CudaAutocast(tracker.is_device)
     autocast.install()
@@ -355,28 +389,21 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
         clear_autocast_cache()
         autocast.clear_cache()
 
-    # torch.accelerator is what the DataLoader's pin-memory thread and newer code ask instead
-    accelerator_shims = {"is_available": lambda: True, "device_count": lambda: 1,
-                         "current_device_index": lambda: 0, "set_device_index": lambda device: None,
-                         "synchronize": lambda device=None: None}
-    accelerator = getattr(torch, "accelerator", None)
+    cuda_table = cuda_api.shims(tracker, gpu)
+    # torch.accelerator is what the DataLoader, accelerate and newer scripts ask instead of torch.cuda
+    table = {**cuda_table, **accelerator.shims(cuda_table), **legacy.shims(tracker.is_device),
+             **optimizers.shims(tracker.is_device), **dataparallel.shims(tracker.is_device)}
+    optimizers.install()
+    table[(torch, "get_default_device")] = _default_device(torch.get_default_device)
     with contextlib.ExitStack() as stack:
-        for (owner, name), fn in cuda_api.shims(tracker, gpu).items():
+        for (owner, name), fn in table.items():
             stack.enter_context(_patched(owner, name, fn))
-        for name, fn in accelerator_shims.items():
-            if accelerator is not None and hasattr(accelerator, name):
-                stack.enter_context(_patched(accelerator, name, fn))
         stack.enter_context(_patched(torch, "clear_autocast_cache", clear_both))
         stack.enter_context(_patched(torch, "load", _load_to_device(torch.load)))
         stack.enter_context(_patched(torch, "compile", _compile_eager(tracker)))
         stack.enter_context(_patched(torch.Tensor, "pin_memory", lambda self, *a, **k: self))
         stack.enter_context(_patched(torch.Tensor, "is_pinned", lambda self, *a, **k: False))
         stack.enter_context(_patched(torch.Tensor, "is_cuda", property(tracker.is_device)))
-        stack.enter_context(_patched(optimizer_mod, "_get_foreach_kernels_supported_devices",
-                                     _foreach_devices_with_meta(optimizer_mod._get_foreach_kernels_supported_devices)))
-        for name in ("_accelerator_graph_capture_health_check", "_cuda_graph_capture_health_check"):
-            if hasattr(torch.optim.Optimizer, name):   # asks the driver whether a graph is being captured
-                stack.enter_context(_patched(torch.optim.Optimizer, name, lambda self: None))
         stack.enter_context(_patched(threading.Thread, "_bootstrap_inner", _threads_captured(modes)))
         stack.enter_context(modes.entered())
         yield autocast
