@@ -12,6 +12,7 @@ has that much memory, and a request above it is a bug in the script (``torch.emp
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from ..trace.reading.builder import MAX_SIZE_BYTES
@@ -28,6 +29,7 @@ MAX_ID = 1 << 31
 PHASES = frozenset({"f", "b", "o"})
 #: Bytes of a summary or header (a small JSON object).
 MAX_SUMMARY_BYTES = 1 << 16
+_DECODE = json.JSONDecoder().decode
 
 
 class Refused(ValueError):
@@ -99,8 +101,8 @@ def _object(value: Any, what: str) -> dict[str, Any]:
 def checked(line: bytes) -> tuple:
     """The message on ``line`` as a tuple whose first item is its kind, every field checked (else ``Refused``)."""
     try:
-        m = json.loads(line)
-    except (ValueError, RecursionError) as exc:     # not JSON, a number past int's digit limit, nested too deep
+        m = _DECODE(line.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:     # not UTF-8 or JSON, a number past int's digit limit, too deep
         raise Refused(f"not a JSON record ({type(exc).__name__})") from None
     if type(m) is not list or not m or type(m[0]) is not str:
         raise Refused("a record must be a JSON array whose first item names its kind")
@@ -142,8 +144,12 @@ def checked(line: bytes) -> tuple:
 
 def plain(value: Any, depth: int = 3) -> Any:
     """``value`` cut down to what a trace's metadata may hold: JSON scalars, short strings, small lists and objects."""
-    if value is None or type(value) in (bool, int, float):
-        return value if type(value) is not int or -MAX_INT <= value <= MAX_INT else None
+    if value is None or type(value) is bool:
+        return value
+    if type(value) is int:
+        return value if -MAX_INT <= value <= MAX_INT else None
+    if type(value) is float:
+        return value if math.isfinite(value) else None
     if type(value) is str:
         return value[:MAX_TEXT_CHARS]
     if depth <= 0:
