@@ -50,7 +50,7 @@ EXIT_NOTHING_FITS = 1
 
 
 class ScriptFailed(AllocsimError):
-    """A capture did not finish: ``status`` is its exit status (3 raised, 124 timeout, 130 interrupted, 2 start)."""
+    """A capture did not finish: ``status`` is its exit status (3 raised or killed, 4 refused, 124 timeout, 130 interrupted, 2 start)."""
 
     def __init__(self, message: str, status: int):
         super().__init__(message)

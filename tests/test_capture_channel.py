@@ -259,3 +259,69 @@ def test_the_message_names_the_segment_pytorch_would_have_tried():
     assert "Tried to allocate 20.00 MiB." in oom_message((1 << 20) + 1, 1 << 33, 0, 0, 0)
     assert "Tried to allocate 12.00 MiB." in oom_message((10 << 20) + 1, 1 << 33, 0, 0, 0)
     assert "and 2.00 MiB is reserved by PyTorch but unallocated" in oom_message(512, 1 << 33, 0, 1 << 20, 3 << 20)
+
+
+# ---------------------------------------------------------------------------------- around the child
+def test_reports_of_cuda_work_outside_are_read_without_following_links_or_opening_fifos(tmp_path):
+    from allocsim.torch_capture.session import _outside_reports
+
+    (tmp_path / "cuda-123.txt").write_text("python other.py --train")
+    os.mkfifo(tmp_path / "cuda-5.txt")
+    (tmp_path / "cuda-6.txt").symlink_to("/etc/hostname")
+    (tmp_path / "notes.txt").write_text("not a report")
+    assert _outside_reports(str(tmp_path)) == ["pid 123: python other.py --train", "pid 5: ", "pid 6: ?"]
+    assert _outside_reports(str(tmp_path / "missing")) == []
+
+
+def _small_trace():
+    from allocsim.trace.reading.builder import TraceBuilder
+
+    builder = TraceBuilder("t", "test")
+    builder.alloc(0, 0, 0, 0, 0x1000, 1 << 20)
+    return builder.finish()
+
+
+@pytest.mark.parametrize("make, why", [
+    (lambda p: os.mkfifo(p), "a FIFO"),
+    (lambda p: p.write_text("my notes\n"), "a file allocsim did not write"),
+    (lambda p: p.symlink_to(p.parent / "elsewhere.parquet"), "a symbolic link"),
+    (lambda p: p.mkdir(), "a folder"),
+])
+def test_the_trace_never_replaces_what_the_script_made_at_the_output_path(tmp_path, make, why):
+    from allocsim.torch_capture.trace_file import write_capture
+
+    out = tmp_path / "t.parquet"
+    make(out)
+    written, moved = write_capture(_small_trace(), str(out))
+    assert written == str(tmp_path / "t.1.parquet") and why in moved
+    assert not (tmp_path / "elsewhere.parquet").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []     # no temporary left
+
+
+def test_the_trace_replaces_an_allocsim_trace_atomically(tmp_path):
+    from allocsim.torch_capture.trace_file import write_capture
+    from allocsim.trace import read_trace
+
+    out = tmp_path / "t.csv"
+    for _ in range(2):
+        assert write_capture(_small_trace(), str(out)) == (str(out), "")
+    assert read_trace(str(out)).events["size_bytes"].tolist() == [1 << 20]
+    assert [p.name for p in tmp_path.iterdir()] == ["t.csv"]
+
+
+def test_the_descendants_sitecustomize_hands_over_to_the_users_own(tmp_path):
+    """A process the script starts runs the user's sitecustomize too (the capture's is first on its path)."""
+    import subprocess
+    import sys
+
+    from allocsim.torch_capture.session import HOOKS_DIR
+
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("import builtins; builtins.USER_SITE_RAN = True\n")
+    done = subprocess.run([sys.executable, "-c", "import builtins, sitecustomize; "
+                           "print(getattr(builtins, 'USER_SITE_RAN', False), sitecustomize.__file__)"],
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([HOOKS_DIR, str(user)]),
+                                   ALLOCSIM_CAPTURE_OUTSIDE=str(tmp_path)),
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["True", str(user / "sitecustomize.py")], done.stderr

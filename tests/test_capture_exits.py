@@ -129,7 +129,7 @@ SCRIPTS = {
         open(os.path.join(os.path.dirname(__file__), "ignoring"), "w").close()
         while True:
             time.sleep(0.1)
-        """, {"timeout_s": 60.0}),
+        """, {"timeout_s": 25.0}),
     "fifo_at_output": ("""
         import os, sys, torch
         x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")

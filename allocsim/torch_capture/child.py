@@ -143,7 +143,8 @@ def _tell_descendants(config: dict) -> None:
     outside, hooks = config.get("outside_dir"), config.get("hooks_dir")
     if isinstance(outside, str) and isinstance(hooks, str) and outside and hooks:
         os.environ[ENV_OUTSIDE] = outside
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), hooks) if p)
+        # first, so that a user's own sitecustomize on their PYTHONPATH still runs: this one hands over to it
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (hooks, os.environ.get("PYTHONPATH", "")) if p)
 
 
 def main(args: list[str]) -> int:

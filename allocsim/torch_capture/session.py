@@ -24,6 +24,7 @@ script's stdout and stderr pass through untouched.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import mmap
 import os
@@ -64,6 +65,7 @@ MAX_OUTSIDE_REPORTS = 100
 #: The folder a process the script starts finds on its PYTHONPATH (``outside/sitecustomize.py``).
 HOOKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "outside")
 _STEP = re.compile(r"ProfilerStep#([1-9][0-9]{0,18})")
+_REPORT = re.compile(r"cuda-[0-9]{1,10}\.txt")
 _CATEGORY_CODE = {name: i + 1 for i, name in enumerate(CATEGORIES)}
 
 
@@ -190,6 +192,8 @@ class _Converter:
         self.ooms: list[str] = []          # the out-of-memory errors the script got
         self._oom_addrs: set[int] = set()
         self.unraised_ooms = 0
+        #: The card the capture reported (this process's own argument; the child's summary is not used for it).
+        self.gpu: dict[str, Any] = {}
 
     @property
     def n_allocs(self) -> int:
@@ -204,7 +208,7 @@ class _Converter:
             return self._apply(checked(line))
         except Refused as exc:
             self.refused = f"record {self.record}: {exc}"
-        except (ValueError, OverflowError, TypeError, KeyError, IndexError, OutOfMemory) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever an untrusted record does, it ends the capture, not allocsim
             # the builder's and the model's own checks (a time going back, a free of a block never made...)
             self.refused = f"record {self.record}: {type(exc).__name__}: {str(exc)[:300]}"
         return None
@@ -336,14 +340,16 @@ class _Converter:
         meta.source = ("python -c" if script[:1] == ["-c"] else
                        os.path.basename(script[1] if script[:1] == ["-m"] and len(script) > 1 else
                                         (script[0] if script else "script")))
-        torch_version = summary.get("torch") or self.header.get("torch") or ""
+        torch_version = _of_type(summary.get("torch"), str) or _of_type(self.header.get("torch"), str) or ""
+        # each hint has the type its readers expect, whatever the child's summary said
         meta.version_hints.update({
             "torch": torch_version, "capture": "cuda on meta",
             "optimizer_steps": self.steps,
-            "cudnn_workspace_ratios": summary.get("cudnn_workspace_ratios") or {},
-            "cublas_workspaces": "in trace", "cublas_workspace_bytes": summary.get("cublas_workspace_bytes"),
-            "gpu": summary.get("gpu") or {}, "categories": "capture",
-            "autocast": summary.get("autocast") or {},
+            "cudnn_workspace_ratios": _of_type(summary.get("cudnn_workspace_ratios"), dict) or {},
+            "cublas_workspaces": "in trace",
+            "cublas_workspace_bytes": _of_type(summary.get("cublas_workspace_bytes"), int),
+            "gpu": dict(self.gpu), "categories": "capture",
+            "autocast": _of_type(summary.get("autocast"), dict) or {},
         })
         if self.model.capacity_bytes is not None:
             meta.version_hints["out_of_memory_errors"] = len(self.ooms)
@@ -373,6 +379,11 @@ class _Converter:
         trace.frames = frame_from_columns(tables["frames"], FRAME_DTYPES)
         trace.stacks = frame_from_columns(tables["stacks"], STACK_DTYPES)
         return trace
+
+
+def _of_type(value: Any, kind: type) -> Any:
+    """``value`` when it is a ``kind`` (an ``int`` that is not a ``bool``), else None."""
+    return value if type(value) is kind else None
 
 
 class _Signals:
@@ -438,20 +449,20 @@ class _Answers:
 def _outside_reports(folder: str) -> list[str]:
     """What processes the script started said of their CUDA use (``outside/sitecustomize.py``): ``pid N: command``."""
     try:
-        names = sorted(os.listdir(folder))[:MAX_OUTSIDE_REPORTS]
+        with os.scandir(folder) as entries:       # the script can reach the folder: read a bounded part of it
+            names = sorted(itertools.islice((e.name for e in entries if _REPORT.fullmatch(e.name)),
+                                            MAX_OUTSIDE_REPORTS))
     except OSError:
         return []
     reports = []
     for name in names:
-        path = os.path.join(folder, name)
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
             with os.fdopen(fd, "rb") as fh:
                 command = fh.read(1000).decode("utf-8", "replace")
         except OSError:
             command = "?"
-        pid = name[len("cuda-"):-len(".txt")] if name.startswith("cuda-") and name.endswith(".txt") else name[:40]
-        reports.append(f"pid {pid}: {command}")
+        reports.append(f"pid {name[5:-4]}: {command}")
     return reports
 
 
@@ -507,6 +518,7 @@ def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str,
     secret = secrets.token_hex(16).encode("ascii")
     total_bytes = int((gpu or {}).get("total_bytes") or 0) or memory_bytes
     converter = _Converter(out_path, _AllocatorModel(memory_bytes, total_bytes))
+    converter.gpu = dict(gpu or {})
     outside_dir = tempfile.mkdtemp(prefix="allocsim-capture-")
     tail_file = tempfile.TemporaryFile(prefix="allocsim-capture-")
     try:

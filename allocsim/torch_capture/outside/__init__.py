@@ -1,1 +1,1 @@
-"""The folder ``allocsim capture`` adds to the end of ``PYTHONPATH`` for the processes a captured script starts (``sitecustomize``)."""
+"""The folder ``allocsim capture`` puts first on the ``PYTHONPATH`` of the processes a captured script starts (``sitecustomize``)."""

@@ -4,8 +4,9 @@ The capture records the script's own process. A Python process it starts (``subp
 "other.py"])``, ``os.execv`` of itself, ``multiprocessing``'s spawn) runs without the capture, where
 CUDA is not there: its first CUDA call (``torch.cuda._lazy_init``, which every CUDA tensor goes
 through) would fail with "Torch not compiled with CUDA enabled" and its memory would be missing from
-the trace while the capture said nothing. The capture child puts this folder last on the
-``PYTHONPATH`` its children inherit and names a report folder in ``ALLOCSIM_CAPTURE_OUTSIDE``; here,
+the trace while the capture said nothing. The capture child puts this folder (which holds nothing
+else a script could import) first on the ``PYTHONPATH`` its children inherit and names a report
+folder in ``ALLOCSIM_CAPTURE_OUTSIDE``; here,
 once torch is imported, that first CUDA call writes a report there (the parent ends the capture
 incomplete, naming the process) and raises an error that says why. Nothing else changes: without
 ``ALLOCSIM_CAPTURE_OUTSIDE`` this file only hands over to the next ``sitecustomize`` on the path,
