@@ -137,7 +137,7 @@ def main(args: argparse.Namespace) -> int:
           f"{format_bytes(summary.get('peak_reserved_bytes', 0))} on {gpu.name}{oom_text} "
           f"(torch {summary.get('torch') or '?'}, {result.seconds:.1f} s)")
     if result.status != EXIT_OK:
-        print(f"capture: the trace is incomplete: it stops where {result.message}", file=sys.stderr)
+        print(f"capture: the trace is incomplete: {result.message}", file=sys.stderr)
         return result.status
     print(f"next: allocsim run {shown} --policy pytorch --gpu \"{gpu.name}\"   (allocsim gpus lists GPUs)")
     return 0
