@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 
 from .errors import AllocsimError
 from .gpus import GpuModel, allocator_capacity, find_gpu, gpu_estimate, label_note
+from .metrics.verdict import incomplete_line
 from .units import format_bytes
 
 #: The values captured when none are given: small, past batch 1 (where some kernels take other paths).
@@ -181,6 +182,8 @@ class GpuAnswer:
     extrapolation: float | None
     gpu_note: str | None          # an unverified card's label note (gpus.label_note)
     find_max: dict[str, Any]
+    limiting_rank: int | None = None           # a distributed job: the lowest rank of the role that stops first
+    per_role: list[dict[str, Any]] | None = None   # a distributed job: each role's ranks and answer
 
     @property
     def fits(self) -> bool:
@@ -212,6 +215,8 @@ class FitResult:
     search_seconds: float
     out_dir: str | None           # where the captures are kept (None: deleted)
     replay: list[str]             # ``allocsim scale ... --find-max`` per capture class (with out_dir)
+    #: Why a capture stopped before the script's end ("" when all are complete; only with allow_incomplete).
+    incomplete: str = ""
 
     @property
     def any_fits(self) -> bool:
@@ -222,7 +227,8 @@ class FitResult:
                 "steps": self.steps, "captures": [c.to_dict() for c in self.captures],
                 "answers": [a.to_dict() for a in self.answers], "capture_seconds": round(self.capture_seconds, 3),
                 "search_seconds": round(self.search_seconds, 3), "out_dir": self.out_dir, "replay": self.replay,
-                "method": METHOD}
+                "method": METHOD,
+                **({"incomplete": True, "incomplete_reason": self.incomplete} if self.incomplete else {})}
 
     def format_text(self) -> str:
         name = self.knob
@@ -240,12 +246,15 @@ class FitResult:
         for a in self.answers:
             label = "" if a.gpu.verified else ", label"
             head = f"{a.gpu.name} ({format_bytes(a.gpu.total_bytes)}{label})"
+            said_incomplete = ((lambda line: incomplete_line(self.incomplete, line)) if self.incomplete else
+                               (lambda line: line))
             if a.value is None:
-                lines.append(f"{head}: nothing fits, not even {name} = {a.first_failing}: {a.why_not}")
+                lines.append(said_incomplete(f"{head}: nothing fits, not even {name} = {a.first_failing}: "
+                                             f"{a.why_not}"))
             else:
                 est = a.estimate or {}
                 at_least = "at least " if a.at_limit else ""
-                lines.append(f"{head}: {name} = {at_least}{a.value} with {a.setting_line}")
+                lines.append(said_incomplete(f"{head}: {name} = {at_least}{a.value} with {a.setting_line}"))
                 lines.append(f"  predicted total {format_bytes(est.get('total_bytes', 0))} of "
                              f"{format_bytes(a.gpu.total_bytes)}: reserved peak "
                              f"{format_bytes(est.get('reserved_peak_bytes', 0))} (cuBLAS workspaces included) + "
@@ -266,6 +275,12 @@ class FitResult:
                 if a.extrapolation is not None and a.extrapolation > 2:
                     lines.append(f"  {a.value} is {a.extrapolation:.3g}x the largest value captured "
                                  f"({max(self.values)}): confirm it with one capture (below)")
+            if a.limiting_rank is not None and a.per_role:
+                limit = next((r for r in a.per_role if a.limiting_rank in r["ranks"]), None)
+                others = "; ".join(f"ranks {r['ranks_text']}: {r['value'] if r['value'] is not None else 'nothing'}"
+                                   for r in a.per_role)
+                lines.append(f"  limiting rank {a.limiting_rank}"
+                             + (f" (ranks {limit['ranks_text']})" if limit else "") + f"; per role: {others}")
             if a.captured_for != a.gpu.name:
                 lines.append(f"  captured for {a.captured_for}: {a.capture_note}")
             if a.estimate and a.estimate.get("caveat"):
@@ -277,9 +292,10 @@ class FitResult:
         if best is not None:
             at = with_value(self.command, self.knob, best.value)
             extra = [w for w in best.run_args if w not in ("--policy", "pytorch")]
+            out = "at" if best.limiting_rank is not None else "at.parquet"    # a job's capture is a folder
             lines.append(f"confirm an answer: allocsim capture --gpu {shlex.quote(best.gpu.name)} --steps "
-                         f"{self.steps} -o at.parquet -- {shell_words(at)}")
-            lines.append(f"  then: allocsim run at.parquet --policy pytorch --gpu {shlex.quote(best.gpu.name)}"
+                         f"{self.steps} -o {out} -- {shell_words(at)}")
+            lines.append(f"  then: allocsim run {out} --policy pytorch --gpu {shlex.quote(best.gpu.name)}"
                          + (" " + shlex.join(extra) if extra else ""))
         if self.out_dir:
             lines.append(f"captures and the script's output kept in {self.out_dir}; replay the search:")
@@ -355,6 +371,7 @@ def _last_line(log: str) -> str:
 
 def _failure(result: Any, run: CaptureRun, knob: str, kept: bool) -> ScriptFailed:
     """The one line that says which capture failed, its exit status, and the script's error line."""
+    from .metrics.verdict import ALLOW_INCOMPLETE
     from .torch_capture.session import EXIT_CANNOT_START
 
     status = result.status if result.trace_path is not None else EXIT_CANNOT_START
@@ -364,14 +381,17 @@ def _failure(result: Any, run: CaptureRun, knob: str, kept: bool) -> ScriptFaile
     if last and last not in why:
         error = f"; the script's last line: {last}"
     where = f" (its output: {run.log})" if kept else ""
+    use = (f"; {ALLOW_INCOMPLETE} answers from the captures as they stopped" if result.trace_path is not None
+           else "")
     return ScriptFailed(f"the capture at {knob} = {run.value} (for {run.gpu}) ended with exit status {status}: "
-                        f"{why}{error}{where}", status)
+                        f"{why}{error}{where}{use}", status)
 
 
 def capture_all(command: list[str], knob: str, values: Sequence[int], reps: Sequence[GpuModel], folder: str,
                 steps: int, timeout_s: float | None, workers: int, kept: bool,
-                log: Callable[[str], None]) -> list[CaptureRun]:
-    """Every (card, value) capture, ``workers`` at a time; ``ScriptFailed`` for the first that did not finish."""
+                log: Callable[[str], None], allow_incomplete: bool = False) -> list[CaptureRun]:
+    """Every (card, value) capture, ``workers`` at a time; ``ScriptFailed`` for the first that did not finish
+    (with ``allow_incomplete``: the first that wrote no trace)."""
     jobs = [(gpu, value) for gpu in reps for value in values]
     runs: dict[tuple[str, int], tuple[Any, CaptureRun]] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as pool:
@@ -383,7 +403,7 @@ def capture_all(command: list[str], knob: str, values: Sequence[int], reps: Sequ
             log(f"captured {knob} = {value} for {gpu.name} ({runs[(gpu.name, value)][1].seconds:.1f} s)")
     for gpu, value in jobs:           # the first failure in the order asked: the smallest value first
         result, run = runs[(gpu.name, value)]
-        if result.status != 0 or result.trace_path is None:
+        if result.trace_path is None or (result.status != 0 and not allow_incomplete):
             raise _failure(result, run, knob, kept)
     return [runs[(gpu.name, value)][1] for gpu, value in jobs]
 
@@ -472,25 +492,32 @@ def _answer(gpu: GpuModel, captured_for: GpuModel, found: Any, scaler: Any, capa
 # ----------------------------------------------------------------------------------------- fit
 def check_command(command: Sequence[str]) -> str:
     """The knob of ``command`` once it names an interpreter and an existing script (ValueError otherwise)."""
-    from .torch_capture.command_line import script_of
+    from .torch_capture.distributed.launcher import parse_launch
+    from .torch_capture.session import check_script
 
     command = list(command)
+    if command:
+        launch = parse_launch(with_value(command, knob_of(command), 1))
+        if launch.launcher:
+            if launch.script[:1] != ["-m"] and not os.path.isfile(launch.script[0]):
+                raise ValueError(f"no script {launch.script[0]!r}")
+            return knob_of(command)
     if not command or (len(command) < 2 and not command[0].endswith(".py")):
         raise ValueError("give the script after --, e.g. allocsim fit -- python train.py --batch {B}")
     knob = knob_of(command)
-    script = script_of(with_value(command, knob, 1))
-    if script and script[0] != "-m" and not os.path.isfile(script[0]):
-        raise ValueError(f"no script {script[0]!r}")
+    check_script(with_value(command, knob, 1))
     return knob
 
 
 def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Sequence[int] = DEFAULT_VALUES,
         steps: int = DEFAULT_STEPS, out_dir: str | None = None, scale_name: str | None = None, multiple: int = 1,
         max_value: int | None = None, advise: bool = True, workers: int | None = None,
-        timeout_s: float | None = None, per_gpu: bool = False,
+        timeout_s: float | None = None, per_gpu: bool = False, allow_incomplete: bool = False,
         log: Callable[[str], None] = lambda message: None) -> FitResult:
     """Capture, scale and search (module doc); ``ValueError`` / ``AllocsimError`` on bad input,
-    ``ScriptFailed`` when a capture did not finish."""
+    ``ScriptFailed`` when a capture did not finish (``allow_incomplete``: when it wrote no trace; the
+    answers then say they come from captures that stop early). A launcher command (``torchrun ...``)
+    is ``fit_ranks.fit_job``'s."""
     from .scale import load_input
     from .scale.build import Scaler
     from .scale.findmax import find_max
@@ -526,16 +553,18 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
     try:
         t0 = time.monotonic()
         captures = capture_all(command, knob, values, [rep for rep, _ in groups], folder, steps, timeout_s,
-                               n_workers, out_dir is not None, log)
+                               n_workers, out_dir is not None, log, allow_incomplete)
         t1 = time.monotonic()
         answers: list[GpuAnswer] = []
         replay: list[str] = []
+        incomplete = ""
         executor = make_executor(workers=workers) if advise else None
         with executor if executor is not None else contextlib.nullcontext():
             for rep, members in groups:
                 mine = [c for c in captures if c.gpu == rep.name]
                 inputs = [load_input(c.path, Fraction(c.value)) for c in mine]
                 scaler = Scaler(inputs, scale_name)
+                incomplete = incomplete or scaler.incomplete
                 in_trace = all(cublas_workspaces_in_trace(item.trace.meta) for item in inputs)
                 for gpu in members:
                     log(f"searching the largest {knob} that fits {gpu.name}")
@@ -557,7 +586,7 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
     order = {m.name: i for i, m in enumerate(models)}
     answers.sort(key=lambda a: order[a.gpu.name])
     return FitResult(command, knob, scale_name, values, steps, captures, answers, t1 - t0, t2 - t1,
-                     out_dir, replay)
+                     out_dir, replay, incomplete)
 
 
 __all__ = ["DEFAULT_GPUS", "DEFAULT_STEPS", "DEFAULT_VALUES", "FitResult", "GpuAnswer", "ScriptFailed",

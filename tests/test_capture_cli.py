@@ -18,11 +18,27 @@ def _cli(*argv):
 
 @pytest.mark.full
 @pytest.mark.parametrize("argv", [["capture"], ["capture", "--", "python", "/no/such/train.py"],
-                                  ["capture", "--steps", "-1", "--", "python", __file__]])
+                                  ["capture", "--steps", "-1", "--", "python", __file__],
+                                  ["capture", "--", "python", "-u", __file__],
+                                  ["capture", "--", "python", "-c"],
+                                  ["capture", "--keep-writes", "/no/such/folder/kept", "--", "python", __file__]])
 def test_capture_usage_errors(argv):
     done = _cli(*argv)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert done.stderr.startswith("allocsim capture: error:")
+
+
+def test_python_c_is_taken_and_an_interpreter_option_python_has_not_is_refused_by_name():
+    from allocsim.torch_capture.session import check_script
+
+    check_script(["python", "-c", "import torch"])
+    check_script(["python", "-m", "pkg.train"])
+    check_script(["python", "-u", "-X", "dev", __file__])       # the interpreter's own options pass on to it
+    assert default_output(["python", "-c", "pass"]) == "command.capture.parquet"
+    with pytest.raises(ValueError, match="'-Q' is not an option of the Python interpreter"):
+        check_script(["python", "-Q", "train.py"])
+    with pytest.raises(ValueError, match="no script 'missing.py'"):
+        check_script(["python", "-u", "missing.py"])
 
 
 def test_child_command_uses_the_named_interpreter_or_this_one_for_a_bare_script():

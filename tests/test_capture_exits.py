@@ -36,15 +36,14 @@ pytestmark = pytest.mark.full      # each case starts a capture child
 REPO = Path(__file__).resolve().parents[1]
 MiB, GiB = 1 << 20, 1 << 30
 
-#: Writes ``lines`` to every pipe the process holds, as a script that found the capture's in /proc/self/fd would.
+#: Writes ``data`` to every pipe descriptor the process holds, as a script that found the capture's in /proc/self/fd
+#: would (the descriptors themselves: opening /proc/self/fd/N for writing goes to the write guard's scratch folder).
 _TO_EVERY_PIPE = """
 def to_every_pipe(data):
     for fd in os.listdir("/proc/self/fd"):
         try:
             if os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:") and int(fd) > 2:
-                w = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK)
-                os.write(w, data)
-                os.close(w)
+                os.write(int(fd), data)
         except OSError:
             pass
 """
@@ -131,9 +130,9 @@ SCRIPTS = {
             time.sleep(0.1)
         """, {"timeout_s": 25.0}),
     "fifo_at_output": ("""
-        import os, sys, torch
+        import subprocess, sys, torch
         x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
-        os.mkfifo(sys.argv[1])
+        subprocess.run(["mkfifo", sys.argv[1]], check=True)     # a process it starts: not under the write guard
         """, {}),
     "batch_size_finder": ("""
         import os, torch
@@ -174,7 +173,7 @@ def _run_one(name: str, folder: Path) -> tuple:
     args = [str(out)] if name == "fifo_at_output" else []
     with open(work / "output.txt", "w") as log:
         result, _trace = session.capture([sys.executable, str(script), *args], str(out), stdout=log, stderr=log,
-                                         **kwargs)
+                                         keep_writes=str(work / "writes"), **kwargs)
     trace = read_trace(result.trace_path) if result.trace_path else None
     return result, trace, work
 
@@ -200,6 +199,11 @@ def ended(tmp_path_factory):
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = old_path
+
+
+def _written(work: Path, name: str) -> Path:
+    """Where the script's file ``work/name`` went: the write guard's folder, which mirrors absolute paths."""
+    return work / "writes" / "files" / str(work / name).lstrip("/")
 
 
 def _allocs(trace) -> list[int]:
@@ -263,12 +267,12 @@ def test_steps_end_the_script_even_through_a_bare_except(ended):
     result, trace, work = ended["bare_except_steps"]
     assert result.status == session.EXIT_OK and result.summary["optimizer_steps"] == 2
     assert "ProfilerStep#2" in trace.labels and "ProfilerStep#3" not in trace.labels
-    assert not (work / "finally-ran").exists()             # the process ends at the step: nothing can catch it
+    assert not _written(work, "finally-ran").exists() and not (work / "finally-ran").exists()             # the process ends at the step: nothing can catch it
 
 
 def test_a_script_that_ignores_sigint_is_killed_after_the_timeout_with_its_records(ended):
     result, trace, work = ended["ignores_sigint"]
-    assert (work / "ignoring").exists()
+    assert _written(work, "ignoring").exists()
     assert result.status == session.EXIT_TIMEOUT and "was killed" in result.message
     assert _allocs(trace) == [640 * MiB]
 
@@ -283,7 +287,7 @@ def test_a_fifo_made_at_the_output_path_neither_hangs_nor_is_replaced(ended):
 
 def test_a_batch_size_finder_stops_where_the_card_runs_out(ended):
     result, trace, work = ended["batch_size_finder"]
-    largest, message = (work / "finder.txt").read_text().split("\n", 1)
+    largest, message = _written(work, "finder.txt").read_text().split("\n", 1)
     # RTX 3060: 11.76 GiB, 11.53 GiB of it for tensors (allocsim gpus). A batch of B float32 rows of 1024 takes
     # 4 KiB x B for the input and again for the output: 2^20 rows take 8 GiB and fit; at 2^21 the 8 GiB input
     # fits (the cached 4 GiB segments released first, as PyTorch's retry does) and the 8 GiB output does not.
@@ -299,7 +303,7 @@ def test_the_script_sees_the_user_s_packages_not_allocsim_s(ended):
 
     result, _trace, work = ended["user_packages"]
     assert result.status == session.EXIT_OK
-    seen = json.loads((work / "seen.json").read_text())
+    seen = json.loads(_written(work, "seen.json").read_text())
     assert seen["validate"] == "the user's validate" and seen["pyarrow"] == "the user's pyarrow"
     assert str(REPO) not in seen["path"] and str(REPO / "allocsim" / "torch_capture") not in seen["path"]
 
@@ -307,9 +311,10 @@ def test_the_script_sees_the_user_s_packages_not_allocsim_s(ended):
 def test_python_options_and_c_code_run_as_python_runs_them(tmp_path):
     code = "import sys, torch; x = torch.empty(1000, device='cuda'); open('flags', 'w').write(repr(sys.flags.dev_mode))"
     os.chdir(tmp_path)
-    result, trace = session.capture([sys.executable, "-X", "dev", "-c", code], str(tmp_path / "c.parquet"))
+    result, trace = session.capture([sys.executable, "-X", "dev", "-c", code], str(tmp_path / "c.parquet"),
+                                    keep_writes=str(tmp_path / "writes"))
     assert result.status == session.EXIT_OK and _allocs(trace) == [4000]
-    assert (tmp_path / "flags").read_text() == "True" and trace.meta.source == "python -c"
+    assert _written(tmp_path, "flags").read_text() == "True" and trace.meta.source == "python -c"
 
 
 def test_sigterm_to_allocsim_ends_the_script_and_writes_the_partial_trace(tmp_path):
@@ -322,13 +327,15 @@ def test_sigterm_to_allocsim_ends_the_script_and_writes_the_partial_trace(tmp_pa
             time.sleep(0.1)
         """))
     out = tmp_path / "waits.parquet"
-    proc = subprocess.Popen([sys.executable, "-m", "allocsim", "capture", "-o", str(out), "--", sys.executable,
-                             str(script)], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "allocsim", "capture", "-o", str(out), "--keep-writes",
+                             str(tmp_path / "writes"), "--", sys.executable, str(script)], cwd=tmp_path,
+                            env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    pid_file = _written(tmp_path, "pid")
     deadline = time.monotonic() + 120
-    while not (tmp_path / "pid").exists() and time.monotonic() < deadline:
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    child_pid = int((tmp_path / "pid").read_text())
+    child_pid = int(pid_file.read_text())
     proc.send_signal(signal.SIGTERM)
     _stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == session.EXIT_TERMINATED, stderr

@@ -161,11 +161,13 @@ def runs(tmp_path_factory):
     results = {}
     for card, gpu in (("A100", A100), ("H100", H100)):
         seen_path, err_path = folder / f"seen-{card}.json", folder / f"err-{card}.txt"
+        kept = folder / f"kept-{card}"       # the script's writes go to the capture's scratch place, kept here
         with open(err_path, "w") as err:
             result, _ = session.capture([sys.executable, str(script), str(seen_path)], str(folder / f"{card}.parquet"),
-                                        gpu=gpu, stderr=err)
-        results[card] = (result, read_trace(str(folder / f"{card}.parquet")), json.loads(seen_path.read_text()),
-                         err_path.read_text())
+                                        gpu=gpu, stderr=err, keep_writes=str(kept))
+        assert not seen_path.exists()          # never written where the script asked
+        seen = json.loads((kept / "files" / str(seen_path).lstrip("/")).read_text())
+        results[card] = (result, read_trace(str(folder / f"{card}.parquet")), seen, err_path.read_text())
     return results
 
 

@@ -49,6 +49,11 @@ def _capture(script: Path, out: Path, python: str | None = None, **kwargs):
     return result, (read_trace(str(out)) if result.trace_path else None)
 
 
+def _kept(folder: Path, path: Path) -> Path:
+    """Where ``--keep-writes folder`` holds the script's version of ``path`` (its writes never reach ``path``)."""
+    return folder / "files" / str(path).lstrip("/")
+
+
 def _allocs(trace) -> list[int]:
     ev = trace.events
     return ev[ev["kind"] == int(EventKind.ALLOC)]["size_bytes"].tolist()
@@ -116,9 +121,11 @@ def test_a_profiling_script_runs_in_an_interpreter_with_torch_and_nothing_else(t
     os.chdir(tmp_path)
     result, trace = _capture(script, tmp_path / "p.parquet", python=python, gpu={"name": "H100", "major": 9,
                                                                                  "minor": 0, "sm_count": 132,
-                                                                                 "total_bytes": 85018279936})
+                                                                                 "total_bytes": 85018279936},
+                             keep_writes=str(tmp_path / "kept"))
     assert result.status == 0, result.message
-    figures = json.loads((tmp_path / "figures.json").read_text())
+    assert not (tmp_path / "figures.json").exists()                 # the script's file went to the scratch folder
+    figures = json.loads(_kept(tmp_path / "kept", tmp_path / "figures.json").read_text())
     assert figures["name"] == "H100" and figures["total"] == 85018279936 and figures["sm"] == 132
     assert figures["dtype"] == "torch.bfloat16"                     # autocast ran the linear in bf16
     # block bytes, as the GPU reports them: the requests live when the script asked, each rounded up to 512 B
@@ -353,11 +360,11 @@ def test_ctrl_c_gives_the_partial_trace_and_exit_130(tmp_path):
         """)
     out = tmp_path / "wait.parquet"
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "allocsim", "capture", "-o", str(out), "--", sys.executable,
-                             str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "allocsim", "capture", "-o", str(out), "--keep-writes",
+                             str(tmp_path / "kept"), "--", sys.executable, str(script)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 120
-    while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+    while not _kept(tmp_path / "kept", tmp_path / "ready").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGINT)            # what Ctrl-C does: the whole foreground group
     _stdout, stderr = proc.communicate(timeout=120)

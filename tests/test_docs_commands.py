@@ -51,6 +51,20 @@ COVERED: dict[str, tuple[str, str]] = {
         "tests/test_fit.py::test_fit_on_the_shipped_script_matches_direct_captures",
         "captures with PyTorch and searches three GPUs (under a minute); the test runs it with --json and checks "
         "each answer against direct captures"),
+    "allocsim capture -o job -- torchrun --nproc-per-node 8 train.py --batch 4": (
+        "tests/test_distributed_capture.py::job8",
+        "train.py is the user's script: the fixture captures a DDP + FSDP2 script under torchrun at 8 ranks"),
+    "allocsim run job --policy pytorch --gpu H100": (
+        "tests/test_distributed_capture.py::test_run_answers_per_rank_and_names_the_limiting_rank",
+        "runs it on that test's folder, text and --json"),
+    "allocsim fit -- torchrun --nproc-per-node 8 train.py --batch {B}": (
+        "tests/test_distributed_capture.py::test_fit_on_a_torchrun_job_answers_per_role_with_the_limiting_rank",
+        "the test fits a DDP script of its own under torchrun (2 ranks, captures take seconds each)"),
+    "allocsim advise job --gpu H100": (
+        "tests/test_distributed_capture.py::test_advise_searches_the_limiting_rank_and_checks_every_role",
+        "advise on that test's folder (--fast)"),
+    "allocsim report job -o report.html": (
+        "tests/test_distributed_capture.py::test_report_writes_one_page_per_role", "one page per role of that folder"),
     "python -m validate calibrate --backend host -o calibration.json": (
         "tests/test_validate_host.py::host_calibration", "takes minutes; the test runs it with --quick"),
     ("python -m validate addresses ../shared/traces/pytorch-snapshots/*.pickle "

@@ -17,6 +17,7 @@ COMMANDS = {
     "snapshots": "validate.snapshots_cmd", # CPU captures of public scripts vs the GPU snapshots they wrote
     "milabench": "validate.milabench_cmd", # the GPU's own memory learned and checked on milabench's tables
     "addresses": "validate.addresses_cmd", # where the driver put cudaMalloc segments in real snapshots
+    "corpus": "validate.corpus_cmd",       # public training scripts captured unchanged vs their model arithmetic
 }
 
 

@@ -87,6 +87,8 @@ class Advice:
     capacity_range: tuple[int, int | None] | None = None
     #: No --device given and the trace's only GPU picked beside host memory (``engine.picked_device_note``).
     device_note: str | None = None
+    #: Why the trace stops before its script's end ("" when complete: ``TraceMeta.incomplete``).
+    incomplete: str = ""
 
     @property
     def assumption(self) -> str | None:
@@ -189,7 +191,8 @@ def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | No
                     capacity_bytes=capacity.bytes, capacity_source=capacity.source, capacity_note=capacity.note,
                     capacity_range=capacity.range,
                     lower_bound_bytes=lower_bound_bytes(trace), step_bytes=step, fast=fast, preset=preset,
-                    granted_bytes=lower_bound_bytes(trace, granted_only=True), device_note=device_note)
+                    granted_bytes=lower_bound_bytes(trace, granted_only=True), device_note=device_note,
+                    incomplete=trace.meta.incomplete)
     if not advice.lower_bound_fits:
         advice.peak = live_at_peak(trace)
         advice.site_filter = site_filter or SiteFilter()

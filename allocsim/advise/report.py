@@ -16,7 +16,7 @@ from typing import Any
 from ..metrics.reproduction import start_state_dropped
 from ..metrics.sites.report import format_rows
 from ..metrics.sites.rule import SiteFilter
-from ..metrics.verdict import format_duration_ns, peak_words
+from ..metrics.verdict import format_duration_ns, incomplete_line, peak_words
 from ..sweep.failures import format_error_groups
 from ..units import format_bytes
 from .advice import MIN_CAPACITY_RULE, Advice, Recommendation
@@ -97,6 +97,8 @@ def advice_to_dict(advice: Advice) -> dict[str, Any]:
         "why": advice.why,
         "closest": None, "live_at_peak": None, "sites": None,
     }
+    if advice.incomplete:
+        out["incomplete"], out["incomplete_reason"] = True, advice.incomplete
     if advice.misses:
         m = advice.misses[0]
         out["closest"] = {"settings": dict(m.outcome.changes), "line": advice.preset.paste_line(m.outcome.params),
@@ -188,7 +190,16 @@ def _recommendation_lines(advice: Advice) -> list[str]:
 
 
 def format_advice(advice: Advice) -> str:
-    """The report of ``allocsim advise`` as text; the last line says what to do."""
+    """The report of ``allocsim advise`` as text; the last line says what to do (and, on a trace that stops
+    early, that it is judged on the part recorded)."""
+    text = _format_advice(advice)
+    if not advice.incomplete:
+        return text
+    head, sep, last = text.rpartition("\n")
+    return head + sep + incomplete_line(advice.incomplete, last)
+
+
+def _format_advice(advice: Advice) -> str:
     lines = _head(advice)
     if not advice.lower_bound_fits:
         peak = advice.peak

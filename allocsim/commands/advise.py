@@ -6,7 +6,8 @@ and prints the settings that fit, best first, each with the line to paste, the h
 smallest capacity at which it still fits and the ``allocsim run`` command that replays it; then
 why the best one fits. Capacity: ``--capacity SIZE``, else the one the recording implies, else it
 asks for one. Exit status: 0 a setting fits, 1 none does or a run ended in an error (printed with
-its runs), 2 a usage or input error.
+its runs), 4 the trace stops before its script's end (``INCOMPLETE TRACE`` in the last line;
+``--allow-incomplete`` gives 0 or 1), 2 a usage or input error.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import sys
 
 from ..errors import AllocsimError
 from ..units import parse_bytes
-from .common import add_cost_model_args, add_trace_args, cost_model_from_args, print_json, read_args, trace_limits
+from .common import (add_cost_model_args, add_incomplete_arg, add_trace_args, cost_model_from_args, incomplete_status,
+                     print_json, read_args, trace_limits)
 from .info import add_site_args, site_options
 
 EXIT_NONE_FITS = 1
 EXIT_STATUS_HELP = ("exit status: 0 = a setting fits, 1 = none does or some run ended in an error (each distinct "
-                    "error is printed with its runs), 2 = usage or input error")
+                    "error is printed with its runs), 4 = the trace stops before its script's end (an incomplete "
+                    "capture; --allow-incomplete: 0 or 1 as above), 2 = usage or input error")
 
 
 def register(subparsers) -> None:
@@ -64,6 +67,7 @@ def register(subparsers) -> None:
     parser.add_argument("--workers", type=int, metavar="N",
                         help="worker processes (default: CPU count; 1 = run here, no pool)")
     add_site_args(parser, "show (when nothing can fit: what holds the memory at the peak)")
+    add_incomplete_arg(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=main)
 
@@ -84,8 +88,13 @@ def main(args: argparse.Namespace) -> int:
     """Search, print the advice; 0 when a setting fits, 1 when none does, 2 on bad input."""
     from ..advise.advice import advise
     from ..advise.report import advice_to_dict, format_advice
+    from ..capture_folder import is_capture_folder_path
     from ..sweep import executor_from_options
 
+    if is_capture_folder_path(args.trace):
+        from .per_rank import advise_folder
+
+        return advise_folder(args, cost_args(args), EXIT_NONE_FITS)
     try:
         if args.output is not None:
             from ..sweep.results import check_results_output
@@ -123,5 +132,7 @@ def main(args: argparse.Namespace) -> int:
         if gpu_note:
             print(f"note: {gpu_note}")
     if advice.error_groups():   # a run that crashed leaves the search incomplete: never a clean 0
-        return EXIT_NONE_FITS
-    return 0 if advice.fits_any else EXIT_NONE_FITS
+        status = EXIT_NONE_FITS
+    else:
+        status = 0 if advice.fits_any else EXIT_NONE_FITS
+    return incomplete_status("advise", advice.incomplete, args, status)

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 def add_trace_args(parser: argparse.ArgumentParser) -> None:
     """Add the TRACE argument and the options every trace-reading command takes."""
-    parser.add_argument("trace", metavar="TRACE", help="trace file (PyTorch snapshot, Kineto JSON, RMM CSV, allocsim Parquet/CSV)")
+    parser.add_argument("trace", metavar="TRACE", help="trace file (PyTorch snapshot, Kineto JSON, RMM CSV, allocsim "
+                        "Parquet/CSV), or a capture folder of a distributed job (run, advise, report: per rank)")
     add_read_args(parser)
 
 
@@ -75,6 +76,28 @@ def note_picked_device(command: str, trace: Trace, device: int | None) -> None:
     note = picked_device_note(trace.devices) if device is None else None
     if note:
         print(f"allocsim {command}: note: {note}", file=sys.stderr)
+
+
+def add_incomplete_arg(parser: argparse.ArgumentParser) -> None:
+    """Add ``--allow-incomplete``: judge a trace that stops before its script's end as it is."""
+    from ..metrics.verdict import EXIT_INCOMPLETE
+
+    parser.add_argument("--allow-incomplete", action="store_true",
+                        help="use a trace that stops before its script's end (an allocsim capture whose script "
+                             "raised, exited with an error, was interrupted or reached --timeout) as it is: the "
+                             "verdict still says INCOMPLETE TRACE, but the exit status is the verdict's instead of "
+                             f"{EXIT_INCOMPLETE}")
+
+
+def incomplete_status(command: str, reason: str, args: argparse.Namespace, status: int) -> int:
+    """``status``, or ``EXIT_INCOMPLETE`` (said on stderr) when the trace stops early and ``--allow-incomplete`` is not given."""
+    from ..metrics.verdict import ALLOW_INCOMPLETE, EXIT_INCOMPLETE
+
+    if not reason or getattr(args, "allow_incomplete", False):
+        return status
+    print(f"allocsim {command}: the trace stops before its script's end ({reason}): exit status {EXIT_INCOMPLETE}; "
+          f"{ALLOW_INCOMPLETE} judges it as it is", file=sys.stderr)
+    return EXIT_INCOMPLETE
 
 
 def print_json(data: Any) -> None:

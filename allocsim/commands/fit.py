@@ -6,7 +6,9 @@ two or more small values (``allocsim capture``), the captures are scaled (``allo
 largest fitting value searched per GPU (``scale --find-max`` with ``advise``); ``allocsim.fit`` has
 the steps. Exit status: 0 answered (a GPU where nothing fits is an answer too, unless it is every
 GPU asked: 1), 2 usage or input error (one line), and a capture that did not finish passes its own
-status on (3 the script raised or exited with an error, 124 ``--timeout``, 130 interrupted).
+status on (3 the script raised or exited with an error, 124 ``--timeout``, 130 interrupted) unless
+``--allow-incomplete`` is given: then the answers come from the captures as they stopped and each
+answer line says ``INCOMPLETE TRACE``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def register(subparsers) -> None:
                "  the lower value fits whatever they are, the upper is the most they allow.\n"
                "exit status: 0 = answered, 1 = nothing fits on any GPU asked, 2 = usage or input error,\n"
                "  3 = a capture's script raised or exited with an error (the message has its error line),\n"
-               "  124 = a capture reached --timeout, 130 = interrupted",
+               "  124 = a capture reached --timeout, 130 = interrupted (with --allow-incomplete such captures\n"
+               "  are used as they stopped: each answer line says INCOMPLETE TRACE and the status is 0 or 1)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", action="append", metavar="NAME",
                         help=f"a GPU to answer for (repeatable; allocsim gpus lists them; default: "
@@ -71,6 +74,10 @@ def register(subparsers) -> None:
                         help="captures at once and processes for the advise runs (default: CPU count)")
     parser.add_argument("-o", "--output", metavar="DIR",
                         help="keep the captures and the script's output in DIR (default: a temporary folder, deleted)")
+    parser.add_argument("--allow-incomplete", action="store_true",
+                        help="answer from captures whose script stopped before its end (raised, exited with an "
+                             "error, --timeout) instead of stopping with the capture's exit status; each answer "
+                             "line then says INCOMPLETE TRACE")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PYTHON SCRIPT ARGS",
                         help="the command that runs the script, after --, with one {NAME} placeholder")
@@ -95,9 +102,13 @@ def main(args: argparse.Namespace) -> int:
         if args.max_value is not None and args.max_value < 1:
             raise ValueError(f"--max-value must be >= 1, got {args.max_value}")
         interactive = sys.stderr.isatty()
-        result = fit(command, args.gpu, values=values, steps=args.steps, out_dir=args.output, scale_name=args.name,
+        from ..fit_ranks import fit_job, is_job
+
+        answer = fit_job if is_job(command) else fit     # a launcher command is answered per role of ranks
+        result = answer(command, args.gpu, values=values, steps=args.steps, out_dir=args.output, scale_name=args.name,
                      multiple=args.multiple_of, max_value=args.max_value, advise=not args.no_advise,
                      workers=args.workers, timeout_s=args.timeout, per_gpu=args.per_gpu,
+                     allow_incomplete=args.allow_incomplete,
                      log=(lambda m: print(f"allocsim fit: {m}", file=sys.stderr)) if interactive else
                      (lambda m: None))
     except ScriptFailed as exc:

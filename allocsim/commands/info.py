@@ -152,7 +152,8 @@ def format_summary(summary: dict, indent: str = "") -> str:
         if key == "per_device":
             for device, sub in value.items():
                 lines.append(f"{indent}device {device}:")
-                lines.append(format_summary({k: v for k, v in sub.items() if k not in ("file", "format")}, indent + "  "))
+                lines.append(format_summary({k: v for k, v in sub.items() if k not in ("file", "format", "incomplete")},
+                                            indent + "  "))
             continue
         if key in ("repairs", "notes") and not value:
             continue

@@ -5,7 +5,9 @@ first (the line ``allocsim run TRACE --policy P --fast`` ends with), memory by c
 simulated timelines that zoom without losing a peak, the segment/block map at the peak of reserved
 memory and at the end of each run (hover a block for its size, category, lifetime and stack), the
 code-site tables and, with ``--advise``, the settings that fit with their paste-ready lines.
-Exit status: 0 the page was written, 2 a usage or input error (one line on stderr).
+Exit status: 0 the page was written, 4 it was written from a trace that stops before its script's
+end (each verdict says ``INCOMPLETE TRACE``; ``--allow-incomplete``: 0), 2 a usage or input error
+(one line on stderr).
 
 ``build_report`` replays each ``--policy`` exactly as ``allocsim run TRACE --policy P --fast``
 replays it (the ``run`` command's own code, so the verdict line is the one ``run`` prints), with its
@@ -26,7 +28,7 @@ from ..errors import AllocsimError
 from ..output_file import check_output_file
 from ..output_marks import is_report_page
 from ..units import parse_bytes
-from .common import add_trace_args
+from .common import add_incomplete_arg, add_trace_args, incomplete_status
 
 
 def register(subparsers) -> None:
@@ -41,7 +43,8 @@ def register(subparsers) -> None:
                "  allocsim report snapshot.pickle -o report.html\n"
                "  allocsim report snapshot.pickle --policy pytorch --policy pytorch:expandable_segments:True \\\n"
                "      --capacity 20GiB --advise -o report.html\n"
-               "exit status: 0 = written, 2 = usage or input error",
+               "exit status: 0 = written, 4 = written from a trace that stops before its script's end (an\n"
+               "  incomplete capture; --allow-incomplete: 0), 2 = usage or input error",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_trace_args(parser)
     parser.add_argument("--policy", action="append", metavar="NAME[:SETTINGS]",
@@ -51,6 +54,7 @@ def register(subparsers) -> None:
     parser.add_argument("--sites", type=int, default=10, metavar="N", help="code sites per table (default 10)")
     parser.add_argument("--advise", action="store_true", help="add the settings that fit (allocsim advise --fast)")
     parser.add_argument("-o", "--out", required=True, metavar="REPORT.html", help="the HTML file to write")
+    add_incomplete_arg(parser)
     parser.set_defaults(func=main)
 
 
@@ -68,6 +72,15 @@ def _read_options(args: argparse.Namespace) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     """Build the page and write it; 0 when written, 2 on bad input."""
     started = time.perf_counter()
+    from ..capture_folder import is_capture_folder_path
+
+    if is_capture_folder_path(args.trace):
+        from .per_rank import report_folder
+
+        if args.sites < 1:
+            print(f"allocsim report: error: --sites must be >= 1, got {args.sites}", file=sys.stderr)
+            return 2
+        return report_folder(args, build_report, _read_options(args))
     try:
         if args.sites < 1:
             raise ValueError(f"--sites must be >= 1, got {args.sites}")
@@ -83,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
     for run in data["runs"]:
         print(f"{run['label']}: {run['verdict']}")
     print(f"wrote {args.out} ({size / 2**20:.2f} MiB) in {time.perf_counter() - started:.1f} s")
-    return 0
+    return incomplete_status("report", data.get("incomplete_reason") or "", args, 0)
 
 
 def _run_args(trace_path: str, policy: str, capacity: str | None, device: int | None, sites: int,
@@ -143,6 +156,8 @@ def build_report(trace_path: str, policies: list[str], *, capacity: str | None =
         log("searching the allocator's settings (advise)")
         advice, advice_text = _advise(trace_path, policies[0], capacity, device)
     data = report_data(trace, runs, categories, np.asarray(program, dtype=bool), advice, advice_text)
+    if trace.meta.incomplete:        # each run's verdict line says so already (run's own code)
+        data["incomplete_reason"] = trace.meta.incomplete
     return render(data), data
 
 

@@ -21,7 +21,9 @@ innermost frame of the program (``allocsim.metrics.sites.report``; JSON ``sites`
 
 Capacity: ``--capacity SIZE``, else the capacity the recording implies (said in the output), else
 unlimited. The last line is the verdict. Exit status: 0 when it fits (or no capacity), 3 on a
-simulated out-of-memory, 2 on a usage or input error (one line on stderr). A trace predicted by
+simulated out-of-memory, 4 when the trace stops before its script's end (``INCOMPLETE TRACE`` in the
+verdict; ``--allow-incomplete`` gives the verdict's own status), 2 on a usage or input error (one
+line on stderr). A trace predicted by
 ``allocsim scale`` whose inputs leave sizes open is replayed at both ends of its range too: the
 last line then says which ends fit, and exit 3 unless both do. With ``--json`` the
 output is one object: the deterministic summary plus ``sim_seconds`` and ``events_per_second``.
@@ -36,15 +38,17 @@ from typing import Any
 from ..errors import AllocsimError
 from ..output_file import check_output_folder
 from ..units import format_bytes, parse_bytes
-from .common import (add_cost_model_args, add_trace_args, cost_model_from_args, load_trace, note_picked_device,
-                     print_json)
+from ..metrics.verdict import incomplete_line
+from .common import (add_cost_model_args, add_incomplete_arg, add_trace_args, cost_model_from_args,
+                     incomplete_status, load_trace, note_picked_device, print_json)
 from .info import add_site_args, add_state_args, site_options, state_options
 
 #: Exit status of a run that ran out of memory in the simulation.
 EXIT_OOM = 3
 
 EXIT_STATUS_HELP = ("exit status: 0 = fits (or no capacity to check), 3 = the simulation ran out of memory, "
-                    "2 = usage or input error")
+                    "4 = the trace stops before the script's end (an incomplete capture; --allow-incomplete: "
+                    "the verdict's status), 2 = usage or input error")
 
 
 def register(subparsers) -> None:
@@ -89,6 +93,7 @@ def register(subparsers) -> None:
     add_cost_model_args(parser)
     add_state_args(parser)
     add_site_args(parser)
+    add_incomplete_arg(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("-o", "--out", metavar="OUT_DIR", dest="out_dir",
                         help="write summary.json, timeseries.parquet and perf.json there")
@@ -256,7 +261,20 @@ def execute(args: argparse.Namespace, trace: Any = None):
                   categories)
     if gpu is not None:
         add_gpu_estimate(result, gpu, trace)
+    mark_incomplete_run(result.summary, trace.meta.incomplete)
     return result
+
+
+def mark_incomplete_run(summary: dict[str, Any], reason: str) -> None:
+    """On a trace that stops early: ``incomplete`` and its reason in the summary, and the verdict line says so."""
+    from ..metrics.verdict import mark_incomplete
+
+    if not reason:
+        return
+    summary["incomplete"] = True
+    summary["incomplete_reason"] = reason
+    if summary.get("verdict") is not None:
+        mark_incomplete(summary["verdict"], reason)
 
 
 def add_categories(result: Any, trace: Any, site_filter: Any, continue_on_oom: bool) -> Any:
@@ -394,8 +412,18 @@ def main(args: argparse.Namespace) -> int:
 
     A snapshot without history gets the recorded-state report instead (``state_only``).
     """
+    from ..capture_folder import is_capture_folder_path
     from ..metrics.state import is_state_only
 
+    if is_capture_folder_path(args.trace):
+        from .per_rank import run_folder
+
+        def check_args(args: argparse.Namespace) -> None:
+            resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf, paddle_flags(args))
+            state_options(args)
+            site_options(args)
+
+        return run_folder(args, execute, check_args, EXIT_OOM)
     try:
         resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf,
                        paddle_flags(args))   # bad input first
@@ -421,6 +449,9 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if state is not None:
         return print_state(args, state)
+    reason = result.summary.get("incomplete_reason") or ""
+    if ends is not None and reason:
+        ends["line"] = incomplete_line(reason, ends["line"])
     if args.json:
         print_json(result.to_dict(include_perf=True))
     else:
@@ -428,7 +459,8 @@ def main(args: argparse.Namespace) -> int:
         if ends is not None:
             print(ends["line"])
     status = exit_status(result.summary)
-    return EXIT_OOM if status == 0 and ends is not None and ends["fits"] is False else status
+    status = EXIT_OOM if status == 0 and ends is not None and ends["fits"] is False else status
+    return incomplete_status("run", reason, args, status)
 
 
 def _judge_ends(args: argparse.Namespace, trace: Any) -> dict[str, Any] | None:

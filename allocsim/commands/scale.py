@@ -9,7 +9,9 @@ says whether it fits.
 ``--capacity SIZE --find-max`` instead searches the largest value that fits (``scale.findmax``):
 with the recorded allocator settings, and with the best setting ``allocsim advise`` finds. Exit
 status then: 0 some value fits at both ends of the range, 3 it fits only at the low end, 1 none
-does; 2 on a usage or input error.
+does; 2 on a usage or input error. An input that stops before its script's end (an incomplete
+capture) makes the output trace incomplete too, the last line say ``INCOMPLETE TRACE`` and the exit
+status 4, unless ``--allow-incomplete`` is given.
 
 Inputs that are not one program in one configuration (``scale.consistency``) are refused with one
 line (exit 2) unless ``--allow-mixed`` is given; the report then says ``consistent: false`` and
@@ -27,7 +29,8 @@ from fractions import Fraction
 from ..errors import AllocsimError
 from ..trace import write_trace
 from ..units import parse_bytes
-from .common import add_read_args, print_json, trace_limits
+from ..metrics.verdict import incomplete_line
+from .common import add_incomplete_arg, add_read_args, incomplete_status, print_json, trace_limits
 
 EXIT_NOTHING_FITS = 1
 #: With --find-max: the answer fits at the low end of the prediction's range only (as ``run``'s out-of-memory).
@@ -67,7 +70,9 @@ def register(subparsers) -> None:
                "  inside the range every time (python traces/scale_series.py); further out it is unchecked.\n"
                "exit status: 0 = done (with --find-max: some value fits at both ends of the range),\n"
                "  1 = with --find-max: nothing fits, 3 = with --find-max: the answer fits only at the low end,\n"
-               "  2 = usage or input error (a refused mix of inputs too)",
+               "  4 = an input stops before its script's end (an incomplete capture; the last line says\n"
+               "  INCOMPLETE TRACE; --allow-incomplete gives the status above), 2 = usage or input error (a\n"
+               "  refused mix of inputs too)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("inputs", nargs="+", metavar="TRACE@VALUE",
                         help="a trace and the scale value it was recorded at, e.g. bert_b4.json.gz@4 (two or more)")
@@ -80,6 +85,7 @@ def register(subparsers) -> None:
     parser.add_argument("--allow-mixed", action="store_true",
                         help="predict even from inputs that are not one configuration (refused otherwise); the "
                              "report lists the differences")
+    add_incomplete_arg(parser)
     add_read_args(parser)
     search = parser.add_argument_group("finding the largest value that fits")
     search.add_argument("--capacity", metavar="SIZE", help="device memory for --find-max, e.g. 80GiB")
@@ -136,20 +142,29 @@ def main(args: argparse.Namespace) -> int:
                   for path, value in (parse_spec(spec) for spec in args.inputs)]
         scaler = Scaler(inputs, args.name, allow_mixed=args.allow_mixed)
         if args.find_max:
-            return _find_max(args, scaler)
+            return incomplete_status("scale", scaler.incomplete, args, _find_max(args, scaler))
         result = scaler.at(parse_value(args.target))
         write_trace(result.trace, args.output)
     except (AllocsimError, ValueError, OSError) as exc:
         print(f"allocsim scale: error: {exc}", file=sys.stderr)
         return 2
+    reason = scaler.incomplete
     if args.json:
-        print_json({"output": args.output, **result.report.to_dict()})
+        print_json({"output": args.output, **result.report.to_dict(), **_incomplete_keys(reason)})
     else:
         print(result.report.format_text())
         where = ["--gpu", args.gpu] if args.gpu else ["--capacity", args.capacity or "80GiB"]
         print(f"\nwrote {args.output}; next: "
               + " ".join(shlex.quote(a) for a in ["allocsim", "run", args.output, "--policy", "pytorch", *where]))
-    return 0
+        if reason:
+            print(incomplete_line(reason, f"the trace at {args.target} is a prediction of a run that stops early "
+                                          "too (it says so wherever it is replayed)"))
+    return incomplete_status("scale", reason, args, 0)
+
+
+def _incomplete_keys(reason: str) -> dict:
+    """``incomplete`` and its reason for the JSON report, when the inputs stop early."""
+    return {"incomplete": True, "incomplete_reason": reason} if reason else {}
 
 
 def _find_max(args: argparse.Namespace, scaler) -> int:
@@ -181,7 +196,7 @@ def _find_max(args: argparse.Namespace, scaler) -> int:
     if args.json:
         print_json({"output": args.output if result is not None else None, "find_max": found.to_dict(),
                     "report_at_answer": result.report.to_dict() if result is not None else None,
-                    **({"gpu_note": gpu_note} if gpu_note else {})})
+                    **({"gpu_note": gpu_note} if gpu_note else {}), **_incomplete_keys(scaler.incomplete)})
     else:
         if result is not None:
             print(result.report.format_text())
@@ -193,6 +208,10 @@ def _find_max(args: argparse.Namespace, scaler) -> int:
             command = ["allocsim", "run", args.output, *best.at_value.run_args, *where]
             print(f"\nwrote {args.output} ({found.scale_name} {best.value}); replay it: "
                   + " ".join(shlex.quote(a) for a in command))
+        if scaler.incomplete:
+            answer = (f"no {found.scale_name} fits" if best.value is None else
+                      f"the largest {found.scale_name} that fits is {best.value}")
+            print(incomplete_line(scaler.incomplete, answer))
     if best.value is None:
         return EXIT_NOTHING_FITS
     return 0 if found.fits_both_ends else EXIT_LOW_END_ONLY

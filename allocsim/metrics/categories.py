@@ -2,7 +2,9 @@
 
 The categories are PyTorch's memory-profiler vocabulary (``torch.profiler._memory_profiler.Category``):
 parameter, gradient, optimizer state, activation, temporary, autograd detail, workspace, unknown; and
-``preallocated``: what an inference engine holds from before the window beside its weights (a KV cache).
+``preallocated``: what an inference engine holds from before the window beside its weights (a KV cache);
+``communication``: a collective's buffers (DDP's gradient buckets, FSDP's all-gather and
+reduce-scatter buffers, a pipeline stage's receive buffers), named by ``allocsim capture`` only.
 They are inferred once per trace from what it holds: the stack (or Kineto's enclosing operators) of
 each allocation, its lifetime relative to the step, and the state before the window began. The
 rules below are tried in order, the first that matches wins, and each counts the allocations it
@@ -55,14 +57,14 @@ from .sites.rows import group_sums
 
 #: Category names, in the order they are listed; codes are indices into this tuple.
 CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "autograd_detail",
-              "workspace", "unknown", "preallocated")
+              "workspace", "unknown", "preallocated", "communication")
 (PARAMETER, GRADIENT, OPTIMIZER_STATE, ACTIVATION, TEMPORARY, AUTOGRAD_DETAIL, WORKSPACE, UNKNOWN,
- PREALLOCATED) = range(9)
+ PREALLOCATED, COMMUNICATION) = range(10)
 #: What a user reads for each category.
 LABELS = {"parameter": "parameters", "gradient": "gradients", "optimizer_state": "optimizer state",
           "activation": "activations", "temporary": "temporaries", "autograd_detail": "autograd detail",
           "workspace": "workspace", "unknown": "unknown",
-          "preallocated": "preallocated before the window"}
+          "preallocated": "preallocated before the window", "communication": "communication buffers"}
 
 _WORKSPACE = re.compile(r"(?i)workspace|getCurrentCUDABlasHandle|cublasLt.*Handle|cudnnCreate")
 _OPTIMIZER = re.compile(r"Optimizer\.step#|optimizer\.step|_single_tensor_(adam|sgd|rmsprop|adagrad)|"

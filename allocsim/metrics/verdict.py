@@ -5,7 +5,9 @@
   11.20 GiB live`` (time relative to the trace's first event; left out when the trace has no times)
 - ``no allocator setting can fit: peak live 19.37 GiB > 16.00 GiB`` when the program's live bytes
   alone exceed the capacity (no policy or setting can help; the program must hold less);
-- without a capacity, the peak the run needs and the lower bound no allocator can beat.
+- without a capacity, the peak the run needs and the lower bound no allocator can beat;
+- ``INCOMPLETE TRACE (the script raised ValueError: ...; 1 optimizer step recorded); judged on the part
+  recorded: FITS in ...`` before any of these when the trace stops early (``mark_incomplete``).
 
 ``fits`` is None without a capacity; ``capacity_source`` says where the capacity came from
 (``given``, or ``inferred`` from the recording, with the reader's sentence in ``capacity_note``).
@@ -19,6 +21,26 @@ from ..units import format_bytes
 
 #: Where a capacity came from.
 GIVEN, INFERRED = "given", "inferred"
+
+#: Exit status of ``run``, ``scale``, ``advise``, ``report`` and ``fit`` on a trace that stops before its
+#: program's end (``trace.meta.incomplete``) unless ``--allow-incomplete`` is given.
+EXIT_INCOMPLETE = 4
+#: The option that accepts such a trace as it is (the verdict still says it is incomplete).
+ALLOW_INCOMPLETE = "--allow-incomplete"
+
+
+def incomplete_line(reason: str, line: str) -> str:
+    """``line`` said of a trace that stops early: ``INCOMPLETE TRACE (why); judged on the part recorded: line``."""
+    return f"INCOMPLETE TRACE ({reason}); judged on the part recorded: {line}"
+
+
+def mark_incomplete(verdict: dict[str, Any], reason: str) -> None:
+    """Say in ``verdict`` (its ``line``, ``incomplete``, ``incomplete_reason``) that its trace stops early."""
+    if not reason or verdict.get("incomplete"):
+        return
+    verdict["line"] = incomplete_line(reason, str(verdict.get("line", "")))
+    verdict["incomplete"] = True
+    verdict["incomplete_reason"] = reason
 
 
 def format_duration_ns(value_ns: int | float) -> str:

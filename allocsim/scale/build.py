@@ -27,6 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import AllocsimError
+from ..trace.inference.completeness import predicted_reason
 from ..trace.reading.builder import MAX_SIZE_BYTES
 from ..trace.schema import Trace, TraceMeta, check_schema, empty_frame, INITIAL_ALLOC_DTYPES
 from .align import Alignment, align, choose_keyer, for_keyer
@@ -261,6 +262,9 @@ class Scaler:
         self.one_cache = one_cache([item.trace for item in sorted(self.inputs, key=lambda item: item.value)])
         if self.differences and not allow_mixed:
             raise MixedInputs(self.differences)
+        #: Why the prediction stops early ("" when every input records its script to the end).
+        self.incomplete = predicted_reason([(f"{item.path}@{item.value}", item.trace.meta.incomplete)
+                                            for item in self.inputs])
         self._prepared: dict[int, _Prepared] = {}
         self._layout_misses: dict[str, tuple[int, int]] | None = None
 
@@ -386,6 +390,8 @@ def _build(inputs: Sequence[ScaleInput], prepared: _Prepared, target: Fraction, 
                                  "aligned_bytes_share": round(report.aligned_bytes_share, 6),
                                  "range": encode_range(ids, low, high)}},
         allocator_settings=reference.trace.meta.allocator_settings,
+        # a law fitted to captures that stop early predicts a run that stops early too
+        incomplete=predicted_reason([(f"{item.path}@{item.value}", item.trace.meta.incomplete) for item in inputs]),
         notes=[f"synthesized by allocsim scale at {scale_name}={target} from "
                + ", ".join(f"{item.path}@{item.value}" for item in inputs),
                f"unaligned allocations {UNALIGNED_RULE}", f"times: {TIME_RULE} (ratio {ratio:.6g})",

@@ -36,12 +36,18 @@ Messages (a JSON array per line, the first item says which):
                                 memory: the parent answers ``[question_id, {"ok": headroom}]`` when the modelled
                                 allocator served it, ``[question_id, {"oom": message}]`` when not
 ``["F", t_ns, addr, stream]``   its free
+``["P", t_ns, addr, stream]``   its free while other streams recorded uses (``record_stream``): reusable at its ``K``
+``["K", t_ns, addr, stream]``   that free completed (``stream_clock``)
+``["P", t_ns, addr, stream]``   its free, while other streams recorded uses of it (``record_stream``)
+``["K", t_ns, addr, stream]``   that block is reusable now (``stream_clock``)
+``["X", fact]``                 a fact of a distributed job (``distributed.facts``)
 ``["C", addr, category]``       the live block at ``addr`` is a ``parameter``, ``gradient``, ... (see ``categories``)
 ``["M", t_ns, label]``          a marker (``ProfilerStep#N``, ``memory_history start``, ...)
 ``["E", t_ns]``                 the script called ``torch.cuda.empty_cache()``
 ``["N", text]``                 a note for the trace (something the capture could not do as the GPU does)
-``["X", reason]``               the capture ends here, incomplete (the process is replaced by ``exec``,
-                                a request it cannot take): the reason, kept if no summary follows
+``["Z", reason]``               the capture ends here, incomplete (the process is replaced by ``exec``):
+                                the reason, kept if no summary follows
+``["X", fact]``                 a fact of a distributed job (``distributed.facts``: world, groups, stages...)
 ``["Q", question_id, name]``    a question; the parent answers ``[question_id, answer]`` on the answer pipe
 ``["D", summary]``              the end: status, settings
 """

@@ -9,14 +9,15 @@ parent writes the trace. Settings come from the parent in ``ALLOCSIM_CAPTURE_CON
 marker), ``gpu`` (the card's properties), ``memory_bytes`` (the card's memory for tensors: requests
 beyond what the modelled allocator can serve raise ``torch.cuda.OutOfMemoryError``; absent, no
 limit), ``outside_dir`` and ``hooks_dir`` (how a process the script starts reports CUDA work, see
-``outside/sitecustomize.py``).
+``outside/sitecustomize.py``), ``scratch`` (the folder the script's writes go to instead of the
+user's files: ``writeguard``) and ``distributed`` (a rank's settings: ``distributed.rank``).
 
 Every way the script can end leaves a summary or lets the parent see why there is none: the main
 module returns or raises (then, as Python's own exit does, the child waits for the script's
 non-daemon threads and runs its ``atexit`` handlers, still under the capture, until neither adds
 more work); ``--steps`` is reached (the process ends from the step hook, after the summary, so no
 ``except`` in the script can swallow it); ``os._exit`` (the summary first); a request the capture
-cannot take (the summary says which, exit status 4); ``os.exec*`` (an ``X`` record first; the new
+cannot take (the summary says which, exit status 4); ``os.exec*`` (a ``Z`` record first; the new
 program runs without the capture); a signal (the parent sees it in its wait status and reads the
 unsent records from the tail mapping). The exit status says how the script ended: 0 it ended (or
 reached ``steps``), 3 it raised or exited with an error, 4 the capture refused a request, 130 it was
@@ -131,7 +132,7 @@ def _watch_exec(channel) -> None:
 
         def replaced(path, args, *rest, _original=original, _name=name):
             shown = " ".join(str(a) for a in list(args)[:8])[:300]
-            channel.send(["X", f"the script replaced its process with os.{_name}({shown}); what runs after that is "
+            channel.send(["Z", f"the script replaced its process with os.{_name}({shown}); what runs after that is "
                                "not captured"])
             channel.flush()
             return _original(path, args, *rest)
@@ -176,7 +177,13 @@ def main(args: list[str]) -> int:
 
     from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: PLC0415
 
+    from .writeguard import WriteGuard  # noqa: PLC0415
+
+    # Before anything of the script runs: its writes go to the scratch folder, never to the user's files.
+    guard = WriteGuard(config["scratch"]).install() if isinstance(config.get("scratch"), str) else None
+
     from .devicemap import HOST_ABSTRACT_BYTES, cuda_on_meta  # noqa: PLC0415
+    from .distributed.rank import RankHooks  # noqa: PLC0415
     from .roles import Roles  # noqa: PLC0415
     from .tracker import StorageTracker  # noqa: PLC0415
 
@@ -204,6 +211,7 @@ def main(args: list[str]) -> int:
                          "casts": autocast.n_casts if autocast else 0,
                          "cached": autocast.n_cached if autocast else 0,
                          "missing_ops": [text(op) for op in autocast.missing[:64]] if autocast else []},
+            "writes": guard.journal() if guard is not None else None,
         }])
         channel.close()
 
@@ -235,9 +243,13 @@ def main(args: list[str]) -> int:
     _tell_descendants(config)
     os._exit = exit_now
     status, failure = 0, ""
+    # Started with SIGINT ignored (a background job, nohup), Python installs no KeyboardInterrupt:
+    # the SIGINT allocsim sends for Ctrl-C and --timeout must still end the script as Ctrl-C does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     tracker.marker("ProfilerStep#0")
     try:
-        with Roles(tracker).installed() as roles, cuda_on_meta(tracker, gpu) as autocast:
+        rank = RankHooks(tracker, config.get("distributed"))
+        with rank.installed(), Roles(tracker).installed() as roles, cuda_on_meta(tracker, gpu) as autocast:
             handle = register_optimizer_step_post_hook(after_step)
             try:
                 try:

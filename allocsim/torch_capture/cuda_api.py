@@ -20,7 +20,9 @@ Every function a training or profiling script calls either behaves as on the GPU
   ``range_end``), ``cudart()`` (``cudaProfilerStart``/``Stop``) and ``torch.cuda.profiler``: no-ops;
 * streams and events: ``Stream``, ``stream(s)``, ``current_stream``, ``default_stream``,
   ``set_stream``, ``Event`` (record, wait, query, synchronize; ``elapsed_time`` is 0.0): requests
-  made inside ``with torch.cuda.stream(s)`` are on that stream in the trace;
+  made inside ``with torch.cuda.stream(s)`` are on that stream in the trace; waits, records and
+  synchronisations advance the capture's stream clock (``stream_clock``), which says when a block
+  freed with ``record_stream`` uses goes back;
 * random state: ``manual_seed``, ``manual_seed_all``, ``seed``, ``get_rng_state``/``set_rng_state``.
 """
 
@@ -58,6 +60,30 @@ class DeviceProperties:
                 f"{self.multi_processor_count}, allocsim capture)")
 
 
+#: The capture's tracker (one per process), whose stream clock streams and events advance.
+_TRACKER: list[StorageTracker] = []
+
+
+def _clock_learned(blocks: list) -> None:
+    if _TRACKER and blocks:
+        _TRACKER[0].learned(blocks)
+
+
+def _clock() -> Any:
+    return _TRACKER[0].clock if _TRACKER else None
+
+
+def _current_number() -> int:
+    return _TRACKER[0].current_stream() if _TRACKER else 0
+
+
+def stream_number(stream: Any) -> int:
+    """The capture's number of ``stream`` (a ``Stream`` here, or anything with ``stream_id``); 0 for the default."""
+    if stream is None:
+        return _current_number()
+    return int(getattr(stream, "stream_id", 0) or 0)
+
+
 class Stream:
     """A CUDA stream as the script sees it; requests made while it is current carry its number."""
 
@@ -73,10 +99,14 @@ class Stream:
         self.cuda_stream = 0x5000 + self.stream_id
 
     def wait_stream(self, stream: Any) -> None:
-        return None
+        clock = _clock()
+        if clock is not None:
+            clock.stream_waits(self.stream_id, clock.stream_point(stream_number(stream)))
 
     def wait_event(self, event: Any) -> None:
-        return None
+        clock = _clock()
+        if clock is not None:
+            clock.stream_waits(self.stream_id, getattr(event, "point", None))
 
     def record_event(self, event: Any = None) -> "Event":
         event = event or Event()
@@ -84,10 +114,13 @@ class Stream:
         return event
 
     def query(self) -> bool:
+        self.synchronize()          # answered True: the host now knows its work is done
         return True
 
     def synchronize(self) -> None:
-        return None
+        clock = _clock()
+        if clock is not None:
+            _clock_learned(clock.stream_synchronized(self.stream_id))
 
     def __eq__(self, other: Any) -> bool:
         return isinstance(other, Stream) and other.stream_id == self.stream_id
@@ -115,18 +148,26 @@ class Event:
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
         self.enable_timing = enable_timing
+        self.point: dict[int, int] | None = None     # the stream clock where it was recorded
 
     def record(self, stream: Any = None) -> None:
-        return None
+        clock = _clock()
+        if clock is not None:
+            self.point = clock.event_recorded(stream_number(stream))
 
     def wait(self, stream: Any = None) -> None:
-        return None
+        clock = _clock()
+        if clock is not None:
+            clock.stream_waits(stream_number(stream), self.point)
 
     def query(self) -> bool:
+        self.synchronize()          # answered True: the host now knows the work before it is done
         return True
 
     def synchronize(self) -> None:
-        return None
+        clock = _clock()
+        if clock is not None:
+            _clock_learned(clock.event_synchronized(self.point))
 
     def elapsed_time(self, end_event: Any) -> float:
         return 0.0
@@ -230,6 +271,7 @@ class Memory:
 def shims(tracker: StorageTracker, gpu: dict[str, Any]) -> dict[tuple[Any, str], Any]:
     """``{(owner, attribute): replacement}`` for everything in ``torch.cuda`` the capture answers."""
     cuda = torch.cuda
+    _TRACKER[:] = [tracker]
     props = DeviceProperties(gpu)
     memory = Memory(tracker, gpu)
     streams = tracker.stream_of_thread
@@ -256,6 +298,9 @@ def shims(tracker: StorageTracker, gpu: dict[str, Any]) -> dict[tuple[Any, str],
         finally:
             streams[threading.get_ident()] = before
 
+    def device_synchronize(device: Any = None) -> None:
+        tracker.learned(tracker.clock.device_synchronized())
+
     def is_bf16_supported(including_emulation: bool = True) -> bool:
         return props.major >= 8 or bool(including_emulation)
 
@@ -266,7 +311,7 @@ def shims(tracker: StorageTracker, gpu: dict[str, Any]) -> dict[tuple[Any, str],
         (cuda, "device_count"): lambda: 1,
         (cuda, "current_device"): lambda: 0,
         (cuda, "set_device"): _noop_for("set_device"),
-        (cuda, "synchronize"): _noop_for("synchronize"),
+        (cuda, "synchronize"): device_synchronize,
         (cuda, "get_device_name"): lambda device=None: props.name,
         (cuda, "get_device_properties"): lambda device=None: props,
         (cuda, "get_device_capability"): lambda device=None: capability,

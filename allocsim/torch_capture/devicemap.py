@@ -28,7 +28,8 @@ What the mapping does, each because the CUDA run does it:
   (``sdpa``), with the mask conversion and padding of ``attention.cpp``;
 * ``torch.cuda`` answers as the capture's GPU would (``cuda_api``); ``torch.autocast("cuda")``
   casts as CUDA's autocast does (``autocast``); pinned memory is ordinary host memory;
-  ``Tensor.record_stream`` is a no-op; ``Tensor.is_cuda`` is True for device tensors;
+  ``Tensor.record_stream`` is recorded (the block goes back as ``stream_clock`` says);
+  ``Tensor.is_cuda`` is True for device tensors;
 * ``torch.compile`` returns the model or function unchanged: the capture runs eager;
 * a tensor the script makes on ``meta`` itself is taken for a CUDA tensor: ``device=x.device`` of a
   CUDA tensor names ``meta`` during a capture, and the two cannot be told apart.
@@ -145,9 +146,8 @@ class CudaOnMeta(TorchFunctionMode):
             elif on_meta and func is torch.Tensor.cpu:
                 return self_t if tracker.is_host(self_t) else self._to_host(self_t, {})
             elif on_meta and func in _READBACK:
+                tracker.host_waits()
                 return _readback(func, self_t, args, kwargs, self.values)
-            elif func is torch.Tensor.record_stream:
-                return None
             elif func is torch.Tensor.type:
                 return self._legacy_type(self_t, args, kwargs)
             elif on_meta and func is torch.Tensor.get_device:
@@ -234,6 +234,7 @@ class CudaOnMeta(TorchFunctionMode):
 
     def _to_host(self, t: torch.Tensor, options: dict) -> torch.Tensor:
         """A device tensor brought to the CPU: abstract when large, zeros when small."""
+        self.tracker.host_waits()
         dtype = options.get("dtype") or t.dtype
         if t.numel() * dtype.itemsize < HOST_ABSTRACT_BYTES:
             return torch.zeros(t.shape, dtype=dtype)
@@ -356,6 +357,17 @@ def _load_to_device(original_load: Any) -> Any:
     return load
 
 
+def _resize_recorded(tracker: StorageTracker) -> Any:
+    """``UntypedStorage.resize_`` that tells the tracker (it reaches no ATen operator the recorder sees)."""
+    resize = torch._C.StorageBase.resize_
+
+    def resize_(self: Any, size: int) -> Any:
+        out = resize(self, size)
+        tracker.storage_resized(self, int(size))
+        return out
+    return resize_
+
+
 def _compile_eager(tracker: StorageTracker) -> Any:
     """``torch.compile`` that returns the model or function unchanged: a capture runs eager (noted in the trace)."""
     def compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -398,9 +410,15 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
     with contextlib.ExitStack() as stack:
         for (owner, name), fn in table.items():
             stack.enter_context(_patched(owner, name, fn))
+        # the accelerator torch.distributed picks its default device mesh for (FSDP2's _init_default_mesh)
+        stack.enter_context(_patched(torch._C, "_get_accelerator", lambda check=False: torch.device("cuda")))
         stack.enter_context(_patched(torch, "clear_autocast_cache", clear_both))
         stack.enter_context(_patched(torch, "load", _load_to_device(torch.load)))
         stack.enter_context(_patched(torch, "compile", _compile_eager(tracker)))
+        stack.enter_context(_patched(torch.UntypedStorage, "resize_", _resize_recorded(tracker)))
+        # torch's own record_stream refuses the capture's Stream objects before any mode sees the call
+        stack.enter_context(_patched(torch.Tensor, "record_stream",
+                                     lambda self, stream: tracker.record_stream(self, cuda_api.stream_number(stream))))
         stack.enter_context(_patched(torch.Tensor, "pin_memory", lambda self, *a, **k: self))
         stack.enter_context(_patched(torch.Tensor, "is_pinned", lambda self, *a, **k: False))
         stack.enter_context(_patched(torch.Tensor, "is_cuda", property(tracker.is_device)))

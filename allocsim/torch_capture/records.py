@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from ..trace.reading.builder import MAX_SIZE_BYTES
-from .channel import MAX_TEXT_CHARS
+from .channel import MAX_FRAME_BYTES, MAX_TEXT_CHARS
 
 #: The largest request the capture takes: the trace builder's limit.
 MAX_REQUEST_BYTES = MAX_SIZE_BYTES
@@ -27,8 +27,8 @@ MAX_STACK_FRAMES = 64
 #: Stack ids and question ids the child may use.
 MAX_ID = 1 << 31
 PHASES = frozenset({"f", "b", "o"})
-#: Bytes of a summary or header (a small JSON object).
-MAX_SUMMARY_BYTES = 1 << 16
+#: Bytes of a summary, header or fact (a JSON object: the summary carries the write guard's journal).
+MAX_SUMMARY_BYTES = MAX_FRAME_BYTES
 _DECODE = json.JSONDecoder().decode
 
 
@@ -113,7 +113,7 @@ def checked(line: bytes) -> tuple:
         if len(m) < 2:
             raise Refused("an 'R' record has no question id")
         return (kind, _int(m[1], "the question id", 0, MAX_ID), *_request(m, 2))
-    if kind == "F":
+    if kind in ("F", "P", "K"):
         _arity(m, 4)
         return kind, _int(m[1], "the time"), _int(m[2], "the address"), _int(m[3], "the stream", 0, MAX_ID)
     if kind == "S":
@@ -128,13 +128,13 @@ def checked(line: bytes) -> tuple:
     if kind == "E":
         _arity(m, 2)
         return kind, _int(m[1], "the time")
-    if kind in ("N", "X"):
+    if kind in ("N", "Z"):
         _arity(m, 2)
         return kind, _str(m[1], "the note")
     if kind == "Q":
         _arity(m, 3)
         return kind, _int(m[1], "the question id", 0, MAX_ID), _str(m[2], "the question", 64)
-    if kind in ("H", "D"):
+    if kind in ("H", "D", "X"):
         _arity(m, 2)
         if len(line) > MAX_SUMMARY_BYTES:
             raise Refused(f"a {kind!r} record of {len(line):,} bytes (at most {MAX_SUMMARY_BYTES:,})")

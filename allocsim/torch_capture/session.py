@@ -24,6 +24,7 @@ script's stdout and stderr pass through untouched.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import mmap
@@ -42,12 +43,14 @@ from typing import Any
 from ..errors import InvalidFree, OutOfMemory
 from ..metrics.categories import CAPTURE_FILE, CAPTURE_PREFIX, CATEGORIES
 from ..policies.base import Policy
+from ..trace.inference.completeness import short_reason
 from ..trace.reading.builder import TraceBuilder
 from ..trace.reading.frames import FrameTable
 from ..trace.schema import FRAME_DTYPES, STACK_DTYPES, frame_from_columns
 from . import FORMAT
 from .channel import ENV_CONFIG, ENV_FDS, TAIL_BYTES, FrameReader
-from .command_line import child_command, script_of, split_command  # noqa: F401  (this module's API since round 3)
+from .command_line import child_command, script_of, script_problem, split_command  # noqa: F401  (this module's API)
+from .distributed.roles import JobFacts
 from .oom import oom_message
 from .records import Refused, checked, plain, request_size
 
@@ -80,6 +83,7 @@ class CaptureResult:
     message: str = ""                    # why the trace is incomplete or was not written
     #: The trace went elsewhere than ``out_path``: why (the script made ``out_path`` a FIFO, its own file...).
     moved: str = ""
+    writes_line: str = ""                # where the script's writes went instead ("" when it wrote nothing)
 
 
 class _AllocatorModel:
@@ -123,6 +127,14 @@ class _AllocatorModel:
     def free(self, alloc_id: int) -> None:
         if alloc_id in self.policy.live:
             self.policy.free(alloc_id)
+
+    def free_requested(self, alloc_id: int) -> None:
+        if alloc_id in self.policy.live and alloc_id not in self.policy.pending:
+            self.policy.free_requested(alloc_id)
+
+    def free_completed(self, alloc_id: int) -> None:
+        if alloc_id in self.policy.live:
+            self.policy.free_completed(alloc_id)
 
     def headroom(self) -> int:
         """Bytes the allocator can still reserve on the card."""
@@ -185,8 +197,12 @@ class _Converter:
         self.alloc_freed = array("q")
         self.header: dict[str, Any] = {}
         self.summary: dict[str, Any] = {}
+        self.writes: Any = None            # the write guard's journal, as sent (``scratch.ScriptWrites.read`` checks it)
+        self.facts = JobFacts()            # a distributed job's facts (``X`` records: world, groups, stages...)
+        # the request stream without times or addresses: equal for ranks that do the same work
+        self.fingerprint = hashlib.blake2b(digest_size=16)
         self.notes: dict[str, None] = {}
-        self.ended = ""                    # an ``X`` record: why the capture ends without its summary
+        self.ended = ""                    # a ``Z`` record: why the capture ends without its summary
         self.refused = ""                  # the record the capture could not take, and why
         self.steps = 0                     # step markers received (the summary's count is not believed)
         self.ooms: list[str] = []          # the out-of-memory errors the script got
@@ -231,6 +247,24 @@ class _Converter:
             builder.free(self.record, t_ns, 0, stream, addr)
             self.alloc_freed[alloc_id] = builder.next_event_index - 1
             self.model.free(alloc_id)
+            self.fingerprint.update(b"F%d;" % alloc_id)
+        elif kind == "P":             # freed while other streams recorded uses: reusable at its "K"
+            _, t_ns, addr, stream = m
+            alloc_id = self.live.get(addr)
+            if alloc_id is None:
+                raise Refused(f"a free of address {addr:#x}, which is not allocated")
+            builder.free_requested(self.record, t_ns, 0, stream, addr)
+            self.alloc_freed[alloc_id] = builder.next_event_index - 1
+            self.model.free_requested(alloc_id)
+            self.fingerprint.update(b"P%d;" % alloc_id)
+        elif kind == "K":
+            _, t_ns, addr, stream = m
+            alloc_id = self.live.pop(addr, None)
+            if alloc_id is None:
+                raise Refused(f"a completed free of address {addr:#x}, which is not allocated")
+            builder.free_completed(self.record, t_ns, 0, stream, addr)
+            self.model.free_completed(alloc_id)
+            self.fingerprint.update(b"K%d;" % alloc_id)
         elif kind == "S":
             _, child_stack, frames = m
             if child_stack in self.stacks or len(self.stacks) >= MAX_STACKS:
@@ -256,14 +290,17 @@ class _Converter:
         elif kind == "N":
             if len(self.notes) < MAX_NOTES:
                 self.notes[m[1]] = None
-        elif kind == "X":
+        elif kind == "Z":
             self.ended = m[1]
+        elif kind == "X":
+            self.facts.add(m[1])
         elif kind == "Q":
             return [m[1], self.model.answer(m[2])]
         elif kind == "H":
             self.header = plain(m[1])
         elif kind == "D":
             self.summary = plain(m[1])
+            self.writes = m[1].get("writes")
         return None
 
     def _alloc(self, t_ns: int, addr: int, size_bytes: int, stream: int, child_stack: int, phase: str,
@@ -302,6 +339,7 @@ class _Converter:
         self.alloc_phase.append(ord(phase))
         self.alloc_category.append(0)
         self.alloc_freed.append(-1)
+        self.fingerprint.update(b"A%d,%d;" % (size_bytes, stream))
         return {"ok": model.headroom()} if asked else None
 
     # ----------------------------------------------------------------- categories
@@ -353,6 +391,9 @@ class _Converter:
         })
         if self.model.capacity_bytes is not None:
             meta.version_hints["out_of_memory_errors"] = len(self.ooms)
+        if self.facts.rank is not None:        # one rank of a distributed job
+            meta.version_hints["distributed"] = {"rank": self.facts.rank, "world_size": self.facts.world_size,
+                                                 "backend": self.facts.backend}
         ratios = summary.get("cudnn_workspace_ratios")
         ratios = ratios if isinstance(ratios, dict) else {}
         cublas_bytes = summary.get("cublas_workspace_bytes")
@@ -374,11 +415,21 @@ class _Converter:
                               "trace, and replaying it on the card shows where")
         if status != EXIT_OK:
             meta.notes.append(f"incomplete: {message}")
+            steps = self.steps
+            meta.incomplete = short_reason(f"{message or f'the capture ended with status {status}'}; "
+                                           f"{steps} optimizer step{'' if steps == 1 else 's'} recorded")
         trace = self.builder.finish()
         tables = self.frames.tables()
         trace.frames = frame_from_columns(tables["frames"], FRAME_DTYPES)
         trace.stacks = frame_from_columns(tables["stacks"], STACK_DTYPES)
         return trace
+
+
+def check_script(command: list[str]) -> None:
+    """Refuse (ValueError, one line) a command whose script cannot be run: a missing file, an option Python has not."""
+    problem = script_problem(script_of(command))
+    if problem:
+        raise ValueError(problem)
 
 
 def _of_type(value: Any, kind: type) -> Any:
@@ -505,7 +556,9 @@ def _ending(code: int, converter: _Converter, stopped: tuple[int, str] | None) -
 
 def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str, Any] | None = None,
             memory_bytes: int | None = None, timeout_s: float | None = None, write: bool = True,
-            stdout: Any = None, stderr: Any = None) -> tuple[CaptureResult, Any]:
+            stdout: Any = None, stderr: Any = None, keep_writes: str | None = None,
+            env_extra: dict[str, str] | None = None,
+            distributed: dict[str, Any] | None = None) -> tuple[CaptureResult, Any]:
     """Run ``command`` (``[python, script, args...]``) under the capture; return the result and the ``Trace``.
 
     ``out_path`` is written (Parquet, or CSV for ``.csv``) unless ``write`` is False; the trace is
@@ -513,12 +566,20 @@ def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str,
     ``torch.cuda`` reports; ``memory_bytes``: its memory for tensors (``gpus.allocator_capacity``),
     beyond which the script gets ``torch.cuda.OutOfMemoryError`` (None: no limit). ``stdout`` /
     ``stderr``: where the script's output goes (a file object or descriptor, as ``subprocess.Popen``
-    takes them; None: this process's own).
+    takes them; None: this process's own). The script's own writes go to a scratch folder
+    (``scratch``), deleted at the end unless ``keep_writes`` names a new folder for them.
+    ``env_extra``: variables the script gets beside this process's (a launcher's ``RANK``,
+    ``WORLD_SIZE``...); ``distributed``: the rank's settings for the child
+    (``allocsim.torch_capture.distributed.rank``). The summary carries the job's ``facts`` and the
+    request stream's ``fingerprint``.
     """
+    from .scratch import scratch_folder  # noqa: PLC0415
+
     secret = secrets.token_hex(16).encode("ascii")
     total_bytes = int((gpu or {}).get("total_bytes") or 0) or memory_bytes
     converter = _Converter(out_path, _AllocatorModel(memory_bytes, total_bytes))
     converter.gpu = dict(gpu or {})
+    folder = scratch_folder(keep_writes)
     outside_dir = tempfile.mkdtemp(prefix="allocsim-capture-")
     tail_file = tempfile.TemporaryFile(prefix="allocsim-capture-")
     try:
@@ -526,23 +587,31 @@ def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str,
         tail = mmap.mmap(tail_file.fileno(), TAIL_BYTES, access=mmap.ACCESS_READ)
         return _run(command, out_path, converter, secret, tail, tail_file.fileno(), outside_dir, steps=steps,
                     gpu=gpu, memory_bytes=memory_bytes, timeout_s=timeout_s, write=write, stdout=stdout,
-                    stderr=stderr)
+                    stderr=stderr, folder=folder, keep_writes=keep_writes, env_extra=env_extra,
+                    distributed=distributed)
     finally:
         tail_file.close()
         shutil.rmtree(outside_dir, ignore_errors=True)
+        if keep_writes is None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _run(command: list[str], out_path: str, converter: _Converter, secret: bytes, tail: Any, tail_fd: int,
          outside_dir: str, *, steps: int, gpu: dict[str, Any] | None, memory_bytes: int | None,
-         timeout_s: float | None, write: bool, stdout: Any, stderr: Any) -> tuple[CaptureResult, Any]:
+         timeout_s: float | None, write: bool, stdout: Any, stderr: Any, folder: str, keep_writes: str | None,
+         env_extra: dict[str, str] | None, distributed: dict[str, Any] | None) -> tuple[CaptureResult, Any]:
+    from .scratch import ScriptWrites  # noqa: PLC0415
+
     events_r, events_w = os.pipe()
     answers_r, answers_w = os.pipe()
     os.write(answers_w, secret + b"\n")            # the child's first read; the pipe is empty, this never blocks
     os.set_blocking(answers_w, False)
     env = dict(os.environ)                          # the user's own PYTHONPATH, untouched (see ``bootstrap``)
+    env.update(env_extra or {})
     env[ENV_FDS] = f"{events_w},{answers_r},{tail_fd}"
     env[ENV_CONFIG] = json.dumps({"steps": int(steps), "gpu": gpu or {}, "memory_bytes": memory_bytes,
-                                  "outside_dir": outside_dir, "hooks_dir": HOOKS_DIR})
+                                  "outside_dir": outside_dir, "hooks_dir": HOOKS_DIR, "scratch": folder,
+                                  "distributed": distributed or {}})
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(child_command(command), env=env, pass_fds=(events_w, answers_r, tail_fd),
@@ -640,6 +709,14 @@ def _run(command: list[str], out_path: str, converter: _Converter, secret: bytes
                f"(it records the script's own process): {'; '.join(outside[:3])[:600]}")
         status, reason = (EXIT_REFUSED, why) if status == EXIT_OK else (status, f"{reason}; {why}")
     trace = converter.finish(status, reason, seconds)
+    try:
+        writes = ScriptWrites.read(converter.writes, folder, keep_writes is not None)
+    except Exception:  # noqa: BLE001 - the child's account is untrusted: the folder's own files say it instead
+        writes = ScriptWrites.read(None, folder, keep_writes is not None)
+    writes_line = "" if writes.empty else writes.line(os.getcwd())
+    if writes_line:
+        trace.meta.notes.append(writes_line)
+        trace.meta.version_hints["script_writes"] = writes.to_dict()
     written, moved = None, ""
     if write:
         from .trace_file import write_capture  # noqa: PLC0415
@@ -648,5 +725,7 @@ def _run(command: list[str], out_path: str, converter: _Converter, secret: bytes
     model = converter.model
     summary = dict(summary, allocs=model.n_allocs, peak_allocated_bytes=model.peak_allocated,
                    peak_reserved_bytes=model.peak_reserved, optimizer_steps=converter.steps,
-                   out_of_memory_errors=len(converter.ooms), torch=summary.get("torch") or converter.header.get("torch"))
-    return CaptureResult(status, written, summary, seconds, reason, moved), trace
+                   out_of_memory_errors=len(converter.ooms), torch=summary.get("torch") or converter.header.get("torch"),
+                   writes=writes.to_dict(), facts=converter.facts.to_dict(), groups=converter.facts.groups,
+                   messages=converter.facts.messages, fingerprint=converter.fingerprint.hexdigest())
+    return CaptureResult(status, written, summary, seconds, reason, moved, writes_line), trace

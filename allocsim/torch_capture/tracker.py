@@ -44,11 +44,13 @@ from typing import Any, Iterator
 import contextlib
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 from . import cublas, cuda_scratch, cudnn
 from .channel import Channel, text
+from .stream_clock import StreamClock, released
+from .uploads import Uploads
 
 #: The device the script's ``cuda`` tensors live on during a capture.
 CAPTURE_DEVICE = "meta"
@@ -124,6 +126,7 @@ class _ThreadFlags(threading.local):
     host = 0            # > 0: outputs are host storages (a CPU factory, .cpu())
     device_copy = 0     # > 0: outputs are device storages whatever the inputs (host -> cuda copies)
     optimizer = 0       # > 0: inside an optimizer's step
+    category = ""       # the category of requests made now, when the code that makes them says it
 
 
 class StorageTracker:
@@ -175,6 +178,9 @@ class StorageTracker:
         self._defer: dict[int, int] | None = None
         self._pending: tuple[int, dict[int, int], list[Any]] | None = None
         self.n_in_place = 0
+        self.uploads = Uploads()           # small host values copied to the device, for a copy back
+        self.clock = StreamClock()         # when blocks with record_stream uses go back (stream_clock)
+        self._uses: dict[int, set[int]] = {}   # id(storage) -> other streams that recorded uses of it
 
     # ----------------------------------------------------------------- clock, stacks, streams
     def now_ns(self) -> int:
@@ -239,6 +245,7 @@ class StorageTracker:
         same_size = {k: v for k, v in defer.items() if v == size_bytes and k != key} if defer else None
         if not same_size:
             self._request(fields)           # may raise the card's OutOfMemoryError: then nothing is live
+            self._named(fields[1])
         block = self._live[key] = _Block(storage, self._on_release)
         block.key, block.addr, block.size_bytes, block.stream, block.category = key, fields[1], size_bytes, stream, None
         if same_size:
@@ -279,6 +286,11 @@ class StorageTracker:
             self.budget_bytes = budget - need
         self.channel.send_line(b'["A",%d,%d,%d,%d,%d,"%s"]\n' % fields)
 
+    def _named(self, addr: int) -> None:
+        """The block at ``addr`` is the category the code making it says (``named``), if it says one."""
+        if self.flags.category:
+            self.channel.send(["C", addr, self.flags.category])
+
     def _refuse(self, reason: str) -> None:
         if self.on_refused is not None:
             self.on_refused(reason)         # ends the process
@@ -300,6 +312,7 @@ class StorageTracker:
             _key, _inputs, fields = self._pending
             self._pending = None
             self._request(fields, may_raise=False)
+            self._named(fields[1])
             self._counted(fields[2])
 
     def _free(self, key: int) -> None:
@@ -316,9 +329,38 @@ class StorageTracker:
         block = self._live.pop(key, None)
         if block is None:
             return
-        self.channel.send_line(b'["F",%d,%d,%d]\n' % (self.now_ns(), block.addr, block.stream))
+        uses = self._uses.pop(key, None)
+        if uses:
+            # freed while other streams recorded uses: the block goes back later (stream_clock)
+            self.channel.send_line(b'["P",%d,%d,%d]\n' % (self.now_ns(), block.addr, block.stream))
+            self.clock.defer(block.addr, block.stream, uses)
+        else:
+            self.channel.send_line(b'["F",%d,%d,%d]\n' % (self.now_ns(), block.addr, block.stream))
         self.n_frees += 1
         self.live_bytes -= block.size_bytes
+
+    def record_stream(self, tensor: Any, stream: int) -> None:
+        """``tensor.record_stream(stream)``: its block is in use on ``stream`` until that work is done."""
+        if not _on_meta(tensor):
+            return
+        with self._lock:
+            key = id(tensor.untyped_storage())
+            block = self._live.get(key)
+            if block is not None and int(stream) != block.stream:
+                self._uses.setdefault(key, set()).add(int(stream))
+                self.clock.tick()
+
+    def learned(self, blocks: list[tuple[int, int]]) -> None:
+        """Blocks whose recorded uses the host now knows are done go back (``stream_clock``)."""
+        if blocks:
+            with self._lock:
+                if self.active:
+                    released(blocks, self.channel.send, self.now_ns)
+
+    def host_waits(self) -> None:
+        """A read-back (``item()``, ``cpu()``...) waited for the current stream's work."""
+        if self.clock.pending:
+            self.learned(self.clock.stream_synchronized(self.current_stream()))
 
     def _released(self, key: int) -> None:
         with self._lock:
@@ -348,8 +390,36 @@ class StorageTracker:
             self.n_frees += 1
         return addr
 
+    def storage_resized(self, storage: Any, size_bytes: int) -> None:
+        """``storage.resize_(size_bytes)`` ran: a device storage's block goes back (0) or is requested anew.
+
+        FSDP frees an unsharded parameter between its uses by resizing its storage to 0 and back
+        (``free_storage`` / ``alloc_storage`` in torch/distributed/fsdp/_fully_shard/_fsdp_param.py),
+        which reaches no ATen operator: the CUDA caching allocator frees the block and allocates a
+        new one, as here.
+        """
+        if getattr(storage, "device", None) is None or storage.device.type != CAPTURE_DEVICE:
+            return
+        with self._lock:
+            if not self.active:
+                return
+            key = id(storage)
+            if key in self._host:
+                return
+            block = self._live.get(key)
+            if block is not None and block() is storage:
+                if block.size_bytes == size_bytes:
+                    return
+                self._free(key)
+            if size_bytes > 0:
+                self._alloc(storage, int(size_bytes), "UntypedStorage.resize_")
+
     def categorize(self, tensor: Any, category: str) -> None:
         """Say that ``tensor``'s device storage is a ``parameter``, ``gradient``, ``optimizer_state``, ..."""
+        if is_traceable_wrapper_subclass(tensor):          # a DTensor: its local tensor holds the memory
+            for name in tensor.__tensor_flatten__()[0]:
+                self.categorize(getattr(tensor, name), category)
+            return
         if not _on_meta(tensor):
             return
         with self._lock:
@@ -390,6 +460,16 @@ class StorageTracker:
     def to_device(self) -> Any:
         """Outputs made inside the block are device storages (a copy of a host tensor to ``cuda``)."""
         return self._raised("device_copy")
+
+    @contextlib.contextmanager
+    def named(self, category: str) -> Iterator[None]:
+        """Requests made inside the block (this thread) are ``category`` (``communication``, ``parameter``...)."""
+        before = self.flags.category
+        self.flags.category = category
+        try:
+            yield
+        finally:
+            self.flags.category = before
 
     def _outputs_on_host(self, args: tuple, kwargs: dict) -> bool:
         if self.flags.device_copy:
@@ -556,13 +636,34 @@ class StorageTracker:
         self.channel.send(["N", text(note)])
 
     def stop(self) -> None:
-        """Stop recording; storages still alive stay live in the trace (the script ended with them)."""
+        """Stop recording; storages still alive stay live in the trace (the script ended with them).
+
+        Blocks held for recorded uses on other streams go back now: the script ended, the device is idle.
+        """
         with self._lock:
             self._settle()
+            if self.active:
+                released(self.clock.release_all(), self.channel.send, self.now_ns)
             self.active = False
 
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
+
+
+#: Functional-collective ops whose CUDA result is their input, where meta makes a new tensor:
+#: ``_c10d_functional::wait_tensor`` waits for the collective and returns the same tensor
+#: (torch/csrc/distributed/c10d/Functional.cpp); ``_wrap_tensor_autograd`` returns
+#: ``AsyncCollectiveTensor(input)``, a wrapper around it (torch/distributed/_functional_collectives.py,
+#: registered when that module is imported: matched by name).
+_ALIAS_ON_CUDA = frozenset({"_c10d_functional::wait_tensor", "_c10d_functional::_wrap_tensor_autograd"})
+_alias_op: dict[Any, bool] = {}
+
+
+def _is_alias_op(func: Any) -> bool:
+    known = _alias_op.get(func)
+    if known is None:
+        known = _alias_op[func] = func.name() in _ALIAS_ON_CUDA
+    return known
 
 
 def _zero_scalar(dtype: torch.dtype) -> Any:
@@ -583,10 +684,22 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if any(is_traceable_wrapper_subclass(t) for t in _tensors(args, kwargs)):
+            # a DTensor (or another wrapper) holds no memory itself: its own dispatch runs the
+            # operator on its local tensors, which this mode then sees and records
+            return NotImplemented
         if func is _LOCAL_SCALAR and args and isinstance(args[0], torch.Tensor) and args[0].device.type == CAPTURE_DEVICE:
             # A read-back the torch-function mode did not see (``Tensor.__contains__`` and other Python
             # methods call ``.item()`` while that mode is off): zero, as every read-back answers.
+            self.tracker.host_waits()
             return _zero_scalar(args[0].dtype)
+        if _is_alias_op(func) and args and isinstance(args[0], torch.Tensor) and args[0].device.type == CAPTURE_DEVICE:
+            return args[0]                                  # the same tensor, as on CUDA: no new block
+        uploads = self.tracker.uploads
+        answer = uploads.dispatch(func, args, kwargs)      # a device-to-host copy C++ code makes
+        if answer is not NotImplemented:
+            return answer
         out = func(*args, **kwargs)
         self.tracker.on_operator(func, args, kwargs, out)
+        uploads.after(func, args, out)
         return out

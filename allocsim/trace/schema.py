@@ -197,6 +197,10 @@ class TraceMeta:
     #: What the file states of each GPU it was recorded on (``str(device)`` -> ``name``, ``total_bytes``:
     #: the CUDA totalGlobalMem of the real card), from Kineto's ``deviceProperties``; empty when it has none.
     device_properties: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: Why the recording stops before the program's end (an ``allocsim capture`` whose script raised,
+    #: exited with an error, was interrupted or timed out), in one phrase; "" when it is complete.
+    #: Every verdict on such a trace says so (``allocsim.trace.inference.completeness``).
+    incomplete: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-serialisable dict (inverse of ``from_dict``)."""

@@ -24,6 +24,7 @@ from struct import error as struct_error
 
 from ...errors import TraceFormatError, quote
 from ...units import MiB
+from ..inference.completeness import reason_from_header
 from ..reading.builder import MAX_SIZE_BYTES
 from ..reading.ipc_check import IpcFormatError, ipc_stream_bounds
 from ..reading.limits import DEFAULT_LIMITS, Limits, LimitExceeded, check_count, check_regular_file, open_binary
@@ -427,6 +428,8 @@ def _meta_from_header(header: dict, fmt: str) -> TraceMeta:
     meta.devices = [int(d) for d in meta.devices]
     if any(not -(1 << 15) <= d < (1 << 15) for d in meta.devices):
         raise ValueError("meta.devices holds a device id outside int16")
+    # Whether the recording stops early is read once, here: every verdict takes it from meta.incomplete.
+    meta.incomplete = reason_from_header(meta.incomplete, meta.notes, meta.version_hints)
     return meta
 
 

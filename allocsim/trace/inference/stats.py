@@ -103,6 +103,8 @@ def summarize(trace: Trace) -> dict[str, Any]:
     out = {
         "file": trace.meta.source,
         "format": trace.meta.format,
+        # a capture that stops before its script's end (every verdict on it says so)
+        **({"incomplete": trace.meta.incomplete} if trace.meta.incomplete else {}),
         "events": int(len(trace)),
         "allocs": int(np.count_nonzero(kind == EventKind.ALLOC)),
         # Requests that failed in the real run (a recorded OOM) are ALLOC events too: the program asked.

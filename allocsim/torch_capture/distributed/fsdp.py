@@ -1,0 +1,88 @@
+"""FSDP2's move of a module's states to the GPU, as a capture can make it: ``patches(tracker)``.
+
+``fully_shard`` moves every parameter and buffer of the modules it manages to the GPU in place
+(``tensor.data = tensor.to(device)``, ``_move_states_to_device`` in
+torch/distributed/fsdp/_fully_shard/_fsdp_init.py) and then shards it. Under the capture a module
+built on the CPU holds two kinds of host tensors (``devicemap``): abstract ones on ``meta`` (1 MiB
+or more) and small real CPU ones. FSDP skips every ``meta`` tensor (its deferred initialisation),
+so the abstract ones would never reach the device, and a real CPU tensor cannot take a ``meta``
+tensor's data in place. Here, before FSDP collects the states, each small real CPU parameter or
+buffer of the managed modules is replaced by an abstract host tensor of the same shape (its values
+are not kept: the capture computes nothing with them), and the move copies every host tensor to
+the device, as the GPU run does: the full tensor is a device request, freed once FSDP has made
+its shard. FSDP's check that no parameter was left on ``meta`` (deferred initialisation never
+materialised) is skipped: every device tensor of a capture is on ``meta``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+
+def _abstract(tracker: Any, t: torch.Tensor) -> torch.Tensor:
+    with tracker.host():
+        out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    tracker.mark_host(out)
+    return out
+
+
+def _get_managed_states(tracker: Any, original: Any) -> Any:
+    def get_managed_states(modules: list, ignored_params: Any = None) -> Any:
+        ignored = ignored_params or set()
+        replaced: dict[int, Any] = {}
+        for module in modules:
+            for name, param in list(module._parameters.items()):
+                if param is None or param in ignored or param.device.type != "cpu":
+                    continue
+                new = replaced.get(id(param))
+                if new is None:
+                    new = replaced[id(param)] = nn.Parameter(_abstract(tracker, param),
+                                                             requires_grad=param.requires_grad)
+                module._parameters[name] = new
+            for name, buffer in list(module._buffers.items()):
+                if buffer is None or buffer.device.type != "cpu":
+                    continue
+                new = replaced.get(id(buffer))
+                if new is None:
+                    new = replaced[id(buffer)] = _abstract(tracker, buffer)
+                module._buffers[name] = new
+        return original(modules, ignored_params)
+    return get_managed_states
+
+
+def _move_states_to_device(tracker: Any, original: Any) -> Any:
+    def move_states_to_device(params: list, buffers: list, device: Any) -> None:
+        with torch.no_grad(), tracker.named("parameter"):
+            for tensor in [*params, *buffers]:
+                if tracker.is_host(tensor):
+                    tensor.data = tensor.to("cuda")       # the device copy the GPU run makes
+        original(params, buffers, device)
+    return move_states_to_device
+
+
+def patches(tracker: Any) -> list[tuple[Any, str, Any]]:
+    """``(owner, name, replacement)`` for FSDP2's state collection and move (``_fsdp_init``)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_init  # noqa: PLC0415
+
+    out = []
+    if hasattr(_fsdp_init, "_get_managed_states"):
+        out.append((_fsdp_init, "_get_managed_states", _get_managed_states(tracker, _fsdp_init._get_managed_states)))
+    if hasattr(_fsdp_init, "_move_states_to_device"):
+        out.append((_fsdp_init, "_move_states_to_device",
+                    _move_states_to_device(tracker, _fsdp_init._move_states_to_device)))
+    return out
+
+
+def group_patches() -> list[tuple[Any, str, Any]]:
+    """``(owner, name, replacement)`` for ``FSDPParamGroup`` (``_fsdp_param_group``)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup  # noqa: PLC0415
+
+    out = []
+    if hasattr(FSDPParamGroup, "_validate_no_meta_params"):
+        # every device tensor of a capture is on meta: the check that none was left uninitialised
+        # there (FSDPParamGroup.lazy_init) would refuse them all
+        out.append((FSDPParamGroup, "_validate_no_meta_params", lambda self: None))
+    return out

@@ -1,0 +1,113 @@
+"""``torch.distributed.pipelining`` stages run alone: what their neighbours would send, answered. ``patches(hooks)``.
+
+Before the first step a ``PipelineStage`` (torch/distributed/pipelining/stage.py, torch 2.13) learns
+the shapes crossing its boundaries from its neighbours over point-to-point messages, and all stages
+vote on how to infer them (``_PipelineSchedule._warmup_p2p``). A rank captured alone has no
+neighbours, so:
+
+* **the vote**: every stage votes as this rank's stages do (``InferenceMode.needs_dynamic`` of their
+  own metadata), as ranks running the same script do;
+* **backward metadata** a stage receives from the next stage (``_StageBackwardMeta``) is the
+  gradient metadata of this stage's own outputs (``_derive_grad_metas``; a DTensor output's
+  gradient keeps its layout), which is what the next stage computes from the same tensors;
+* **forward metadata** a stage receives from the previous stage (``_StageForwardMeta``: that
+  stage's outputs) is what the previous stage's capture sent: every stage's sends are facts
+  (``message``), and ``allocsim capture`` captures pipeline positions in order, handing each the
+  messages the earlier ones sent (``config["messages"]``). Where none was recorded (the last
+  stage's output feeding rank 0's second virtual stage in an interleaved schedule), the outputs of
+  the nearest earlier stage this rank holds stand in, and the trace says so.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import pickle
+from typing import Any
+
+#: Largest pickled metadata message kept as a fact.
+MAX_MESSAGE_BYTES = 1 << 20
+
+
+def _grad_meta(meta: Any) -> Any:
+    from torch.distributed.pipelining._utils import _derive_grad_metas  # noqa: PLC0415
+
+    if meta is None or not getattr(meta, "requires_grad", False):
+        return None
+    derived = _derive_grad_metas((meta,))[0]
+    if derived is None and dataclasses.is_dataclass(meta):
+        try:
+            derived = dataclasses.replace(meta, requires_grad=False)
+        except (TypeError, ValueError):
+            derived = meta
+    return derived
+
+
+def encode(meta: Any) -> str | None:
+    try:
+        data = pickle.dumps(meta)
+    except Exception:  # noqa: BLE001  (metadata of the script's tensors)
+        return None
+    return base64.b64encode(data).decode("ascii") if len(data) <= MAX_MESSAGE_BYTES else None
+
+
+def decode(text: str) -> Any:
+    return pickle.loads(base64.b64decode(text.encode("ascii")))  # noqa: S301  (our own capture's message)
+
+
+def patches(hooks: Any, messages: list[dict[str, Any]]) -> list[tuple[Any, str, Any]]:
+    """``(owner, name, replacement)`` for the stage's metadata exchange and the schedule's vote."""
+    from torch.distributed.pipelining import schedules  # noqa: PLC0415
+    from torch.distributed.pipelining._utils import InferenceMode, _StageBackwardMeta  # noqa: PLC0415
+    from torch.distributed.pipelining.stage import PipelineStage  # noqa: PLC0415
+
+    received: dict[tuple[int, int], list[str]] = {}
+    for m in messages:
+        received.setdefault((int(m["src_stage"]), int(m["dst_stage"])), []).append(str(m["payload"]))
+    outputs_of: dict[int, Any] = {}            # stage index -> its output metas, as this rank computed them
+    original_send = PipelineStage._send_meta
+    original_prepare = PipelineStage._prepare_forward_infra
+
+    def send_meta(stage: Any, meta: Any, dst_stage: int) -> None:
+        payload = encode(meta)
+        if payload is not None:
+            hooks.facts.send("message", src_stage=int(stage.stage_index), dst_stage=int(dst_stage), payload=payload)
+        original_send(stage, meta, dst_stage)
+
+    def recv_meta(stage: Any, src_stage: int) -> Any:
+        if src_stage > stage.stage_index:      # from the next stage: the gradients of this stage's outputs
+            outputs = stage._stage_meta.outputs or ()
+            return _StageBackwardMeta(backward_metas=tuple(_grad_meta(m) for m in outputs))
+        queue = received.get((int(src_stage), int(stage.stage_index)))
+        if queue:
+            return decode(queue.pop(0))
+        earlier = [s for s in outputs_of if s < stage.stage_index]
+        if earlier:
+            from torch.distributed.pipelining._utils import _StageForwardMeta  # noqa: PLC0415
+
+            nearest = max(earlier)
+            hooks.tracker.note(f"pipeline stage {stage.stage_index}'s input shapes were not recorded from stage "
+                               f"{src_stage}'s capture: the outputs of stage {nearest} (this rank's) stand in")
+            return _StageForwardMeta(forward_metas=outputs_of[nearest])
+        raise RuntimeError(f"allocsim capture: pipeline stage {stage.stage_index} needs the shapes stage {src_stage} "
+                           "sends it, and no capture recorded them; give the stage its input_args")
+
+    def prepare_forward_infra(stage: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original_prepare(stage, *args, **kwargs)
+        if stage._stage_meta.outputs is not None:
+            outputs_of[int(stage.stage_index)] = stage._stage_meta.outputs
+        return out
+
+    original_warmup = schedules._PipelineSchedule._warmup_p2p
+
+    def warmup_p2p(schedule: Any, stages: list, has_backward: bool, p2p_done: bool) -> None:
+        if not all(isinstance(s, PipelineStage) for s in stages):
+            return original_warmup(schedule, stages, has_backward, p2p_done)
+        dynamic = any(InferenceMode.needs_dynamic(s._user_meta, has_backward) for s in stages)
+        for s in stages:
+            s._inference_mode = InferenceMode.DYNAMIC if dynamic else InferenceMode.STATIC
+        return None
+
+    return [(PipelineStage, "_send_meta", send_meta), (PipelineStage, "_recv_meta", recv_meta),
+            (PipelineStage, "_prepare_forward_infra", prepare_forward_infra),
+            (schedules._PipelineSchedule, "_warmup_p2p", warmup_p2p)]
