@@ -19,7 +19,7 @@ def _cli(*argv):
 @pytest.mark.full
 @pytest.mark.parametrize("argv", [["capture"], ["capture", "--", "python", "/no/such/train.py"],
                                   ["capture", "--steps", "-1", "--", "python", __file__],
-                                  ["capture", "--", "python", "-u", __file__],
+                                  ["capture", "--", "python", "-Q", __file__],
                                   ["capture", "--", "python", "-c"],
                                   ["capture", "--keep-writes", "/no/such/folder/kept", "--", "python", __file__]])
 def test_capture_usage_errors(argv):
