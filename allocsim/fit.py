@@ -66,7 +66,7 @@ EXIT_NOTHING_FITS = 1
 
 
 class ScriptFailed(AllocsimError):
-    """A capture did not finish: ``status`` is its exit status (3 raised, 124 timeout, 130 interrupted, 2 start)."""
+    """A capture did not finish: ``status`` is its exit status (3 raised or killed, 4 refused, 124 timeout, 130 interrupted, 2 start)."""
 
     def __init__(self, message: str, status: int):
         super().__init__(message)
@@ -638,7 +638,8 @@ def check_command(command: Sequence[str], values: Sequence[int] = DEFAULT_VALUES
     of ``values`` (``session.check_script``; a script named ``cfg{B}.py`` is ``cfg4.py`` at 4: it is
     checked as each capture will run it); ValueError otherwise."""
     from .torch_capture.distributed.launcher import parse_launch
-    from .torch_capture.session import check_script, child_command
+    from .torch_capture.command_line import script_of
+    from .torch_capture.session import check_script
 
     command = list(command)
     if command:
@@ -650,7 +651,7 @@ def check_command(command: Sequence[str], values: Sequence[int] = DEFAULT_VALUES
     if not command or (len(command) < 2 and not command[0].endswith(".py")):
         raise ValueError("give the script after --, e.g. allocsim fit -- python train.py --batch {B}")
     knob = knob_of(command)
-    named = child_command(command)[4:5]
+    named = script_of(command)[:1]
     for value in values:
         try:
             check_script(with_value(command, knob, value))

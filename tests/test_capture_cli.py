@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from allocsim.commands.capture import default_output
+from allocsim.torch_capture.command_line import BOOTSTRAP, script_of, script_problem, split_command
 from allocsim.torch_capture.session import child_command
 
 
@@ -18,7 +19,7 @@ def _cli(*argv):
 @pytest.mark.full
 @pytest.mark.parametrize("argv", [["capture"], ["capture", "--", "python", "/no/such/train.py"],
                                   ["capture", "--steps", "-1", "--", "python", __file__],
-                                  ["capture", "--", "python", "-u", __file__],
+                                  ["capture", "--", "python", "-Q", __file__],
                                   ["capture", "--", "python", "-c"],
                                   ["capture", "--keep-writes", "/no/such/folder/kept", "--", "python", __file__]])
 def test_capture_usage_errors(argv):
@@ -27,24 +28,55 @@ def test_capture_usage_errors(argv):
     assert done.stderr.startswith("allocsim capture: error:")
 
 
-def test_python_c_is_taken_and_an_interpreter_option_is_refused_by_name():
+def test_python_c_is_taken_and_an_interpreter_option_python_has_not_is_refused_by_name():
     from allocsim.torch_capture.session import check_script
 
     check_script(["python", "-c", "import torch"])
     check_script(["python", "-m", "pkg.train"])
+    check_script(["python", "-u", "-X", "dev", __file__])       # the interpreter's own options pass on to it
     assert default_output(["python", "-c", "pass"]) == "command.capture.parquet"
-    with pytest.raises(ValueError, match="interpreter option '-u' .* PYTHONUNBUFFERED"):
-        check_script(["python", "-u", "train.py"])
+    with pytest.raises(ValueError, match="'-Q' is not an option of the Python interpreter"):
+        check_script(["python", "-Q", "train.py"])
     with pytest.raises(ValueError, match="no script 'missing.py'"):
-        check_script(["python", "missing.py"])
+        check_script(["python", "-u", "missing.py"])
 
 
 def test_child_command_uses_the_named_interpreter_or_this_one_for_a_bare_script():
-    assert child_command(["python3", "t.py", "--b", "8"]) == [
-        "python3", "-m", "allocsim.torch_capture.child", "--", "t.py", "--b", "8"]
+    assert child_command(["python3", "t.py", "--b", "8"]) == ["python3", BOOTSTRAP, "--", "t.py", "--b", "8"]
     assert child_command(["t.py"])[0] == sys.executable
     assert default_output(["python", "dir/train.py", "--x"]) == "train.capture.parquet"
     assert default_output(["python", "-m", "pkg.train"]) == "train.capture.parquet"
+    assert default_output(["python", "-c", "import torch"]) == "command.capture.parquet"
+
+
+@pytest.mark.parametrize("command, options, script", [
+    (["python", "-u", "-X", "dev", "-Wignore", "t.py", "-u"], ["-u", "-X", "dev", "-Wignore"], ["t.py", "-u"]),
+    (["python", "-uc", "print(1)", "a"], ["-u"], ["-c", "print(1)", "a"]),
+    (["python", "-OO", "-m", "pkg.train", "--b", "8"], ["-OO"], ["-m", "pkg.train", "--b", "8"]),
+    (["python", "--", "t.py"], [], ["t.py"]),
+    (["python"], [], []),
+])
+def test_the_command_is_read_as_python_reads_it(command, options, script):
+    """The interpreter's own options stay with it (they are not the script), as ``python`` itself reads them."""
+    assert split_command(command) == ("python", options, script)
+    assert child_command(command) == ["python", *options, BOOTSTRAP, "--", *script]
+
+
+@pytest.mark.parametrize("command", [["python", "-Q", "t.py"], ["python", "--frobnicate", "t.py"],
+                                     ["python", "-X"]])
+def test_an_option_python_does_not_have_is_refused(command):
+    with pytest.raises(ValueError):
+        split_command(command)
+
+
+@pytest.mark.parametrize("command, words", [
+    (["python", "-c", "import sys"], None), (["python", "-m", "json.tool"], None),
+    (["python", "-c"], "-c needs the code"), (["python", "-"], "standard input"),
+    (["python"], "give the script"), (["python", "missing_train.py"], "no script 'missing_train.py': no such file"),
+])
+def test_what_cannot_run_is_named_before_anything_starts(command, words):
+    problem = script_problem(script_of(command))
+    assert (problem == "") if words is None else (words in problem), problem
 
 
 @pytest.mark.full

@@ -1,12 +1,15 @@
 """``allocsim capture [-o TRACE] [--steps N] [--gpu NAME] [--timeout S] -- python SCRIPT ARGS``: a CUDA run's allocations, recorded on the CPU.
 
 The script runs unchanged in a child process of the interpreter named after ``--`` (``cuda`` hard-coded
-in it is fine: see ``allocsim.torch_capture``); that interpreter needs torch and nothing else. The
-trace it would allocate on one GPU is written to TRACE (Parquet; ``.csv`` for CSV). Replay it with
-``allocsim run TRACE --policy pytorch --gpu NAME``. The script is the user's own code and runs as
-the user, but what it writes (checkpoints, logs, removals, renames) goes to a scratch folder instead
-of the user's files (``torch_capture.writeguard``); the summary says what went there. The trace it
-leaves is read back like any other.
+in it is fine: see ``allocsim.torch_capture``); that interpreter needs torch and nothing else, and the
+command is read as Python reads it (``python -u train.py``, ``python -m pkg.train``, ``python -c
+CODE``). The trace it would allocate on one GPU is written to TRACE (Parquet; ``.csv`` for CSV).
+Replay it with ``allocsim run TRACE --policy pytorch --gpu NAME``. With ``--gpu`` the capture also
+answers as that card does when its memory runs out (``torch.cuda.OutOfMemoryError``); without it the
+card reported is an A100 80GB whose memory never runs out, so the trace shows what the script needs.
+The script is the user's own code and runs as the user, but what it writes (checkpoints, logs,
+removals, renames) goes to a scratch folder instead of the user's files (``torch_capture.writeguard``);
+the summary says what went there. The trace it leaves is read back like any other.
 """
 
 from __future__ import annotations
@@ -35,9 +38,12 @@ def register(subparsers) -> None:
                "3060 (allocsim.torch_capture.cudnn); ALLOCSIM_CUDNN_WORKSPACE_RATIO=R or R,P sets other ratios (R: "
                "of the larger feature map for kernels larger than 1x1, P: of the gradient for 1x1 backward data; R "
                "alone sets both; 0: none). cuBLAS workspaces are requests too, one per thread and stream, sized "
-               "for --gpu. Exit status: 0 = trace written, 2 = usage error or the capture could not start, "
-               "3 = the script raised (the trace up to the error is written), 124 = --timeout reached, "
-               "130 = interrupted (both write the trace up to there)")
+               "for --gpu. Exit status: 0 = trace written, complete; 2 = usage error or the capture could not "
+               "start; 3 = the script raised, exited with an error, was killed or ended without the capture's "
+               "summary; 4 = the capture refused what the script did (a request over 1 PiB, CUDA work in a "
+               "process the script started, a damaged channel); 124 = --timeout reached; 130 = interrupted; "
+               "143 = allocsim was sent SIGTERM (the script gets it too). In every case but 2 the trace up to "
+               "there is written, with a note saying why it stops")
     parser.add_argument("-o", "--output", metavar="TRACE|DIR",
                         help="trace to write (default: SCRIPT's name with .capture.parquet, in the current folder); "
                              "a folder (a name without an extension, or ending with /) for a distributed job: one trace per role of "
@@ -46,8 +52,9 @@ def register(subparsers) -> None:
                         help="stop the script after N optimizer steps (default 0: run it to its end)")
     parser.add_argument("--gpu", metavar="NAME", default=None,
                         help="the card torch.cuda reports (name, memory, compute capability, SMs) and whose "
-                             "kernels and cuBLAS workspaces the trace follows (allocsim gpus lists them; "
-                             "default: A100 80GB)")
+                             "kernels and cuBLAS workspaces the trace follows; the script gets "
+                             "torch.cuda.OutOfMemoryError where that card's memory for tensors runs out (allocsim "
+                             "gpus lists them; default: an A100 80GB whose memory never runs out)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="interrupt the script after S seconds and write what it recorded")
     parser.add_argument("--keep-writes", metavar="DIR", default=None,
@@ -69,14 +76,19 @@ DEFAULT_GPU = "A100 80GB"
 
 
 def default_output(command: list[str]) -> str:
-    """``train.capture.parquet`` for ``python train.py`` (or ``python -m pkg.train``)."""
-    if len(command) > 2 and command[1] == "-m":
-        stem = command[2].rsplit(".", 1)[-1]
-    elif len(command) > 1 and command[1] == "-c":
+    """``train.capture.parquet`` for ``python train.py`` (or ``python -m pkg.train``; ``command`` for ``python -c``)."""
+    from ..torch_capture.command_line import script_of
+
+    try:
+        script = script_of(command)
+    except ValueError:
+        script = []
+    if script[:1] == ["-m"] and len(script) > 1:
+        stem = script[1].rsplit(".", 1)[-1]
+    elif script[:1] == ["-c"]:
         stem = "command"
     else:
-        script = command[1] if len(command) > 1 and not command[0].endswith(".py") else command[0]
-        stem = os.path.splitext(os.path.basename(script))[0]
+        stem = os.path.splitext(os.path.basename(script[0].rstrip("/")))[0] if script else ""
     return f"{stem or 'script'}.capture.parquet"
 
 
@@ -101,17 +113,17 @@ def _usage(message: str) -> int:
 
 def main(args: argparse.Namespace) -> int:
     """Check everything the capture needs, run it, and report the trace it wrote."""
-    from ..gpus import find_gpu
+    from ..gpus import allocator_capacity, find_gpu
     from ..torch_capture import torch_versions
     from ..torch_capture.scratch import check_keep_folder
-    from ..torch_capture.session import EXIT_OK, capture, check_script
     from ..output_file import check_trace_output as check_output
+    from ..torch_capture.session import EXIT_OK, capture, check_script
 
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    if not command or (len(command) < 2 and not command[0].endswith(".py")):
-        return _usage("give the script after --, e.g. allocsim capture -- python train.py")
+    if not command:
+        return _usage("give the command after --, e.g. allocsim capture -- python train.py")
     if args.steps < 0:
         return _usage(f"--steps must be >= 0, got {args.steps}")
     if args.timeout is not None and not args.timeout > 0:
@@ -135,19 +147,29 @@ def main(args: argparse.Namespace) -> int:
         check_output(out_path)
     except ValueError as exc:
         return _usage(str(exc))
+    # With --gpu the script meets that card's memory for tensors (allocsim gpus: the card's total less the
+    # CUDA context and libraries; the capture's own cuBLAS workspaces are requests in it).
+    memory_bytes = allocator_capacity(gpu, workspaces_in_trace=True) if args.gpu is not None else None
     try:
         result, _trace = capture(command, out_path, steps=args.steps, gpu=gpu.capture_properties(),
-                                 timeout_s=args.timeout, keep_writes=args.keep_writes)
+                                 memory_bytes=memory_bytes, timeout_s=args.timeout, keep_writes=args.keep_writes)
     except OSError as exc:
         return _usage(f"cannot write {out_path}: {exc.strerror or exc}")
     if result.trace_path is None:
         return _usage(result.message)
     summary = result.summary
     shown = args.output or os.path.relpath(out_path)
+    if result.moved:
+        shown = os.path.relpath(result.trace_path)
+        print(f"capture: -o {args.output or os.path.relpath(out_path)}: {result.moved} now (the script made it while it "
+              f"ran); the trace is in {shown} instead", file=sys.stderr)
+    ooms = summary.get("out_of_memory_errors", 0)
+    oom_text = (f", {ooms} CUDA out-of-memory error{'s' if ooms != 1 else ''} raised as the card would"
+                if ooms else "")
     print(f"capture: {shown}: {summary.get('allocs', 0):,} allocations, {summary.get('optimizer_steps', 0)} "
           f"optimizer steps, peak allocated {format_bytes(summary.get('peak_allocated_bytes', 0))}, peak reserved "
-          f"{format_bytes(summary.get('peak_reserved_bytes', 0))} on {gpu.name} (torch {summary.get('torch', '?')}, "
-          f"{result.seconds:.1f} s)")
+          f"{format_bytes(summary.get('peak_reserved_bytes', 0))} on {gpu.name}{oom_text} "
+          f"(torch {summary.get('torch') or '?'}, {result.seconds:.1f} s)")
     if result.writes_line:
         print(f"capture: {result.writes_line}")
     release = torch_versions.parse(summary.get("torch"))
@@ -156,7 +178,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"capture: note: torch {summary.get('torch')} is outside the releases the capture is tested with "
               f"({low[0]}.{low[1]} to {high[0]}.{high[1]})", file=sys.stderr)
     if result.status != EXIT_OK:
-        print(f"capture: the trace stops where {result.message}", file=sys.stderr)
+        print(f"capture: the trace is incomplete: {result.message}", file=sys.stderr)
         return result.status
     print(f"next: allocsim run {shown} --policy pytorch --gpu \"{gpu.name}\"   (allocsim gpus lists GPUs)")
     return 0

@@ -133,7 +133,7 @@ class ValueMode(TorchDispatchMode):
 
     # ----------------------------------------------------------------- values
     def _keep_values(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        outs = _output_tensors(out)
         device_outs = [t for t in outs if self.tracker.is_device(t)]
         if not device_outs:
             return
@@ -179,7 +179,7 @@ class ValueMode(TorchDispatchMode):
             if isinstance(value, torch.device) and value.type == CAPTURE_DEVICE:
                 return torch.device("cpu")
             return value
-        swapped = tree_map(swap, tree)
+        swapped = _map_plain(swap, tree)
         return None if missing else swapped
 
     # ----------------------------------------------------------------- data-dependent operators
@@ -237,8 +237,43 @@ def cuda_device_error(message: str) -> str | None:
     return f"Expected all tensors to be on the same device, but found at least two devices, {expected} and {found}!"
 
 
+#: Types pytree walks into (an argument of one of these needs the full walk).
+_CONTAINERS = frozenset({tuple, list, dict})
+
+
 def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    return [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    """The tensors among an operator's arguments, in pytree's order (one level of lists without pytree's cost)."""
+    found = []
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif type(value) in _CONTAINERS:
+            if type(value) is dict or any(type(item) in _CONTAINERS for item in value):
+                return [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+            found.extend(item for item in value if isinstance(item, torch.Tensor))
+    return found
+
+
+def _map_plain(fn: Any, tree: Any) -> Any:
+    """``tree_map(fn, tree)`` for the tuples, lists and dicts an operator's arguments are made of, without pytree's cost
+    (an operator's arguments hold no named tuples or other pytree nodes)."""
+    kind = type(tree)
+    if kind is tuple:
+        return tuple(_map_plain(fn, v) for v in tree)
+    if kind is list:
+        return [_map_plain(fn, v) for v in tree]
+    if kind is dict:
+        return {k: _map_plain(fn, v) for k, v in tree.items()}
+    return fn(tree)
+
+
+def _output_tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors of an operator's output in pytree's order (a tensor, or a flat tuple or list, without pytree's cost)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if type(out) in (tuple, list) and not any(type(v) in _CONTAINERS for v in out):
+        return [t for t in out if isinstance(t, torch.Tensor)]
+    return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
 
 
 def _has_device_mask(args: tuple, tracker: StorageTracker) -> bool:

@@ -21,6 +21,15 @@ caching allocator: cuDNN convolution workspaces (``cudnn``), one cuBLAS workspac
 stream) kept for the life of the process (``cublas``), and the scratch buffers of kernels such as
 reductions (``cuda_scratch``). Each request carries the Python stack of the script (innermost
 first) below a frame naming the operator; operators the autograd engine runs name their node.
+
+With a card's memory (``memory_bytes``, ``allocsim capture --gpu``), a request the modelled caching
+allocator cannot serve raises ``torch.cuda.OutOfMemoryError`` in the script, as on the GPU. It stays
+cheap: the tracker keeps a budget, the memory the allocator had left at the parent's last answer
+less an upper bound of what each request since can have added to its reserved memory (twice the
+request plus a 20 MiB segment and a 2 MiB page: rounding, ``roundup_power2_divisions`` and the
+segment sizes of ``get_allocation_size`` stay below it); only a request beyond the budget is sent
+as a question (``R``) whose answer is the allocator model's. Without a card, a request over 1 PiB
+(the trace's limit: a size computed wrong in the script) ends the capture with that reason.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_flatten
 
 from . import cublas, cuda_scratch, cudnn, torch_versions
-from .channel import Channel
+from .channel import Channel, text
 from .stream_clock import StreamClock, released
 from .uploads import Uploads
 
@@ -64,7 +73,11 @@ _IN_PLACE_ON_CUDA = frozenset(op for op in (torch.ops.aten.add.Tensor, torch.ops
                                             torch.ops.aten.scatter.value))
 #: Phases a request is made in (the parent names categories from them): forward or other code, the
 #: autograd engine's backward, an optimizer's step.
-PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = "f", "b", "o"
+PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = b"f", b"b", b"o"
+#: The largest request the capture takes without a card (``records.MAX_REQUEST_BYTES``: the trace's limit).
+MAX_REQUEST_BYTES = 1 << 50
+#: What a request may add to the allocator's reserved memory beyond twice its size (a 20 MiB segment, a 2 MiB page).
+_REQUEST_SLACK_BYTES = 22 << 20
 
 
 def _tensors(args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
@@ -76,6 +89,17 @@ def _tensors(args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
             for item in value:
                 if isinstance(item, torch.Tensor):
                     yield item
+
+
+def _output_tensors(out: Any) -> list:
+    """The tensors of an operator's output: a tensor, or tuples and lists of them (ATen's outputs), without pytree's cost."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        if all(isinstance(t, torch.Tensor) for t in out):
+            return list(out)
+        return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    return []
 
 
 _META_KEY = torch._C.DispatchKey.Meta
@@ -94,6 +118,22 @@ def on_meta(t: Any) -> bool:
     return t.device.type == CAPTURE_DEVICE
 
 
+class _Block(weakref.ref):
+    """A live device storage: a weak reference to it (its callback is the free) and the block it stands for.
+
+    One object per storage, holding its own fields, keeps the capture's share of what Python's
+    cycle collector walks small (a list and a closure per storage cost a tenth of a 10^5-tensor capture).
+    """
+
+    __slots__ = ("key", "addr", "size_bytes", "stream", "category")
+
+
+class _HostRef(weakref.ref):
+    """A host storage (abstract CPU tensor), forgotten with it."""
+
+    __slots__ = ("key",)
+
+
 class _ThreadFlags(threading.local):
     host = 0            # > 0: outputs are host storages (a CPU factory, .cpu())
     device_copy = 0     # > 0: outputs are device storages whatever the inputs (host -> cuda copies)
@@ -104,17 +144,26 @@ class _ThreadFlags(threading.local):
 class StorageTracker:
     """The capture's state: live device storages, host storages, stacks; sends records on ``channel``."""
 
-    def __init__(self, channel: Channel, gpu: dict[str, Any] | None = None):
+    def __init__(self, channel: Channel, gpu: dict[str, Any] | None = None, memory_bytes: int | None = None):
         self.channel = channel
+        #: Bytes the allocator can still reserve for sure (None: no card, no limit); see the module doc.
+        self.budget_bytes = memory_bytes
+        #: Called with the reason when a request cannot be taken (the child ends the capture there).
+        self.on_refused: Any = None
+        #: Code objects where a stack walk stops (the child's runner: below it nothing is the script's).
+        self.stack_floor: frozenset = frozenset()
+        self._skip_file: dict[str, bool] = {}
         self.gpu = dict(gpu or {})
         self._lock = threading.RLock()
         self._t0 = time.perf_counter_ns()
         self._last_t_ns = 0
         self._next_addr = _ADDR_STEP
-        # id(storage) -> [weakref, addr, size_bytes, stream, category]; the weakref's callback is the free
-        self._live: dict[int, list[Any]] = {}
-        # id(storage) -> weakref of host (abstract CPU) storages
-        self._host: dict[int, weakref.ref] = {}
+        # id(storage) -> its block; the weak reference's callback is the free
+        self._live: dict[int, _Block] = {}
+        # id(storage) -> weak reference of host (abstract CPU) storages
+        self._host: dict[int, _HostRef] = {}
+        self._on_release = lambda block: self._released(block.key)        # one callback for every block
+        self._on_host_release = lambda ref: self._host.pop(ref.key, None)
         self._stacks: dict[tuple, int] = {}
         self.flags = _ThreadFlags()
         self.active = True
@@ -172,16 +221,25 @@ class StorageTracker:
             frames.append(("autograd", 0, "torch::autograd::Engine::thread_main"))
         elif with_python:
             frame = sys._getframe(1)
-            while frame is not None and len(frames) <= MAX_FRAMES:
-                filename = frame.f_code.co_filename
-                if not filename.startswith(_SKIP_DIRS):
-                    frames.append((filename, frame.f_lineno, frame.f_code.co_name))
+            skip, floor = self._skip_file, self.stack_floor
+            room = MAX_FRAMES
+            while frame is not None and room:
+                code = frame.f_code
+                if code in floor:
+                    break
+                filename = code.co_filename
+                skipped = skip.get(filename)
+                if skipped is None:
+                    skipped = skip[filename] = filename.startswith(_SKIP_DIRS) or filename == "<frozen runpy>"
+                if not skipped:
+                    frames.append((filename, frame.f_lineno, code.co_name))
+                    room -= 1
                 frame = frame.f_back
         key = tuple(frames)
         stack_id = self._stacks.get(key)
         if stack_id is None:
             stack_id = self._stacks[key] = len(self._stacks)
-            self.channel.send(["S", stack_id, [list(f) for f in frames]])
+            self.channel.send(["S", stack_id, [[text(f), line, text(name)] for f, line, name in frames]])
         return stack_id
 
     # ----------------------------------------------------------------- requests
@@ -192,32 +250,83 @@ class StorageTracker:
 
     def _alloc(self, storage: Any, size_bytes: int, op_name: str) -> None:
         self._settle()
-        addr = self._new_addr(size_bytes)
         key = id(storage)
         stream = self.current_stream()
-        ref = weakref.ref(storage, lambda _ref, key=key: self._released(key))
-        self._live[key] = [ref, addr, size_bytes, stream, None]
-        message = ["A", self.now_ns(), addr, size_bytes, stream, self.stack_id(("aten", 0, op_name)), self.phase()]
-        same_size = {k: v for k, v in (self._defer or {}).items() if v == size_bytes and k != key}
+        stack = self.stack_id(("aten", 0, op_name))
+        fields = (self.now_ns(), self._new_addr(size_bytes), size_bytes, stream, stack, self.phase())
+        defer = self._defer
+        same_size = {k: v for k, v in defer.items() if v == size_bytes and k != key} if defer else None
+        if not same_size:
+            self._request(fields)           # may raise the card's OutOfMemoryError: then nothing is live
+            self._named(fields[1])
+        block = self._live[key] = _Block(storage, self._on_release)
+        block.key, block.addr, block.size_bytes, block.stream, block.category = key, fields[1], size_bytes, stream, None
         if same_size:
-            self._pending = (key, same_size, message)
+            self._pending = (key, same_size, fields)
             return
-        self._sent_alloc(message, size_bytes)
+        self._counted(size_bytes)
 
-    def _sent_alloc(self, message: list[Any], size_bytes: int) -> None:
-        self.channel.send(message)
-        if self.flags.category:
-            self.channel.send(["C", message[2], self.flags.category])
+    def _counted(self, size_bytes: int) -> None:
         self.n_allocs += 1
         self.live_bytes += size_bytes
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes
+
+    def _request(self, fields: tuple, may_raise: bool = True) -> None:
+        """Send one request ``(t_ns, addr, size_bytes, stream, stack, phase)``; with a card, the model's answer when near its memory.
+
+        Raises ``torch.cuda.OutOfMemoryError`` when the modelled allocator cannot serve it (nothing is
+        recorded then); without a card, a request over 1 PiB ends the capture (``on_refused``).
+        ``may_raise=False`` (a request sent later, where no exception may surface) never asks.
+        """
+        size_bytes = fields[2]
+        budget = self.budget_bytes
+        if budget is None:
+            if size_bytes > MAX_REQUEST_BYTES:
+                self._refuse(f"a request of {size_bytes:,} bytes, over the {MAX_REQUEST_BYTES:,} bytes (1 PiB) the "
+                             f"capture takes (no device has that much memory: a size computed wrong?), at "
+                             f"{self._where()}")
+        else:
+            need = 2 * size_bytes + _REQUEST_SLACK_BYTES
+            if need > budget and may_raise:
+                answer = self.channel.ask_request(fields)
+                if isinstance(answer, dict):
+                    if "oom" in answer:
+                        raise torch.cuda.OutOfMemoryError(str(answer["oom"]))
+                    headroom = answer.get("ok")
+                    self.budget_bytes = headroom if type(headroom) is int else 0
+                return
+            self.budget_bytes = budget - need
+        self.channel.send_line(b'["A",%d,%d,%d,%d,%d,"%s"]\n' % fields)
+
+    def _named(self, addr: int) -> None:
+        """The block at ``addr`` is the category the code making it says (``named``), if it says one."""
+        if self.flags.category:
+            self.channel.send(["C", addr, self.flags.category])
+
+    def _refuse(self, reason: str) -> None:
+        if self.on_refused is not None:
+            self.on_refused(reason)         # ends the process
+        raise RuntimeError(f"allocsim capture: {reason}")
+
+    def _where(self) -> str:
+        """The script's innermost frame, for a message."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if not filename.startswith(_SKIP_DIRS) and filename != "<frozen runpy>":
+                return f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+            frame = frame.f_back
+        return "an unknown place"
 
     def _settle(self) -> None:
         """Send the request held back for an in-place check: its input was not freed right after."""
         if self._pending is not None:
-            _key, _inputs, message = self._pending
+            _key, _inputs, fields = self._pending
             self._pending = None
-            self._sent_alloc(message, message[3])
+            self._request(fields, may_raise=False)
+            self._named(fields[1])
+            self._counted(fields[2])
 
     def _free(self, key: int) -> None:
         pending = self._pending
@@ -226,23 +335,22 @@ class StorageTracker:
             self._pending = None
             old = self._live.pop(key)
             new = self._live[pending[0]]
-            new[1:] = old[1:]
+            new.addr, new.size_bytes, new.stream, new.category = old.addr, old.size_bytes, old.stream, old.category
             self.n_in_place += 1
             return
         self._settle()
-        entry = self._live.pop(key, None)
-        if entry is None:
+        block = self._live.pop(key, None)
+        if block is None:
             return
-        _ref, addr, size_bytes, stream, _category = entry
         uses = self._uses.pop(key, None)
         if uses:
             # freed while other streams recorded uses: the block goes back later (stream_clock)
-            self.channel.send(["P", self.now_ns(), addr, stream])
-            self.clock.defer(addr, stream, uses)
+            self.channel.send_line(b'["P",%d,%d,%d]\n' % (self.now_ns(), block.addr, block.stream))
+            self.clock.defer(block.addr, block.stream, uses)
         else:
-            self.channel.send(["F", self.now_ns(), addr, stream])
+            self.channel.send_line(b'["F",%d,%d,%d]\n' % (self.now_ns(), block.addr, block.stream))
         self.n_frees += 1
-        self.live_bytes -= size_bytes
+        self.live_bytes -= block.size_bytes
 
     def record_stream(self, tensor: Any, stream: int) -> None:
         """``tensor.record_stream(stream)``: its block is in use on ``stream`` until that work is done."""
@@ -250,8 +358,8 @@ class StorageTracker:
             return
         with self._lock:
             key = id(tensor.untyped_storage())
-            entry = self._live.get(key)
-            if entry is not None and int(stream) != entry[3]:
+            block = self._live.get(key)
+            if block is not None and int(stream) != block.stream:
                 self._uses.setdefault(key, set()).add(int(stream))
                 self.clock.tick()
 
@@ -272,9 +380,6 @@ class StorageTracker:
             if self.active:
                 self._free(key)
 
-    def _host_released(self, key: int) -> None:
-        self._host.pop(key, None)
-
     def scratch(self, size_bytes: int, name: str, source: str = "cuda", *, category: str = "workspace",
                 keep: bool = False) -> int:
         """A request a CUDA library or kernel (``source``) makes beside an operator's outputs; freed at once unless ``keep``.
@@ -285,8 +390,8 @@ class StorageTracker:
         self._settle()
         addr = self._new_addr(size_bytes)
         stream = self.current_stream()
-        stack_id = self.stack_id((source, 0, name), with_python=keep)
-        self.channel.send(["A", self.now_ns(), addr, size_bytes, stream, stack_id, self.phase()])
+        stack_id = self.stack_id((text(source), 0, text(name)), with_python=keep)
+        self._request((self.now_ns(), addr, size_bytes, stream, stack_id, self.phase()))
         self.channel.send(["C", addr, category])
         self.n_allocs += 1
         self.peak_bytes = max(self.peak_bytes, self.live_bytes + size_bytes)
@@ -294,7 +399,7 @@ class StorageTracker:
             self.live_bytes += size_bytes
             self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         else:
-            self.channel.send(["F", self.now_ns(), addr, stream])
+            self.channel.send_line(b'["F",%d,%d,%d]\n' % (self.now_ns(), addr, stream))
             self.n_frees += 1
         return addr
 
@@ -314,9 +419,9 @@ class StorageTracker:
             key = id(storage)
             if key in self._host:
                 return
-            entry = self._live.get(key)
-            if entry is not None and entry[0]() is storage:
-                if entry[2] == size_bytes:
+            block = self._live.get(key)
+            if block is not None and block() is storage:
+                if block.size_bytes == size_bytes:
                     return
                 self._free(key)
             if size_bytes > 0:
@@ -332,10 +437,10 @@ class StorageTracker:
             return
         with self._lock:
             self._settle()
-            entry = self._live.get(id(tensor.untyped_storage()))
-            if entry is not None and entry[4] != category:
-                entry[4] = category
-                self.channel.send(["C", entry[1], category])
+            block = self._live.get(id(tensor.untyped_storage()))
+            if block is not None and block.category != category:
+                block.category = category
+                self.channel.send(["C", block.addr, category])
 
     # ----------------------------------------------------------------- host and device storages
     def is_host(self, t: Any) -> bool:
@@ -350,7 +455,8 @@ class StorageTracker:
         storage = t.untyped_storage()
         key = id(storage)
         if key not in self._host:
-            self._host[key] = weakref.ref(storage, lambda _ref, key=key: self._host_released(key))
+            ref = self._host[key] = _HostRef(storage, self._on_host_release)
+            ref.key = key
 
     @contextlib.contextmanager
     def _raised(self, flag: str) -> Iterator[None]:
@@ -398,7 +504,7 @@ class StorageTracker:
             if not self.active:
                 return
             if self._outputs_on_host(args, kwargs):
-                for t in tree_flatten(out)[0]:
+                for t in _output_tensors(out):
                     if on_meta(t):
                         self.mark_host(t)
                 return
@@ -440,16 +546,23 @@ class StorageTracker:
         if not requests:
             return
         addrs: dict[int, tuple[int, int]] = {}
-        for action, i in cuda_scratch.scratch_events(requests):
-            request = requests[i]
-            if action == "alloc":
-                addrs[i] = (self.scratch(request.size_bytes, request.label, "cuda", keep=True), request.size_bytes)
-                self.n_scratch += 1
-            else:
-                addr, size_bytes = addrs.pop(i)
-                self.channel.send(["F", self.now_ns(), addr, self.current_stream()])
-                self.n_frees += 1
-                self.live_bytes -= size_bytes
+        try:
+            for action, i in cuda_scratch.scratch_events(requests):
+                request = requests[i]
+                if action == "alloc":
+                    addrs[i] = (self.scratch(request.size_bytes, request.label, "cuda", keep=True), request.size_bytes)
+                    self.n_scratch += 1
+                else:
+                    self._scratch_free(*addrs.pop(i))
+        except torch.cuda.OutOfMemoryError:
+            for addr, size_bytes in addrs.values():     # the kernel never ran: what it had taken goes back
+                self._scratch_free(addr, size_bytes)
+            raise
+
+    def _scratch_free(self, addr: int, size_bytes: int) -> None:
+        self.channel.send_line(b'["F",%d,%d,%d]\n' % (self.now_ns(), addr, self.current_stream()))
+        self.n_frees += 1
+        self.live_bytes -= size_bytes
 
     def _cublas_workspace(self) -> None:
         handle = "autograd" if torch._C._current_graph_task_id() != -1 else threading.get_ident()
@@ -464,7 +577,10 @@ class StorageTracker:
                                            self.workspace_ratio)
         if size_bytes <= 0 or size_bytes > self.workspace_limit_bytes - self.live_bytes:
             return
-        self.scratch(size_bytes, cudnn.label(phase, x.shape, w.shape, y.shape, groups, dtype_bytes), "cudnn")
+        try:
+            self.scratch(size_bytes, cudnn.label(phase, x.shape, w.shape, y.shape, groups, dtype_bytes), "cudnn")
+        except torch.cuda.OutOfMemoryError:
+            return      # as Conv_v8.cpp does: a workspace that does not fit, and cuDNN runs an engine without one
         self.n_workspaces += 1
 
     def _record_convolution(self, args: tuple, out: torch.Tensor) -> None:
@@ -498,7 +614,7 @@ class StorageTracker:
         self._record_outputs(_CONV_BACKWARD, grad_bias)
 
     def _record_outputs(self, func: Any, out: Any) -> None:
-        for t in tree_flatten(out)[0]:
+        for t in _output_tensors(out):
             if not on_meta(t):
                 continue
             storage = t.untyped_storage()
@@ -506,9 +622,9 @@ class StorageTracker:
             if key in self._host:
                 continue
             size_bytes = int(storage.nbytes())
-            entry = self._live.get(key)
-            if entry is not None and entry[0]() is storage:
-                if entry[2] == size_bytes:
+            block = self._live.get(key)
+            if block is not None and block() is storage:
+                if block.size_bytes == size_bytes:
                     continue
                 self._free(key)        # grown by resize_ or out=: the old block goes back
             if size_bytes > 0:
@@ -520,7 +636,7 @@ class StorageTracker:
         with self._lock:
             self._settle()
             if self.active:
-                self.channel.send(["M", self.now_ns(), label])
+                self.channel.send(["M", self.now_ns(), text(label)])
                 self.channel.flush()
 
     def empty_cache(self) -> None:
@@ -530,9 +646,9 @@ class StorageTracker:
             if self.active:
                 self.channel.send(["E", self.now_ns()])
 
-    def note(self, text: str) -> None:
+    def note(self, note: str) -> None:
         """A fact the trace should carry (something the capture answered differently from a GPU)."""
-        self.channel.send(["N", text])
+        self.channel.send(["N", text(note)])
 
     def stop(self) -> None:
         """Stop recording; storages still alive stay live in the trace (the script ended with them).
