@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from ..capture_folder import CaptureFolder, open_capture_folder
+from ..nccl_estimate import add_nccl_term, nccl_text
 from ..units import format_bytes
 
 #: Schema of ``run -o OUT_DIR``'s ``ranks.json`` for a capture folder.
@@ -39,6 +40,13 @@ def _needs(summary: dict[str, Any]) -> tuple[bool, int]:
     return out, need
 
 
+def _gpu_of(args: argparse.Namespace) -> Any:
+    from ..gpus import find_gpu
+
+    name = getattr(args, "gpu", None)
+    return find_gpu(name) if name is not None else None
+
+
 def limiting(entries: list[dict[str, Any]]) -> int:
     """Index of the limiting role among ``entries`` (each with its run's ``summary``)."""
     return max(range(len(entries)), key=lambda i: (*_needs(entries[i]["summary"]), -i))
@@ -51,7 +59,9 @@ def _role_line(entry: dict[str, Any]) -> str:
     parts = [f"peak allocated {format_bytes(int(s.get('peak_allocated_bytes') or 0))}",
              f"peak reserved {format_bytes(int(s.get('peak_reserved_bytes') or 0))}"]
     if estimate:
-        parts.append(f"predicted total {format_bytes(int(estimate.get('total_bytes') or 0))}")
+        nccl = nccl_text(estimate)
+        parts.append(f"predicted total {format_bytes(int(estimate.get('total_bytes') or 0))}"
+                     + (f" with {nccl}" if nccl else ""))
         word = "FITS" if estimate.get("fits") else "DOES NOT FIT"
     else:
         word = {True: "FITS", False: "OUT OF MEMORY"}.get(verdict.get("fits"), "no capacity to check")
@@ -93,8 +103,11 @@ def run_folder(args: argparse.Namespace, execute: Any, check_args: Any, exit_oom
             for role in roles:
                 check_output_folder(os.path.join(args.out_dir, f"rank{role.representative}"), files=RESULT_FILES)
         entries = []
+        gpu = _gpu_of(args)
         for role in roles:
             result = execute(_role_args(args, folder, role))
+            if gpu is not None:
+                add_nccl_term(result.summary, folder.manifest, role, gpu)
             if args.out_dir:
                 os.makedirs(args.out_dir, exist_ok=True)
                 result.save(os.path.join(args.out_dir, f"rank{role.representative}"))

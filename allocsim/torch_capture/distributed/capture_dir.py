@@ -87,7 +87,8 @@ def _entry(role: Role, run: RankCapture, index: int) -> RoleEntry:
                      allocs=int(summary.get("allocs", 0)),
                      peak_allocated_bytes=int(summary.get("peak_allocated_bytes", 0)),
                      peak_reserved_bytes=int(summary.get("peak_reserved_bytes", 0)),
-                     fingerprint=str(summary.get("fingerprint", "")))
+                     fingerprint=str(summary.get("fingerprint", "")),
+                     communicators=(summary.get("facts") or {}).get("communicators"))
 
 
 def _world_of(launch: Launch, facts: JobFacts) -> tuple[int, list[str]]:
@@ -177,6 +178,7 @@ def _facts_of(run: RankCapture) -> JobFacts:
     facts.shard_classes = data.get("shard_classes")
     facts.uneven_layouts = int(data.get("uneven_layouts") or 0)
     facts.notes = list(data.get("notes") or [])
+    facts.communicators = data.get("communicators") if isinstance(data.get("communicators"), list) else None
     facts.groups = list(run.summary.get("groups") or [])
     facts.messages = list(run.summary.get("messages") or [])
     return facts

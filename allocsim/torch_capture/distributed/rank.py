@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from .communicators import CommunicatorLog, functional_collective
 from .facts import Facts
 from .process_group import BACKEND, AnsweringGroup, copy_object, register_backend
 
@@ -144,6 +145,8 @@ class RankHooks:
         config = dict(config or {})
         self.tracker = tracker
         self.facts = Facts(tracker.channel.send)
+        self.communicators = CommunicatorLog()
+        self._collective_of_op: dict[Any, str | None] = {}
         self.spawn_index = int(config.get("spawn_index") or 0)
         self.messages = [m for m in config.get("messages") or [] if isinstance(m, dict)]
         self.asked_backend = "nccl"
@@ -165,6 +168,11 @@ class RankHooks:
             original(backend=BACKEND, store=dist.HashStore(), rank=rank, world_size=world_size,
                      group_name=group_name, **({"timeout": timeout} if timeout is not None else {}), **extra)
             hooks.facts.world(rank, world_size, hooks.asked_backend)
+            hooks.communicators.rank = rank
+            if device_id is not None:
+                # eager init: PyTorch makes the default group's communicator now (ProcessGroupNCCL's
+                # eagerConnectSingleDevice), used or not
+                hooks.communicators.eager(dist.group.WORLD)
         return init_process_group
 
     def _new_group(self, original: Any) -> Any:
@@ -200,6 +208,44 @@ class RankHooks:
             name = original(group)
             return hooks.asked_backend if str(name) == BACKEND else name
         return get_backend
+
+    def _batch_isend_irecv(self, original: Any) -> Any:
+        """Point-to-point sent together: on the group's communicator (``communicators`` module doc)."""
+        batching = self.communicators.batching
+
+        def batch_isend_irecv(p2p_op_list: Any) -> Any:
+            batching.depth = getattr(batching, "depth", 0) + 1
+            try:
+                return original(p2p_op_list)
+            finally:
+                batching.depth -= 1
+        return batch_isend_irecv
+
+    def _note_operator(self, func: Any, args: tuple, kwargs: dict) -> None:
+        """A functional collective (``torch.ops._c10d_functional.*``: DTensor's redistributions) ran on its group."""
+        collective = self._collective_of_op.get(func, False)
+        if collective is False:
+            name = func.name() if hasattr(func, "name") else ""
+            collective = self._collective_of_op[func] = (functional_collective(name)
+                                                         if name.startswith("_c10d_functional::") else None)
+        if collective is None:
+            return
+        group_name = kwargs.get("group_name")
+        if not isinstance(group_name, str):
+            group_name = next((a for a in reversed(args) if isinstance(a, str)), None)
+        if group_name is None:
+            return
+        try:
+            group = c10d._resolve_process_group(group_name)
+        except (RuntimeError, ValueError, KeyError, AttributeError):
+            return
+        self.communicators.note(group, collective)
+
+    def _send_communicators(self) -> None:
+        """The ``communicators`` fact: every NCCL communicator this rank's collectives made (``allocsim.nccl``)."""
+        per_node = _from_env("LOCAL_WORLD_SIZE", self.facts.world_size)
+        log = self.communicators
+        self.facts.send("communicators", communicators=log.to_fact(per_node), dropped=log.dropped)
 
     # ------------------------------------------------------------------ object collectives
     @staticmethod
@@ -399,7 +445,9 @@ class RankHooks:
                  self._shapes_only(ShardingPropagator._propagate_tensor_meta_non_cached))]
 
     def finish(self) -> None:
-        """Send the facts learned at the end (the ranks whose shards differ)."""
+        """Send the facts learned at the end (the communicators used, the ranks whose shards differ)."""
+        if self.facts.rank is not None or dist.is_initialized():
+            self._send_communicators()
         if not self.facts.has_uneven:
             return
         try:
@@ -427,8 +475,12 @@ class RankHooks:
         split_group = self._split_group()
         get_backend = self._get_backend(c10d.get_backend)
         spawn, start_processes = self._spawn()
+        batch = self._batch_isend_irecv(c10d.batch_isend_irecv)
+        AnsweringGroup.communicators = self.communicators
+        self.tracker.operator_hook = self._note_operator
         table: list[tuple[Any, str, Any]] = []
         for module in (dist, c10d):
+            table.append((module, "batch_isend_irecv", batch))
             table += [(module, "init_process_group", init), (module, "new_group", new_group),
                       (module, "split_group", split_group), (module, "is_nccl_available", lambda: True),
                       (module, "get_backend", get_backend),
@@ -477,6 +529,8 @@ class RankHooks:
             yield self
         finally:
             patches.undo()
+            AnsweringGroup.communicators = None
+            self.tracker.operator_hook = None
             try:
                 self.finish()
             except Exception as exc:  # noqa: BLE001  (a fact is a hint for the roles rule, never the run's end)

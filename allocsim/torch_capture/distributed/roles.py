@@ -55,6 +55,36 @@ def _ranks(value: Any, world_size: int) -> list[int]:
     return [_int(r, 0, max(world_size - 1, 0)) for r in value]
 
 
+#: Communicators one rank may report (``allocsim.nccl.MAX_COMMUNICATORS``).
+MAX_COMMUNICATORS = 4096
+_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send_recv", "all_to_all")
+
+
+def _communicators(value: Any, world_size: int) -> list[dict[str, Any]]:
+    """The ``communicators`` fact, checked: each ``{name, ranks, group_ranks, nodes, collectives, count[, peers]}``."""
+    if not isinstance(value, list) or len(value) > MAX_COMMUNICATORS:
+        raise ValueError("communicators must be a list of at most 4096")
+    out = []
+    listed = 0
+    for item in value:
+        size = _int(item["ranks"], 1, world_size)
+        collectives = item.get("collectives", [])
+        if not isinstance(collectives, list) or any(c not in _COLLECTIVES for c in collectives):
+            raise ValueError("unknown collective")
+        entry: dict[str, Any] = {"name": str(item.get("name", ""))[:60], "ranks": size,
+                                 "nodes": _int(item.get("nodes", 1), 1, size),
+                                 "collectives": sorted(set(collectives)), "count": _int(item.get("count", 1), 1,
+                                                                                         world_size)}
+        members = item.get("group_ranks")
+        if members is not None and listed + len(members) <= MAX_GROUP_RANKS:
+            entry["group_ranks"] = _ranks(members, world_size)
+            listed += len(members)
+        if item.get("peers") is not None:
+            entry["peers"] = _int(item["peers"], 0, max(size - 1, 0))
+        out.append(entry)
+    return out
+
+
 @dataclasses.dataclass
 class JobFacts:
     """What one rank's capture reported of its job (checked: they come from the script's process)."""
@@ -69,6 +99,7 @@ class JobFacts:
     uneven_layouts: int = 0
     notes: list[str] = dataclasses.field(default_factory=list)
     messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    communicators: list[dict[str, Any]] | None = None
     bad: int = 0
     _group_ranks: int = 0
     _message_chars: int = 0
@@ -116,6 +147,8 @@ class JobFacts:
                 self._message_chars += len(payload)
                 self.messages.append({"src_stage": _int(fact["src_stage"], 0, MAX_WORLD_SIZE),
                                       "dst_stage": _int(fact["dst_stage"], 0, MAX_WORLD_SIZE), "payload": payload})
+        elif kind == "communicators":
+            self.communicators = _communicators(fact["communicators"], self.world_size)
         elif kind == "error":
             self.notes.append(str(fact.get("text", ""))[:300])
         else:
@@ -127,7 +160,8 @@ class JobFacts:
         return {"rank": self.rank, "world_size": self.world_size, "backend": self.backend,
                 "groups": len(self.groups), "group_sizes": sizes, "stages": self.stages, "spawn": self.spawn,
                 "uneven_layouts": self.uneven_layouts, "shard_classes": self.shard_classes,
-                "notes": self.notes, "malformed": self.bad}
+                "notes": self.notes, "malformed": self.bad,
+                **({"communicators": self.communicators} if self.communicators is not None else {})}
 
 
 @dataclasses.dataclass

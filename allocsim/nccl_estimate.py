@@ -1,0 +1,86 @@
+"""Add NCCL's own memory to one rank's ``--gpu`` estimate: ``add_nccl_term(summary, manifest, role, gpu)``.
+
+A distributed job's ranks hold NCCL communicators whose buffers live outside the caching allocator
+(``allocsim.nccl``, docs/nccl.md). For a capture folder, ``run --gpu`` calls this once per role
+after the role's own estimate is made: the role's communicators (those its capture recorded, else
+the manifest's, else the rule ``job_from_manifest`` falls back on) are priced with ``nccl_term``
+and the estimate gains the term ``nccl_bytes`` (its point, added to ``total_bytes``),
+``nccl_low_bytes`` / ``nccl_high_bytes`` (added to the range's ends where the estimate has them:
+``total_low_bytes`` / ``total_high_bytes``) and ``sources.nccl_bytes`` (each part with its source).
+The interconnect is NVSwitch for the SXM cards NCCL's model knows the NVLinks of, PCIe otherwise.
+A single-process trace gets nothing from here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .units import format_bytes
+
+
+def interconnect_of(gpu_name: str) -> str:
+    """``nvswitch`` for the SXM boards ``allocsim.nccl`` knows the NVLinks of, ``pcie`` for every other card."""
+    from .nccl import NVLINKS
+
+    return "nvswitch" if gpu_name in NVLINKS else "pcie"
+
+
+def role_nccl_term(manifest: Any, role: Any, gpu_name: str) -> tuple[int, int, int, list[dict[str, Any]]]:
+    """``nccl_term`` of ``role``'s ranks in the job ``manifest`` describes (``NcclInputError`` on a bad manifest)."""
+    from .nccl import job_from_manifest_data, nccl_term
+
+    data = manifest.to_dict()
+    communicators = getattr(role, "communicators", None)
+    if isinstance(communicators, list):
+        data["facts"] = {**data.get("facts", {}), "communicators": communicators}
+    job = job_from_manifest_data(data, gpu=gpu_name, interconnect=interconnect_of(gpu_name))
+    return nccl_term(job)
+
+
+def add_nccl_term(summary: dict[str, Any], manifest: Any, role: Any, gpu: Any) -> None:
+    """Add NCCL's term to ``summary["gpu_estimate"]`` (made by ``run --gpu``) and to its verdict line.
+
+    The fit is judged again on the new total: a role that fitted without NCCL's buffers may not.
+    """
+    from .nccl import NcclInputError
+
+    estimate = summary.get("gpu_estimate")
+    if not isinstance(estimate, dict):
+        return
+    try:
+        low, point, high, parts = role_nccl_term(manifest, role, gpu.name)
+    except NcclInputError as exc:
+        estimate["nccl_bytes"] = 0
+        estimate.setdefault("sources", {})["nccl_bytes"] = f"not counted: {exc}"
+        return
+    before = int(estimate.get("total_bytes") or 0)
+    estimate["nccl_bytes"] = point
+    estimate["nccl_low_bytes"] = low
+    estimate["nccl_high_bytes"] = high
+    estimate["total_bytes"] = before + point
+    for key, add in (("total_low_bytes", low), ("total_high_bytes", high)):
+        if isinstance(estimate.get(key), int):
+            estimate[key] += add
+    estimate.setdefault("sources", {})["nccl_bytes"] = parts
+    fitted = bool(estimate.get("fits"))
+    fits = fitted and estimate["total_bytes"] <= int(estimate.get("gpu_total_bytes") or 0)
+    estimate["fits"] = fits
+    if not fits:
+        estimate["fits_proven"] = False
+        estimate["caveat"] = None
+    verdict = summary.get("verdict")
+    if isinstance(verdict, dict) and isinstance(verdict.get("line"), str):
+        line = verdict["line"]
+        if fitted and not fits and line.startswith("FITS"):
+            line = "DOES NOT FIT" + line[len("FITS"):]
+        verdict["line"] = (f"{line.rstrip().rstrip('.')}. NCCL's communicators add {format_bytes(point)} on the card outside "
+                           f"the allocator (range {format_bytes(low)} to {format_bytes(high)}, allocsim.nccl): "
+                           f"needs {format_bytes(estimate['total_bytes'])} in all.")
+
+
+def nccl_text(estimate: dict[str, Any]) -> str:
+    """``NCCL 774.00 MiB`` for a role's line (empty when the estimate has no NCCL term)."""
+    if "nccl_low_bytes" not in estimate:
+        return ""
+    return (f"NCCL {format_bytes(int(estimate['nccl_bytes']))} "
+            f"({format_bytes(int(estimate['nccl_low_bytes']))} to {format_bytes(int(estimate['nccl_high_bytes']))})")
