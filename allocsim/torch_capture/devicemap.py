@@ -163,6 +163,12 @@ class CudaOnMeta(TorchFunctionMode):
             device_arg = kwargs["device"] = "cuda"      # torch.set_default_device("cuda")
         if func in _FACTORIES and _is_cpu(device_arg):
             return self._host_factory(func, args, kwargs)
+        if func is torch.tensor and _is_cuda(device_arg) and not kwargs.get("requires_grad"):
+            # CUDA makes the tensor on the host and copies it: the copy keeps integer data's values
+            # (``torch.tensor(len(lst), device="cuda")`` that DeepSpeed broadcasts and reads back)
+            host = func(*args, **dict(kwargs, device="cpu", pin_memory=False))
+            if _nbytes(host) < HOST_ABSTRACT_BYTES:
+                return self._to_device(host, {})
         if device_arg is not None:
             # ``device=x.device`` of a CUDA tensor names ``meta`` here: a tensor made on ``meta`` is a CUDA one
             kwargs["device"] = _map(device_arg)
@@ -237,6 +243,9 @@ class CudaOnMeta(TorchFunctionMode):
         self.tracker.host_waits()
         dtype = options.get("dtype") or t.dtype
         if t.numel() * dtype.itemsize < HOST_ABSTRACT_BYTES:
+            known = self.values.get(t)        # values from the data (datadep) come back as they are
+            if known is not None:
+                return known.to(dtype=dtype, copy=True)
             return torch.zeros(t.shape, dtype=dtype)
         with self.tracker.host():
             return torch.empty_strided(t.shape, t.stride(), dtype=dtype, device=_META)
@@ -297,9 +306,36 @@ class ThreadModes:
     def entered(self) -> Iterator[None]:
         """Enter the capture in the calling thread (the main thread, or a thread the script started)."""
         self.autocast.enable_thread()
-        with Recorder(self.tracker), datadep.ValueMode(self.tracker, self.values), \
-                CudaOnMeta(self.tracker, self.values):
-            yield
+        function_mode = CudaOnMeta(self.tracker, self.values)
+        before = getattr(_THREAD_MODE, "mode", None)
+        _THREAD_MODE.mode = function_mode
+        try:
+            with Recorder(self.tracker), datadep.ValueMode(self.tracker, self.values), function_mode:
+                yield
+        finally:
+            _THREAD_MODE.mode = before
+
+
+#: The ``CudaOnMeta`` of each thread under capture (the backward pass enters it again: ``_backward_mapped``).
+_THREAD_MODE = threading.local()
+
+
+def _backward_mapped(original: Any) -> Any:
+    """``torch.autograd.graph._engine_run_backward`` run under this thread's ``CudaOnMeta``.
+
+    ``loss.backward()`` reaches the engine from inside the mode's own handler, where a torch-function
+    mode is switched off; the Python code the backward pass runs (custom autograd Functions, tensor
+    and module hooks: DeepSpeed's ZeRO gathers and gradient buckets, Megatron's gradient buffers)
+    would then make ``cuda`` tensors a CPU build cannot. On a GPU that code runs as the forward's
+    does, so here it runs under the same mapping.
+    """
+    def run(*args: Any, **kwargs: Any) -> Any:
+        mode = getattr(_THREAD_MODE, "mode", None)
+        if mode is None or mode in torch.overrides._get_current_function_mode_stack():
+            return original(*args, **kwargs)
+        with mode:
+            return original(*args, **kwargs)
+    return run
 
 
 def _threads_captured(modes: ThreadModes) -> Any:
@@ -423,5 +459,8 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
         stack.enter_context(_patched(torch.Tensor, "is_pinned", lambda self, *a, **k: False))
         stack.enter_context(_patched(torch.Tensor, "is_cuda", property(tracker.is_device)))
         stack.enter_context(_patched(threading.Thread, "_bootstrap_inner", _threads_captured(modes)))
+        engine_run = _backward_mapped(torch.autograd.graph._engine_run_backward)
+        stack.enter_context(_patched(torch.autograd.graph, "_engine_run_backward", engine_run))
+        stack.enter_context(_patched(torch.autograd, "_engine_run_backward", engine_run))
         stack.enter_context(modes.entered())
         yield autocast

@@ -53,13 +53,13 @@ def _capture_rank(launch: Launch, rank: int, out_dir: str, steps: int, gpu: dict
     env = launch.rank_env(rank)
     settings = {"spawn_index": rank, "messages": _bounded(messages or [])}
     if log_path is None:
-        result, _trace = capture(launch.child_command(), path, steps=steps, gpu=gpu, timeout_s=timeout_s,
+        result, _trace = capture(launch.rank_command(rank), path, steps=steps, gpu=gpu, timeout_s=timeout_s,
                                  env_extra=env, distributed=settings)
     else:
         with open(log_path, "w", encoding="utf-8") as fh:
             fh.write(f"{LOG_HEADER}{rank} (`{' '.join(launch.command)}`)\n")
             fh.flush()
-            result, _trace = capture(launch.child_command(), path, steps=steps, gpu=gpu, timeout_s=timeout_s,
+            result, _trace = capture(launch.rank_command(rank), path, steps=steps, gpu=gpu, timeout_s=timeout_s,
                                      stdout=fh, stderr=fh, env_extra=env, distributed=settings)
     return RankCapture(rank, result.status, os.path.basename(result.trace_path) if result.trace_path else None,
                        os.path.basename(log_path) if log_path else None, result.seconds, result.message,
