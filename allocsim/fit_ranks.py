@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 from .fit import (CaptureRun, FitResult, GpuAnswer, ScriptFailed, _answer, _slug, check_command, group_gpus,
                   scale_name_for, with_value)
 from .gpus import allocator_capacity, find_gpu
+from .nccl_estimate import role_nccl_bytes
 
 
 def _job_folder(folder: str, knob: str, value: int, gpu: Any) -> str:
@@ -142,11 +143,16 @@ def fit_job(command: Sequence[str], gpus: Sequence[str] | None = None, *, values
                     for role, scaler, in_trace, paths in per_role:
                         log(f"searching the largest {knob} that fits {gpu.name} for ranks "
                             f"{role.to_dict()['ranks_text']}")
-                        capacity = allocator_capacity(gpu, in_trace)
+                        # NCCL's communicators take their bytes off the card before the allocator's
+                        nccl = role_nccl_bytes(mine[-1][1][1], role, gpu)
+                        capacity = allocator_capacity(gpu, in_trace) - nccl
                         found = find_max(scaler, capacity, policy="pytorch", multiple=multiple, max_value=max_value,
                                          advise=advise, executor=executor)
-                        role_answers.append((role, _answer(gpu, rep, found, scaler, capacity, in_trace, multiple,
-                                                           found.max_value), paths))
+                        answer = _answer(gpu, rep, found, scaler, capacity, in_trace, multiple, found.max_value)
+                        if answer.estimate is not None:
+                            answer.estimate["nccl_bytes"] = nccl
+                            answer.estimate["total_bytes"] = int(answer.estimate["total_bytes"]) + nccl
+                        role_answers.append((role, answer, paths))
                     limit_role, answer, paths = min(role_answers, key=lambda ra: (
                         -1 if ra[1].value is None else ra[1].value, ra[0].representative))
                     answer = dataclasses.replace(answer, limiting_rank=limit_role.representative,

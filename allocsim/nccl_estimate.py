@@ -37,6 +37,17 @@ def role_nccl_term(manifest: Any, role: Any, gpu_name: str) -> tuple[int, int, i
     return nccl_term(job)
 
 
+def role_nccl_bytes(manifest: Any, role: Any, gpu: Any) -> int:
+    """NCCL's point estimate for ``role`` on ``gpu`` (0 when the manifest cannot be priced): what ``fit`` and
+    ``advise`` take off the card before the caching allocator's capacity."""
+    from .nccl import NcclInputError
+
+    try:
+        return role_nccl_term(manifest, role, gpu.name)[1]
+    except NcclInputError:
+        return 0
+
+
 def add_nccl_term(summary: dict[str, Any], manifest: Any, role: Any, gpu: Any) -> None:
     """Add NCCL's term to ``summary["gpu_estimate"]`` (made by ``run --gpu``) and to its verdict line.
 

@@ -191,19 +191,21 @@ def advise_folder(args: argparse.Namespace, command_args: tuple[str, ...], exit_
         traces = {r.index: read_trace(folder.trace_path(r), lenient=args.lenient, limits=trace_limits(args))
                   for r in folder.roles}
 
-        def role_capacity(trace: Any) -> int:
+        def role_capacity(trace: Any, role: Any = None) -> int:
             if gpu is None:
                 return int(capacity)
             from ..gpus import allocator_capacity
+            from ..nccl_estimate import role_nccl_bytes
             from ..trace.inference.workspaces import cublas_workspaces_in_trace
 
-            return allocator_capacity(gpu, cublas_workspaces_in_trace(trace.meta))
+            nccl = role_nccl_bytes(folder.manifest, role, gpu) if role is not None else 0
+            return allocator_capacity(gpu, cublas_workspaces_in_trace(trace.meta)) - nccl
 
-        def replay(trace: Any, params: dict[str, Any] | None) -> dict[str, Any]:
-            return simulate_trace(trace, "pytorch", params or {}, capacity=Capacity(role_capacity(trace), GIVEN),
+        def replay(trace: Any, params: dict[str, Any] | None, role: Any = None) -> dict[str, Any]:
+            return simulate_trace(trace, "pytorch", params or {}, capacity=Capacity(role_capacity(trace, role), GIVEN),
                                   fast=True).summary
 
-        defaults = [{"summary": replay(traces[r.index], None), "role": r} for r in folder.roles]
+        defaults = [{"summary": replay(traces[r.index], None, r), "role": r} for r in folder.roles]
         index = limiting(defaults)
         limit_role = defaults[index]["role"]
         executor = executor_from_options(args.workers, args.scheduler, args.dask)
@@ -216,7 +218,7 @@ def advise_folder(args: argparse.Namespace, command_args: tuple[str, ...], exit_
         job_line, checked = None, []
         for rec in advice.recommendations:
             params = parse_alloc_conf(rec.alloc_conf).params if rec.alloc_conf is not None else {}
-            fits = {r.index: bool(replay(traces[r.index], params)["verdict"]["fits"]) for r in folder.roles}
+            fits = {r.index: bool(replay(traces[r.index], params, r)["verdict"]["fits"]) for r in folder.roles}
             checked.append({"line": rec.line, "fits_every_role": all(fits.values()),
                             "fits": {str(k): v for k, v in fits.items()}})
             if all(fits.values()):

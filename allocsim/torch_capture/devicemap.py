@@ -316,6 +316,26 @@ class ThreadModes:
             _THREAD_MODE.mode = before
 
 
+def _parameters_abstract(tracker: StorageTracker, original: Any) -> Any:
+    """``nn.Parameter(data)`` of a small real CPU floating tensor holds an abstract host tensor instead.
+
+    On a GPU ``model.to("cuda")`` sets ``param.data`` and the ``Parameter`` objects stay the same, so an
+    optimizer (or DeepSpeed's ``param_names``) built before the move still holds the model's
+    parameters. Here a device tensor is on ``meta``, and ``set_data`` refuses to put a ``meta`` tensor
+    into a real CPU parameter, so ``Module._apply`` would make new ``Parameter`` objects and the
+    optimizer would keep the CPU ones. A parameter made abstract (``meta``, no memory, as every host
+    tensor of 1 MiB or more already is) moves like the large ones: same object, and the device copy
+    is recorded. Its values were never used: a capture computes no floating arithmetic.
+    """
+    def __new__(cls: Any, data: Any = None, requires_grad: bool = True) -> Any:
+        if (isinstance(data, torch.Tensor) and type(data) is torch.Tensor and data.device.type == "cpu"
+                and data.is_floating_point()):
+            with tracker.host():
+                data = torch.empty_strided(data.shape, data.stride(), dtype=data.dtype, device=_META)
+        return original(cls, data, requires_grad)
+    return staticmethod(__new__)
+
+
 #: The ``CudaOnMeta`` of each thread under capture (the backward pass enters it again: ``_backward_mapped``).
 _THREAD_MODE = threading.local()
 
@@ -459,6 +479,8 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
         stack.enter_context(_patched(torch.Tensor, "is_pinned", lambda self, *a, **k: False))
         stack.enter_context(_patched(torch.Tensor, "is_cuda", property(tracker.is_device)))
         stack.enter_context(_patched(threading.Thread, "_bootstrap_inner", _threads_captured(modes)))
+        stack.enter_context(_patched(torch.nn.Parameter, "__new__",
+                                     _parameters_abstract(tracker, torch.nn.Parameter.__new__)))
         engine_run = _backward_mapped(torch.autograd.graph._engine_run_backward)
         stack.enter_context(_patched(torch.autograd.graph, "_engine_run_backward", engine_run))
         stack.enter_context(_patched(torch.autograd, "_engine_run_backward", engine_run))

@@ -28,8 +28,7 @@ from typing import Any
 #: ``python -m`` modules that are torchrun.
 RUN_MODULES = ("torch.distributed.run",)
 #: Launchers named for what they are, with the issue that will take them.
-NOT_YET = {"accelerate": "Hugging Face accelerate",
-           "torch.distributed.launch": "torch.distributed.launch (deprecated; use torchrun)"}
+NOT_YET = {"torch.distributed.launch": "torch.distributed.launch (deprecated; use torchrun)"}
 #: torchrun's default rendezvous port (``--master-port`` unset).
 DEFAULT_MASTER_PORT = 29500
 #: Largest world a launcher may describe (nodes x ranks per node).

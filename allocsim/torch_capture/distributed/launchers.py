@@ -135,8 +135,14 @@ def parse_deepspeed(command: list[str]) -> Launch:
     return DeepSpeedLaunch(list(command), "deepspeed", python, script, nproc, nnodes, options, notes)
 
 
+def _accelerate(command: list[str]) -> Launch:
+    from .hf import parse_accelerate  # noqa: PLC0415  (runs accelerate's own parser in its interpreter)
+
+    return parse_accelerate(command)
+
+
 #: Console scripts read here, by program name.
-PARSERS = {"deepspeed": parse_deepspeed}
+PARSERS = {"deepspeed": parse_deepspeed, "accelerate": _accelerate}
 
 
 def other_launcher(command: list[str]) -> Launch | None:
