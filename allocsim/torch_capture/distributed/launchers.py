@@ -141,8 +141,14 @@ def _accelerate(command: list[str]) -> Launch:
     return parse_accelerate(command)
 
 
+def _tune(command: list[str]) -> Launch:
+    from .tune_launch import parse_tune  # noqa: PLC0415  (runs torchtune's own parser in its interpreter)
+
+    return parse_tune(command)
+
+
 #: Console scripts read here, by program name.
-PARSERS = {"deepspeed": parse_deepspeed, "accelerate": _accelerate}
+PARSERS = {"deepspeed": parse_deepspeed, "accelerate": _accelerate, "tune": _tune}
 
 
 def other_launcher(command: list[str]) -> Launch | None:

@@ -501,6 +501,14 @@ class RankHooks:
             if owner is not None and not isinstance(getattr(owner, "spawn", None), type(sys)):
                 table += [(owner, "spawn", spawn), (owner, "start_processes", start_processes)]
         table.append((mp_process.BaseProcess, "start", self._process_start(mp_process.BaseProcess.start)))
+        # torch.cuda.nccl.version(): the NCCL the CUDA wheel of this torch bundles (a CPU build has none;
+        # torchtune's bf16 check and DeepSpeed read it); allocsim.nccl has the table
+        import torch.cuda.nccl as cuda_nccl  # noqa: PLC0415
+
+        from ...nccl import nccl_version_for_torch  # noqa: PLC0415
+
+        bundled = nccl_version_for_torch(torch.__version__)
+        table += [(cuda_nccl, "version", lambda: bundled), (cuda_nccl, "is_available", lambda tensors: True)]
         # torch.distributed finds a device's module by its type name (device_mesh._get_device_handle:
         # getattr(torch, device.type)); the capture's device tensors are on meta and stand for cuda
         table.append((torch, "meta", torch.cuda))
