@@ -268,6 +268,35 @@ class Memory:
                 "allocator_settings": {}, "allocsim": "a capture has no device snapshot; see the trace"}
 
 
+class CudaGenerator:
+    """``torch.cuda.default_generators[0]`` of the capture: its state is the 16 zero bytes ``get_rng_state`` answers.
+
+    Megatron-LM's RNG tracker sets and reads the CUDA generator directly
+    (megatron/core/tensor_parallel/random.py ``_set_cuda_rng_state``); random numbers on the device are
+    never drawn in a capture, so its state changes nothing.
+    """
+
+    device = torch.device("cuda", 0)
+
+    def get_state(self) -> torch.Tensor:
+        return torch.zeros(16, dtype=torch.uint8)
+
+    def set_state(self, new_state: Any) -> None:
+        return None
+
+    graphsafe_get_state = clone_state = lambda self: self  # noqa: E731
+    graphsafe_set_state = set_state
+
+    def manual_seed(self, seed: int) -> "CudaGenerator":
+        return self
+
+    def seed(self) -> int:
+        return 0
+
+    def initial_seed(self) -> int:
+        return 0
+
+
 def shims(tracker: StorageTracker, gpu: dict[str, Any]) -> dict[tuple[Any, str], Any]:
     """``{(owner, attribute): replacement}`` for everything in ``torch.cuda`` the capture answers."""
     cuda = torch.cuda
@@ -340,6 +369,7 @@ def shims(tracker: StorageTracker, gpu: dict[str, Any]) -> dict[tuple[Any, str],
         (cuda, "set_rng_state"): lambda new_state, device="cuda": None,
         (cuda, "get_rng_state_all"): lambda: [torch.zeros(16, dtype=torch.uint8)],
         (cuda, "set_rng_state_all"): lambda new_states: None,
+        (cuda, "default_generators"): (CudaGenerator(),),
         (cuda, "Stream"): Stream,
         (cuda, "Event"): Event,
         (cuda, "stream"): stream,
@@ -357,6 +387,13 @@ def shims(tracker: StorageTracker, gpu: dict[str, Any]) -> dict[tuple[Any, str],
                  "reset_max_memory_allocated"):
         if hasattr(cuda.memory, name):
             table[(cuda.memory, name)] = table[(cuda, name)]
+    # torch.cuda.random's own names (Megatron-LM calls torch.cuda.random.get_rng_state)
+    import torch.cuda.random as cuda_random  # noqa: PLC0415
+
+    for name in ("get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all", "manual_seed",
+                 "manual_seed_all", "seed", "seed_all", "initial_seed"):
+        if hasattr(cuda_random, name):
+            table[(cuda_random, name)] = table[(cuda, name)]
     nvtx = getattr(cuda, "nvtx", None)
     if nvtx is not None:
         for name in ("range_push", "range_pop", "mark", "range_end"):

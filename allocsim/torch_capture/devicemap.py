@@ -163,6 +163,9 @@ class CudaOnMeta(TorchFunctionMode):
             device_arg = kwargs["device"] = "cuda"      # torch.set_default_device("cuda")
         if func in _FACTORIES and _is_cpu(device_arg):
             return self._host_factory(func, args, kwargs)
+        if func is torch.tensor and args and isinstance(args[0], (list, tuple)) and _has_device_tensor(args[0]):
+            # torch.tensor([x.norm(), ...]) reads every device scalar back (Tensor::item), as on a GPU
+            args = (_host_copies(args[0], self._to_host),) + tuple(args[1:])
         if func is torch.tensor and _is_cuda(device_arg) and not kwargs.get("requires_grad"):
             # CUDA makes the tensor on the host and copies it: the copy keeps integer data's values
             # (``torch.tensor(len(lst), device="cuda")`` that DeepSpeed broadcasts and reads back)
@@ -249,6 +252,32 @@ class CudaOnMeta(TorchFunctionMode):
             return torch.zeros(t.shape, dtype=dtype)
         with self.tracker.host():
             return torch.empty_strided(t.shape, t.stride(), dtype=dtype, device=_META)
+
+
+#: Elements of nested lists looked at for device tensors in ``torch.tensor(data)`` (past this: left as they are).
+_MAX_DATA_ITEMS = 1 << 16
+
+
+def _has_device_tensor(data: Any) -> bool:
+    stack, seen = [data], 0
+    while stack and seen < _MAX_DATA_ITEMS:
+        item = stack.pop()
+        seen += 1
+        if isinstance(item, torch.Tensor):
+            if item.device.type == CAPTURE_DEVICE:
+                return True
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False
+
+
+def _host_copies(data: Any, to_host: Any) -> Any:
+    """``data`` (nested lists) with each device tensor replaced by what reading it back gives."""
+    if isinstance(data, torch.Tensor):
+        return to_host(data, {}) if data.device.type == CAPTURE_DEVICE else data
+    if isinstance(data, (list, tuple)):
+        return type(data)(_host_copies(item, to_host) for item in data)
+    return data
 
 
 def _to_options(args: tuple, kwargs: dict) -> dict:

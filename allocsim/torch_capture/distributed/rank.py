@@ -465,7 +465,7 @@ class RankHooks:
     def installed(self) -> Iterator["RankHooks"]:
         """Apply every patch for the block (those of DTensor, FSDP2 and pipelining when the script imports
         them: ``lazy``); the facts learned at the end are sent when it exits."""
-        from . import deepspeed, fsdp, pipelining  # noqa: PLC0415
+        from . import deepspeed, fsdp, megatron, pipelining  # noqa: PLC0415
         from .lazy import Patches  # noqa: PLC0415
 
         os.environ.setdefault("TORCH_DIST_INIT_BARRIER", "0")
@@ -535,6 +535,8 @@ class RankHooks:
         patches.when_imported("deepspeed.ops.op_builder.builder", deepspeed.patches)
         patches.when_imported("deepspeed.runtime.zero.utils", deepspeed.zero_utils_patches)
         patches.when_imported("deepspeed.ops.adam.cpu_adam", deepspeed.cpu_adam_patches)
+        patches.when_imported("megatron.legacy.fused_kernels", megatron.patches)
+        patches.when_imported("megatron.core.parallel_state", lambda: megatron.parallel_state_patches(self))
         patches.when_imported("torch.distributed.tensor._sharding_prop", self._propagator_patches)
         try:
             yield self

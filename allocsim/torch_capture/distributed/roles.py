@@ -203,9 +203,11 @@ def _pipeline_positions(facts: JobFacts) -> tuple[dict[int, int] | None, str]:
     size = len(mine)
     if size <= 1:
         return None, ""
-    # the family of groups the pipeline group belongs to: groups of its size that do not overlap it
-    family = [sorted(set(g)) for g in facts.groups if len(set(g)) == size]
-    family = [g for g in family if g == mine or not set(g) & set(mine)]
+    # the family of groups the pipeline group belongs to: the groups created next to it, of its size,
+    # none overlapping another (every rank creates a family's groups one after the other: a device
+    # mesh's dimension, Megatron's parallel_state); other families of that size (tensor or data
+    # parallel groups of the same size) are not mixed in
+    family = _family_of(mine, [sorted(set(g)) for g in facts.groups])
     position: dict[int, int] = {}
     for group in [mine] + family:
         for index, rank in enumerate(group):
@@ -213,6 +215,33 @@ def _pipeline_positions(facts: JobFacts) -> tuple[dict[int, int] | None, str]:
     stages = sorted({s["stage_index"] for s in facts.stages})
     return position, f"pipeline group of {size} ranks; rank {facts.rank} holds stage(s) {stages} of " \
                       f"{facts.stages[0]['num_stages']}"
+
+
+def _family_of(mine: list[int], groups: list[list[int]]) -> list[list[int]]:
+    """The groups made consecutively with ``mine`` (same size, pairwise disjoint); all such groups when it was not seen.
+
+    Groups made among them whose ranks are already in the family (Megatron makes each pipeline
+    group's embedding group right after it), or of another size touching no member, are passed over.
+    """
+    size = len(mine)
+    if mine not in groups:
+        return [g for g in groups if len(g) == size and not set(g) & set(mine)]
+    at = groups.index(mine)
+    family, used = [mine], set(mine)
+    # rank 0's group comes first in its family (each family is made in rank order): walk forward
+    for step in (1,):
+        i = at + step
+        while 0 <= i < len(groups):
+            group = set(groups[i])
+            if group <= used or not group & used and len(group) != size:
+                pass                  # made beside the family's groups (Megatron's embedding groups): skipped
+            elif len(group) == size and not group & used:
+                family.append(groups[i])
+                used |= group
+            else:
+                break
+            i += step
+    return family
 
 
 def assign_roles(facts: JobFacts, world_size: int | None = None) -> tuple[list[Role], list[str]]:
