@@ -61,6 +61,8 @@ class AnsweringGroup(dist.ProcessGroup):
 
     #: Where the collectives this rank runs are reported (``communicators.CommunicatorLog``; None: nowhere).
     communicators: Any = None
+    #: Rank 0's small broadcasts, recorded and replayed (``broadcasts.BroadcastLog``; None: keep this rank's).
+    broadcasts: Any = None
 
     def __init__(self, rank: int, size: int):
         super().__init__(rank, size)
@@ -209,6 +211,9 @@ class AnsweringGroup(dist.ProcessGroup):
     # the rest
     def broadcast(self, tensors, opts=None):
         self._heard("broadcast")
+        log = AnsweringGroup.broadcasts
+        if log is not None:
+            log.on_broadcast(self._size, self._rank, int(getattr(opts, "rootRank", 0)), list(tensors))
         return _done(list(tensors))
 
     def barrier(self, opts=None):

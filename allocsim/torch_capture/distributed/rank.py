@@ -149,6 +149,7 @@ class RankHooks:
         self._collective_of_op: dict[Any, str | None] = {}
         self.spawn_index = int(config.get("spawn_index") or 0)
         self.messages = [m for m in config.get("messages") or [] if isinstance(m, dict)]
+        self.broadcasts_given = [m for m in config.get("broadcasts") or [] if isinstance(m, dict)]
         self.asked_backend = "nccl"
         self.in_rank = False           # a started rank's function is running here: its own starts are real
         self.processes_started = 0
@@ -240,6 +241,21 @@ class RankHooks:
         except (RuntimeError, ValueError, KeyError, AttributeError):
             return
         self.communicators.note(group, collective)
+
+    def _broadcast_log(self) -> Any:
+        """Rank 0's small broadcasts recorded here, or replayed for this rank (``broadcasts`` module doc)."""
+        from ..devicemap import _THREAD_MODE  # noqa: PLC0415
+        from .broadcasts import BroadcastLog  # noqa: PLC0415
+
+        def values_of(t: Any) -> Any:
+            mode = getattr(_THREAD_MODE, "mode", None)
+            return mode.values.get(t) if mode is not None else None
+
+        def set_values(t: Any, value: Any) -> None:
+            mode = getattr(_THREAD_MODE, "mode", None)
+            if mode is not None:
+                mode.values.set(t, value)
+        return BroadcastLog(self.facts.send, self.broadcasts_given, values_of, set_values)
 
     def _send_communicators(self) -> None:
         """The ``communicators`` fact: every NCCL communicator this rank's collectives made (``allocsim.nccl``)."""
@@ -477,6 +493,7 @@ class RankHooks:
         spawn, start_processes = self._spawn()
         batch = self._batch_isend_irecv(c10d.batch_isend_irecv)
         AnsweringGroup.communicators = self.communicators
+        AnsweringGroup.broadcasts = self._broadcast_log()
         self.tracker.operator_hook = self._note_operator
         table: list[tuple[Any, str, Any]] = []
         for module in (dist, c10d):
@@ -543,6 +560,7 @@ class RankHooks:
         finally:
             patches.undo()
             AnsweringGroup.communicators = None
+            AnsweringGroup.broadcasts = None
             self.tracker.operator_hook = None
             try:
                 self.finish()

@@ -100,6 +100,7 @@ class JobFacts:
     notes: list[str] = dataclasses.field(default_factory=list)
     messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     communicators: list[dict[str, Any]] | None = None
+    broadcasts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     bad: int = 0
     _group_ranks: int = 0
     _message_chars: int = 0
@@ -147,6 +148,13 @@ class JobFacts:
                 self._message_chars += len(payload)
                 self.messages.append({"src_stage": _int(fact["src_stage"], 0, MAX_WORLD_SIZE),
                                       "dst_stage": _int(fact["dst_stage"], 0, MAX_WORLD_SIZE), "payload": payload})
+        elif kind == "broadcast":
+            values = fact["values"]
+            if not isinstance(values, list) or len(values) > 64 or not all(
+                    isinstance(v, (int, float, bool)) for v in values):
+                raise ValueError("broadcast values must be a short list of numbers")
+            if len(self.broadcasts) < 1024:
+                self.broadcasts.append({"key": str(fact["key"])[:200], "values": values})
         elif kind == "communicators":
             self.communicators = _communicators(fact["communicators"], self.world_size)
         elif kind == "error":
@@ -161,7 +169,8 @@ class JobFacts:
                 "groups": len(self.groups), "group_sizes": sizes, "stages": self.stages, "spawn": self.spawn,
                 "uneven_layouts": self.uneven_layouts, "shard_classes": self.shard_classes,
                 "notes": self.notes, "malformed": self.bad,
-                **({"communicators": self.communicators} if self.communicators is not None else {})}
+                **({"communicators": self.communicators} if self.communicators is not None else {}),
+                **({"broadcasts": self.broadcasts} if self.broadcasts else {})}
 
 
 @dataclasses.dataclass
