@@ -212,3 +212,44 @@ def test_the_job_runs_per_rank_with_nccl_counted(jobs):
                                       "--gpu", "H100", "--json"], capture_output=True, text=True, check=True).stdout)
     assert data["ranks"][0]["ranks"] == list(range(8)) and data["ranks"][0]["gpu_estimate"]["nccl_bytes"] > 0
 
+
+
+KNOB = """
+    import argparse, torch, torch.nn as nn, deepspeed
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--local_rank", type=int, default=-1)
+    p = deepspeed.add_config_arguments(p)
+    args = p.parse_args()
+    model = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(8)])
+    engine, *_ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
+    for _ in range(2):
+        engine.backward(engine(torch.randn(8, 2048, device=engine.device, dtype=torch.bfloat16)).float().sum())
+        engine.step()
+    """
+
+
+def test_advise_framework_finds_the_smallest_zero_stage_that_fits(tmp_path):
+    """ZeRO-1 on 4 ranks needs more than 300 MiB; stage 2 too; stage 3 partitions the bf16 parameters and fits."""
+    import subprocess
+    import sys
+
+    from allocsim.torch_capture.distributed.capture_dir import capture_job
+    from allocsim.torch_capture.distributed.launcher import parse_launch
+
+    (tmp_path / "big.py").write_text(textwrap.dedent(KNOB))
+    (tmp_path / "z1.json").write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        "bf16": {"enabled": True}, "zero_optimization": {"stage": 1, "reduce_bucket_size": 1000000}}))
+    command = ["deepspeed", "--num_gpus", "4", str(tmp_path / "big.py"), "--deepspeed", "--deepspeed_config",
+               str(tmp_path / "z1.json")]
+    manifest = capture_job(parse_launch(command), str(tmp_path / "job"), verify=False, rank0_to_terminal=False)
+    assert manifest.status == 0
+    done = subprocess.run([sys.executable, "-m", "allocsim", "advise", str(tmp_path / "job"), "--capacity", "300MiB",
+                           "--framework", "--json"], capture_output=True, text=True, check=False)
+    data = json.loads(done.stdout)
+    assert done.returncode == 0, done.stderr
+    assert [t["change"] for t in data["tried"]] == ["ZeRO stage 2", "ZeRO stage 3"]
+    assert [t["fits"] for t in data["tried"]] == [False, True]
+    assert data["answer"]["paste"] == '"zero_optimization": {"stage": 3}' and data["answer"]["limiting_rank"] == 0
+    assert json.loads((tmp_path / "z1.json").read_text())["zero_optimization"]["stage"] == 1   # untouched

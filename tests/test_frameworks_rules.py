@@ -41,3 +41,41 @@ def test_fused_softmax_stand_ins_allocate_what_the_kernels_allocate():
     grads = torch.empty(2, 4, 16, 16, dtype=torch.bfloat16, device="meta")
     assert module.backward(grads, out, 1.0) is grads                    # in place, no new tensor
     assert [get_batch_per_block(k, k, 8, 4) for k in (16, 128, 256, 2048)] == [16, 8, 4, 4]
+
+
+# ------------------------------------------------------------------------------------------ framework knobs
+def test_deepspeed_knobs_are_the_next_stages_then_offload(tmp_path):
+    import json
+
+    from allocsim.framework_knobs import deepspeed_candidates
+
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}))
+    command = ["deepspeed", "--num_gpus", "8", "t.py", "--deepspeed", "--deepspeed_config", str(config)]
+    found = deepspeed_candidates(command, str(tmp_path))
+    assert [c.label for c in found] == ["ZeRO stage 2", "ZeRO stage 3", "ZeRO stage 2 with the optimizer on the CPU",
+                                        "ZeRO stage 3 with optimizer and parameters on the CPU"]
+    written = json.loads(open(found[2].command[-1]).read())
+    assert written["zero_optimization"] == {"stage": 2, "offload_optimizer": {"device": "cpu"}}
+    assert written["bf16"] == {"enabled": True} and json.loads(config.read_text())["zero_optimization"] == {"stage": 1}
+    assert found[0].paste == '"zero_optimization": {"stage": 2}'
+
+
+def test_megatron_knobs_recompute_then_splits_the_world_allows():
+    from allocsim.framework_knobs import megatron_candidates
+
+    command = ["torchrun", "--nproc-per-node", "8", "pretrain_gpt.py", "--num-layers", "6", "--num-attention-heads",
+               "12", "--micro-batch-size", "1", "--global-batch-size", "8", "--tensor-model-parallel-size", "2"]
+    found = megatron_candidates(command, world_size=8, ranks_per_node=8)
+    labels = [c.label for c in found]
+    assert labels[:3] == ["selective recompute", "full recompute", "distributed optimizer"]
+    # tp must divide 12 heads and stay in a node, pp must divide 6 layers, more model parallel than tp 2 x pp 1
+    # (t, p) with t in {1, 2, 4} (dividing 12, within a node), p in {1, 2} (dividing 6 and the world), t x p > 2,
+    # fewest model-parallel ranks first, then the shallower pipeline
+    assert labels[3:] == ["tensor parallel 4 x pipeline parallel 1", "tensor parallel 2 x pipeline parallel 2",
+                          "tensor parallel 4 x pipeline parallel 2"]
+    for c in found[3:]:
+        t = int(c.command[c.command.index("--tensor-model-parallel-size") + 1])
+        p = int(c.command[c.command.index("--pipeline-model-parallel-size") + 1]) \
+            if "--pipeline-model-parallel-size" in c.command else 1
+        assert 12 % t == 0 and 6 % p == 0 and 8 % (t * p) == 0 and t * p > 2

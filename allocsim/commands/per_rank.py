@@ -171,6 +171,8 @@ def advise_folder(args: argparse.Namespace, command_args: tuple[str, ...], exit_
     from .common import print_json, trace_limits
     from .info import site_options
 
+    if getattr(args, "framework", False):
+        return framework_advice(args, exit_none_fits)
     try:
         folder = open_capture_folder(args.trace)
         capacity = None
@@ -247,6 +249,45 @@ def advise_folder(args: argparse.Namespace, command_args: tuple[str, ...], exit_
         elif advice.recommendations:
             print("no setting that fits the limiting rank fits every role (see --json: checked)")
     return 0 if job_line is not None else exit_none_fits
+
+
+def framework_advice(args: argparse.Namespace, exit_none_fits: int) -> int:
+    """``allocsim advise DIR --framework``: the smallest DeepSpeed / Megatron-LM change that fits (``framework_knobs``)."""
+    from ..errors import AllocsimError
+    from ..framework_knobs import knob_advice
+    from .common import print_json
+
+    try:
+        folder = open_capture_folder(args.trace)
+        gpu = _gpu_of(args)
+        capacity = None
+        if args.capacity is not None:
+            from ..units import parse_bytes
+
+            if gpu is not None:
+                raise ValueError("give --gpu or --capacity, not both")
+            capacity = parse_bytes(args.capacity, round_down=True)
+        if gpu is None and capacity is None:
+            raise ValueError("--framework needs --gpu NAME (or --capacity SIZE)")
+        log = (lambda m: print(f"allocsim advise: {m}", file=sys.stderr)) if not args.json else (lambda m: None)
+        result = knob_advice(folder, gpu, capacity, log=log)
+    except (AllocsimError, ValueError, OSError) as exc:
+        print(f"allocsim advise: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print_json({"capture_folder": folder.path, **result})
+    else:
+        for t in result["tried"]:
+            need = f", needs {format_bytes(int(t['needs_bytes']))} on rank {t['limiting_rank']}" if "needs_bytes" in t \
+                else f" ({t.get('error', '')})"
+            print(f"  {t['change']}: {'FITS' if t['fits'] else 'does not fit'}{need}")
+        answer = result["answer"]
+        if answer is None:
+            print("no framework setting tried fits every rank")
+        else:
+            print(f"smallest change that fits every rank: {answer['change']}; paste: {answer['paste']} "
+                  f"(limiting rank {answer['limiting_rank']})")
+    return 0 if result["answer"] is not None else exit_none_fits
 
 
 def report_folder(args: argparse.Namespace, build_report: Any, read_options: list[str]) -> int:
