@@ -184,6 +184,11 @@ class GpuAnswer:
     find_max: dict[str, Any]
     limiting_rank: int | None = None           # a distributed job: the lowest rank of the role that stops first
     per_role: list[dict[str, Any]] | None = None   # a distributed job: each role's ranks and answer
+    #: The largest value that fits with the unknown terms (gpu_ranges) at their point estimates, with the
+    #: answer's setting (``value`` is searched at their high end: FITS only when the high end fits).
+    point_value: int | None = None
+    point_first_failing: int | None = None
+    point_capacity_bytes: int | None = None
 
     @property
     def fits(self) -> bool:
@@ -242,7 +247,8 @@ class FitResult:
                  + (f"{self.steps} optimizer steps each" if self.steps else "each to the end of the script")
                  + f", for {' and '.join(said)}: {len(self.captures)} captures, {self.capture_seconds:.1f} s",
                  f"  searched: the largest {name} on the traces predicted from them ({self.scale_name} laws), "
-                 f"against each GPU's memory less the CUDA context and libraries: {self.search_seconds:.1f} s", ""]
+                 f"against each GPU's memory less the libraries and the CUDA context (and cuDNN's terms) at the high "
+                 f"end of their ranges: {self.search_seconds:.1f} s", ""]
         for a in self.answers:
             label = "" if a.gpu.verified else ", label"
             head = f"{a.gpu.name} ({format_bytes(a.gpu.total_bytes)}{label})"
@@ -255,11 +261,19 @@ class FitResult:
                 est = a.estimate or {}
                 at_least = "at least " if a.at_limit else ""
                 lines.append(said_incomplete(f"{head}: {name} = {at_least}{a.value} with {a.setting_line}"))
-                lines.append(f"  predicted total {format_bytes(est.get('total_bytes', 0))} of "
+                spread = (f" ({format_bytes(est['total_low_bytes'])} to {format_bytes(est['total_high_bytes'])})"
+                          if "total_low_bytes" in est and "total_high_bytes" in est else "")
+                lines.append(f"  predicted total {format_bytes(est.get('total_bytes', 0))}{spread} of "
                              f"{format_bytes(a.gpu.total_bytes)}: reserved peak "
                              f"{format_bytes(est.get('reserved_peak_bytes', 0))} (cuBLAS workspaces included) + "
-                             f"libraries {format_bytes(est.get('library_bytes', 0))} + CUDA context "
-                             f"{format_bytes(est.get('context_bytes', 0))}")
+                             f"libraries {format_bytes(est.get('library_bytes', 0))}"
+                             + "".join(f" + {t['label']} {format_bytes(t['bytes'])} ({format_bytes(t['low_bytes'])} "
+                                       f"to {format_bytes(t['high_bytes'])})"
+                                       for t in (est.get("unknown_terms") or {}).values()))
+                if a.point_value is not None and a.point_value != a.value:
+                    lines.append(f"  {a.value} fits with every unknown term at its high end; at their point "
+                                 f"estimates {name} = {a.point_value} fits with the same setting"
+                                 + (f" ({a.point_first_failing} does not)" if a.point_first_failing else ""))
                 if a.at_limit:
                     lines.append(f"  the search stopped at its limit ({a.value}); give --max-value to look further")
                 elif a.first_failing is not None:
@@ -314,7 +328,9 @@ class FitResult:
 METHOD = ("each value captured on the CPU (allocsim capture: cuda on the meta device), the captures scaled "
           "(allocsim scale: each allocation's size a law of the value), the largest fitting value searched on the "
           "trace predicted at each value probed (scale --find-max: PyTorch's defaults, then allocsim advise), against "
-          "the GPU's memory less the CUDA context and libraries as run --gpu counts them")
+          "the GPU's memory less the CUDA context and libraries as run --gpu counts them, with the terms a CPU run cannot "
+          "know at the high end of their ranges (allocsim.gpu_ranges); point_value is the answer at their point "
+          "estimates")
 
 
 # ----------------------------------------------------------------------------------------- capture
@@ -457,7 +473,8 @@ def value_range(scaler: Any, capacity_bytes: int, params: dict[str, Any] | None,
 
 
 def _answer(gpu: GpuModel, captured_for: GpuModel, found: Any, scaler: Any, capacity: int, in_trace: bool,
-            multiple: int, limit_value: int) -> GpuAnswer:
+            multiple: int, limit_value: int, cudnn: bool = False, point_capacity: int | None = None,
+            capture: bool = False) -> GpuAnswer:
     from .advise.knobs import preset_for
 
     best, recorded = found.best, found.recorded
@@ -469,7 +486,8 @@ def _answer(gpu: GpuModel, captured_for: GpuModel, found: Any, scaler: Any, capa
     def estimate(answer: Any) -> dict[str, Any] | None:
         if answer.value is None or answer.at_value is None or answer.at_value.peak_reserved_bytes is None:
             return None
-        return gpu_estimate(gpu, answer.at_value.peak_reserved_bytes, workspaces_in_trace=in_trace)
+        return gpu_estimate(gpu, answer.at_value.peak_reserved_bytes, workspaces_in_trace=in_trace, cudnn=cudnn,
+                            capture=capture, fits_high=True)
 
     def why_not(answer: Any) -> str:
         return answer.at_failing.line if answer.at_failing is not None else ""
@@ -478,6 +496,12 @@ def _answer(gpu: GpuModel, captured_for: GpuModel, found: Any, scaler: Any, capa
         low, high, note = value_range(scaler, capacity, params, best.value, multiple, limit_value)
     else:
         low, high, note = None, None, "nothing fits"
+    point_value = point_failing = None
+    if point_capacity is not None:
+        from .scale.findmax import largest_with_setting
+
+        point_value, point_failing = largest_with_setting(scaler, point_capacity, "pytorch", params,
+                                                          best.value or multiple, multiple, limit_value)
     return GpuAnswer(
         gpu=gpu, captured_for=captured_for.name,
         capture_note="" if captured_for is gpu else what_differs(captured_for, gpu),
@@ -486,7 +510,8 @@ def _answer(gpu: GpuModel, captured_for: GpuModel, found: Any, scaler: Any, capa
         why_not=why_not(best) if best.value is not None else (why_not(found.bound) or why_not(best)),
         defaults_value=recorded.value, defaults_estimate=estimate(recorded), defaults_why_not=why_not(recorded),
         range_low=low, range_high=high, range_note=note, bound_value=found.bound.value,
-        extrapolation=found.extrapolation(), gpu_note=label_note(gpu), find_max=found.to_dict())
+        extrapolation=found.extrapolation(), gpu_note=label_note(gpu), find_max=found.to_dict(),
+        point_value=point_value, point_first_failing=point_failing, point_capacity_bytes=point_capacity)
 
 
 # ----------------------------------------------------------------------------------------- fit
@@ -522,6 +547,7 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
     from .scale.build import Scaler
     from .scale.findmax import find_max
     from .sweep.executors import make_executor
+    from .gpu_ranges import is_capture, runs_cudnn
     from .trace.inference.workspaces import cublas_workspaces_in_trace
 
     command = list(command)
@@ -566,12 +592,17 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
                 scaler = Scaler(inputs, scale_name)
                 incomplete = incomplete or scaler.incomplete
                 in_trace = all(cublas_workspaces_in_trace(item.trace.meta) for item in inputs)
+                cudnn = any(runs_cudnn(item.trace) for item in inputs)
+                capture = all(is_capture(item.trace) for item in inputs)
                 for gpu in members:
                     log(f"searching the largest {knob} that fits {gpu.name}")
-                    capacity = allocator_capacity(gpu, in_trace)
+                    # FITS only at the high end of the unknown terms (gpu_ranges); the point's answer after
+                    capacity = allocator_capacity(gpu, in_trace, end="high", cudnn=cudnn, capture=capture)
+                    point = allocator_capacity(gpu, in_trace, end="point", cudnn=cudnn, capture=capture)
                     found = find_max(scaler, capacity, policy="pytorch", multiple=multiple, max_value=max_value,
                                      advise=advise, executor=executor)
-                    answers.append(_answer(gpu, rep, found, scaler, capacity, in_trace, multiple, found.max_value))
+                    answers.append(_answer(gpu, rep, found, scaler, capacity, in_trace, multiple, found.max_value,
+                                           cudnn, point, capture))
                     replay.append(shlex.join(["allocsim", "scale", *(f"{c.path}@{c.value}" for c in mine),
                                               "--name", scale_name, "--gpu", gpu.name, "--find-max",
                                               *(["--multiple-of", str(multiple)] if multiple != 1 else []),

@@ -48,11 +48,19 @@ def role_nccl_bytes(manifest: Any, role: Any, gpu: Any) -> int:
         return 0
 
 
-def add_nccl_term(summary: dict[str, Any], manifest: Any, role: Any, gpu: Any) -> None:
-    """Add NCCL's term to ``summary["gpu_estimate"]`` (made by ``run --gpu``) and to its verdict line.
+#: The label NCCL's term carries in the range verdict (``gpu_ranges.verdict_words``).
+NCCL_LABEL = "NCCL communicators' buffers"
 
-    The fit is judged again on the new total: a role that fitted without NCCL's buffers may not.
+
+def add_nccl_term(summary: dict[str, Any], manifest: Any, role: Any, gpu: Any) -> None:
+    """Add NCCL's term to ``summary["gpu_estimate"]`` (made by ``run --gpu``) and judge the fit again with it.
+
+    NCCL is one more unknown term with a low, point and high end (``gpu_ranges.Term``): the totals
+    gain it, the verdict is judged again over the estimate's terms and NCCL's (``gpu_ranges.judge``;
+    a fit the replays at each end refused stays refused), and the verdict line's first words and
+    its end say so.
     """
+    from .gpu_ranges import Term, judge, verdict_words
     from .nccl import NcclInputError
 
     estimate = summary.get("gpu_estimate")
@@ -64,29 +72,44 @@ def add_nccl_term(summary: dict[str, Any], manifest: Any, role: Any, gpu: Any) -
         estimate["nccl_bytes"] = 0
         estimate.setdefault("sources", {})["nccl_bytes"] = f"not counted: {exc}"
         return
-    before = int(estimate.get("total_bytes") or 0)
     estimate["nccl_bytes"] = point
     estimate["nccl_low_bytes"] = low
     estimate["nccl_high_bytes"] = high
-    estimate["total_bytes"] = before + point
-    for key, add in (("total_low_bytes", low), ("total_high_bytes", high)):
-        if isinstance(estimate.get(key), int):
-            estimate[key] += add
     estimate.setdefault("sources", {})["nccl_bytes"] = parts
-    fitted = bool(estimate.get("fits"))
-    fits = fitted and estimate["total_bytes"] <= int(estimate.get("gpu_total_bytes") or 0)
-    estimate["fits"] = fits
-    if not fits:
+    card = int(estimate.get("gpu_total_bytes") or 0)
+    old_word = None
+    if isinstance(estimate.get("unknown_terms"), dict) and "total_low_bytes" in estimate:
+        terms = [Term(key, str(t.get("label", key)), int(t["bytes"]), int(t["low_bytes"]), int(t["high_bytes"]),
+                      str(t.get("source", ""))) for key, t in estimate["unknown_terms"].items()]
+        old_word = verdict_words(estimate, terms)
+        nccl = Term("nccl_bytes", NCCL_LABEL, point, low, high,
+                    "allocsim.nccl: the communicators this role's capture recorded (docs/nccl.md)")
+        fixed = int(estimate["total_bytes"]) - sum(t.bytes for t in terms)
+        judged = judge(card, fixed, terms + [nccl])
+        for end in ("fits_low", "fits_point", "fits_high"):       # a replay's refusal at an end stands
+            judged[end] = bool(judged[end]) and bool(estimate.get(end, True))
+        judged["verdict"] = ("fits" if judged["fits_high"] else "fits_unless" if judged["fits_low"]
+                             else "does_not_fit")
+        estimate.update(judged)
+        estimate["unknown_terms"]["nccl_bytes"] = nccl.to_dict()
+        estimate["fits"] = judged["verdict"] == "fits"
+        new_word = verdict_words(estimate, terms + [nccl])
+    else:                                                        # an estimate without ranges: the point only
+        estimate["total_bytes"] = int(estimate.get("total_bytes") or 0) + point
+        estimate["fits"] = bool(estimate.get("fits")) and estimate["total_bytes"] <= card
+        new_word = "FITS" if estimate["fits"] else "DOES NOT FIT"
+        old_word = "FITS" if str((summary.get("verdict") or {}).get("line", "")).startswith("FITS") else new_word
+    if not estimate["fits"]:
         estimate["fits_proven"] = False
         estimate["caveat"] = None
     verdict = summary.get("verdict")
     if isinstance(verdict, dict) and isinstance(verdict.get("line"), str):
         line = verdict["line"]
-        if fitted and not fits and line.startswith("FITS"):
-            line = "DOES NOT FIT" + line[len("FITS"):]
-        verdict["line"] = (f"{line.rstrip().rstrip('.')}. NCCL's communicators add {format_bytes(point)} on the card outside "
-                           f"the allocator (range {format_bytes(low)} to {format_bytes(high)}, allocsim.nccl): "
-                           f"needs {format_bytes(estimate['total_bytes'])} in all.")
+        if old_word and line.startswith(old_word):
+            line = new_word + line[len(old_word):]
+        verdict["line"] = (f"{line.rstrip().rstrip('.')}. NCCL's communicators add {format_bytes(point)} on the card "
+                           f"outside the allocator (range {format_bytes(low)} to {format_bytes(high)}, "
+                           f"allocsim.nccl): needs {format_bytes(int(estimate['total_bytes']))} in all.")
 
 
 def nccl_text(estimate: dict[str, Any]) -> str:

@@ -1,7 +1,8 @@
 """Every device and optimizer path a script can take runs under ``allocsim capture`` as on one CUDA GPU (issue 39).
 
-One script (``PATHS``) walks the paths and writes what it saw to ``seen.json``; it is captured twice
-(A100 80GB: compute capability 8.0; H100: 9.0) in one module-scoped fixture, and ends with a
+One script (``PATHS``) walks the paths and prints what it saw (a ``SEEN`` line: files it writes go to
+the capture's scratch folder); it is captured twice (A100 80GB: compute capability 8.0; H100: 9.0)
+in one module-scoped fixture, and ends with a
 deliberate error so the same run also shows the script's traceback. The SDPA choice itself is
 checked in this process on meta tensors (``allocsim.torch_capture.sdpa``: no child needed).
 
@@ -136,7 +137,7 @@ lin.compile()
 z = torch.ones(2, 4, device="cuda")
 seen["compile"] = [a(z).is_cuda, twice(z).is_cuda, thrice(z).is_cuda, lin(z).is_cuda]
 
-json.dump(seen, open(sys.argv[1], "w"))
+print("SEEN " + json.dumps(seen))          # stdout: the capture sends file writes to a scratch folder
 
 
 def fails_here(t):
@@ -160,14 +161,13 @@ def runs(tmp_path_factory):
     script.write_text(PATHS)
     results = {}
     for card, gpu in (("A100", A100), ("H100", H100)):
-        seen_path, err_path = folder / f"seen-{card}.json", folder / f"err-{card}.txt"
-        kept = folder / f"kept-{card}"       # the script's writes go to the capture's scratch place, kept here
-        with open(err_path, "w") as err:
-            result, _ = session.capture([sys.executable, str(script), str(seen_path)], str(folder / f"{card}.parquet"),
-                                        gpu=gpu, stderr=err, keep_writes=str(kept))
-        assert not seen_path.exists()          # never written where the script asked
-        seen = json.loads((kept / "files" / str(seen_path).lstrip("/")).read_text())
-        results[card] = (result, read_trace(str(folder / f"{card}.parquet")), seen, err_path.read_text())
+        out_path, err_path = folder / f"out-{card}.txt", folder / f"err-{card}.txt"
+        with open(out_path, "w") as out, open(err_path, "w") as err:
+            result, _ = session.capture([sys.executable, str(script)], str(folder / f"{card}.parquet"),
+                                        gpu=gpu, stdout=out, stderr=err)
+        seen_line = [line for line in out_path.read_text().splitlines() if line.startswith("SEEN ")][-1]
+        results[card] = (result, read_trace(str(folder / f"{card}.parquet")), json.loads(seen_line[len("SEEN "):]),
+                         err_path.read_text())
     return results
 
 

@@ -56,7 +56,7 @@ def test_run_gpu_says_whether_the_model_is_the_recorded_card(tmp_path, cli, rout
         code, out, _ = cli("run", path, "--policy", "pytorch", "--gpu", "H100", "--sites", "0", "--json")
         recorded = json.loads(out)["gpu_estimate"]["recorded_device"]
         assert code == 0 and recorded["same_model"] and recorded["total_matches"]
-        code, out, _ = cli("run", path, "--policy", "pytorch", "--gpu", "A100", "--sites", "0")
+        code, out, _ = cli("run", path, "--policy", "pytorch", "--gpu", "A100 40GB", "--sites", "0")
     line = out.strip().splitlines()[-1]
     assert code == 0 and ("recorded on a different card: 'NVIDIA H100 80GB HBM3' (device 0, 79.18 GiB "
                           "totalGlobalMem), not A100 40GB") in line

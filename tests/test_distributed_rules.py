@@ -151,3 +151,22 @@ def test_a_manifest_too_large_or_not_ours_is_refused(tmp_path, monkeypatch):
     assert not os.path.exists(tmp_path / "missing" / MANIFEST)
     with pytest.raises(ValueError, match="no manifest.json"):
         Manifest.read(str(tmp_path / "missing"))
+
+
+def test_a_rank_sees_its_nodes_gpus_and_selects_its_own(monkeypatch):
+    from allocsim.torch_capture import local_device
+
+    monkeypatch.setattr(local_device, "_current", [0])
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert local_device.count() == 1                       # a single-GPU script
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        local_device.select(1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")              # torchrun --nproc-per-node 8
+    assert local_device.count() == 8
+    local_device.select("cuda:7")
+    assert local_device.current() == 7
+    local_device.select(-1)                                  # CUDA keeps the device for -1
+    assert local_device.current() == 7
+    for word in ("0", "-3", "eight", str(local_device.MAX_DEVICES + 1)):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", word)          # an untrusted word is not a node
+        assert local_device.count() == 1

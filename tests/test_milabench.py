@@ -174,3 +174,60 @@ def test_one_row_end_to_end(tmp_path):
     again, seconds = mb.capture(row, str(tmp_path), sys.executable)
     assert again == path and seconds == 0.0
     json.dumps(mb.predict(row, result, terms))
+
+
+def test_ranges_come_from_calibrate_rows_and_say_what_they_left_out():
+    from validate import milabench_ranges as mr
+
+    local = 200 * MiB
+    calibration = {"terms": [
+        {"card": "L40S", "libraries": "a", "local_bytes": local, "context0_bytes": 190 * MiB, "cudnn_bytes": 20 * MiB,
+         "per_benchmark": {"bert-fp32": {"at_batch_0_mib": 400}, "t5": {"at_batch_0_mib": 450},
+                           "resnet50": {"at_batch_0_mib": 900}}},
+        {"card": "A100-SXM4-80GB", "libraries": "b", "local_bytes": local, "context0_bytes": -5 * MiB,
+         "cudnn_bytes": 900 * MiB,
+         "per_benchmark": {"bert-fp16": {"at_batch_0_mib": -100}, "bert-fp32": {"at_batch_0_mib": 700}}}]}
+    context = mr.context_range(calibration)
+    assert (context["low_bytes"], context["high_bytes"]) == (200 * MiB, 500 * MiB)     # the negative one left out
+    assert [v["kept"] for v in context["values"] if v["benchmark"] == "bert-fp16"] == [False]
+
+    def result(card, bench, ground, predicted, reserved, which="calibrate"):
+        return {"set": which, "card": card, "benchmark": bench, "batch": 8, "libraries": {"torch": "2.6.0+cu126"},
+                "ground_bytes": ground * MiB, "predicted_bytes": predicted * MiB, "reserved_peak_bytes": reserved * MiB,
+                "error": (predicted - ground) / ground}
+    results = [result("L40S", "bert-fp32", 1000, 1010, 500), result("L40S", "resnet50", 1100, 1000, 500),
+               result("L40S", "resnet50", 950, 1000, 500), result("H100", "resnet50", 5000, 1000, 500, "check"),
+               result("A100-SXM4-80GB", "bert-fp32", 1000, 500, 400), result("A100-SXM4-80GB", "resnet50", 9000, 1000, 400)]
+    shares, left_out = mr.cudnn_shares(results)
+    assert sorted(s["share"] for s in shares) == [-0.1, 0.2]      # L40S only: the A100 group is not reproduced
+    assert len(left_out) == 1 and left_out[0].startswith("A100-SXM4-80GB") and "50.0%" in left_out[0]
+    fitted = mr.fit_ranges(calibration, results)
+    assert fitted["cudnn_kernels_low_bytes"] == 20 * MiB and fitted["cudnn_kernels_high_bytes"] == 20 * MiB
+    assert fitted["cudnn_share_high"] >= 0.2 and fitted["cudnn_share_low"] <= -0.1
+    assert not any("H100" in s["row"] for s in fitted["cudnn_shares"])
+
+
+def test_range_predictions_coverage_and_false_fits_per_model():
+    from validate import milabench_ranges as mr
+
+    ranges = {"context0_low_bytes": 100 * MiB, "context0_high_bytes": 900 * MiB, "cudnn_kernels_low_bytes": 0,
+              "cudnn_kernels_high_bytes": 50 * MiB, "cudnn_share_low": -0.05, "cudnn_share_high": 0.1}
+    terms = {"context_bytes": 500 * MiB, "cudnn_bytes": 20 * MiB, "from": "t"}
+    row = _row("H100", "resnet50", 64, 30000, "check")
+    res = {"reserved_peak_bytes": 28000 * MiB, "completed": True}
+    out = {**row, **res, **mb.predict(row, res, terms, ranges)}
+    assert out["low_bytes"] < out["predicted_bytes"] < out["high_bytes"]
+    low, point, high = mr.nvml_reserved_range("H100")
+    assert out["high_bytes"] - out["predicted_bytes"] == (900 * MiB + mb.local_bytes("H100") - 500 * MiB
+                                                         + 30 * MiB + int(0.1 * 28000 * MiB) + high - point)
+    plain = {**_row("H100", "bert-fp32", 64, 30000, "check"), **res}
+    plain.update(mb.predict(plain, res, terms, ranges))
+    assert plain["high_bytes"] - plain["predicted_bytes"] < out["high_bytes"] - out["predicted_bytes"]  # no cuDNN term
+    s = mr.range_summary([out, plain])
+    assert s["rows"] == 2 and s["inside"] + s["above_high"] + s["below_low"] == 2
+    # a row whose truth is above its high end is a card on which allocsim says FITS and the run does not fit
+    above = {**out, "ground_bytes": out["high_bytes"] + 2 * (1 << 30)}
+    wrong = mr.false_fits_on_models([above])
+    assert wrong and all(w["high_bytes"] <= w["gpu_total_bytes"] < w["need_bytes"] for w in wrong)
+    assert mr.false_fits_on_models([out]) == [] if out["ground_bytes"] <= out["high_bytes"] else True
+    assert "| check | all | 2 |" in mr.format_range_summary([out, plain])

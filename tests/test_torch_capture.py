@@ -132,6 +132,8 @@ def test_memory_after_each_step_is_parameters_state_and_live_tensors(captured):
     assert marks[1] == marks[2] == expected + sum(PARAM_BYTES)
     assert len(marks) == 3
     assert captured.meta.version_hints["optimizer_steps"] == 2
+    # cuDNN's flags as the script left them (PyTorch's defaults here): run --gpu warns on benchmark
+    assert captured.meta.version_hints["cudnn_flags"] == {"benchmark": False, "allow_tf32": True}
 
 
 def test_every_request_has_a_stack_with_the_operator_and_script_line(captured):

@@ -485,9 +485,12 @@ def terms_for(row: dict[str, Any], calibration: dict[str, Any] | None) -> dict[s
             "from": f"{chosen['card']}, {chosen['libraries']}"}
 
 
-def predict(row: dict[str, Any], result: dict[str, Any], terms: dict[str, Any]) -> dict[str, Any]:
-    """allocsim's figure in NVML terms (comparable with the row) and on the CUDA side (the fit verdict)."""
+def predict(row: dict[str, Any], result: dict[str, Any], terms: dict[str, Any],
+            ranges: dict[str, Any] | None = None) -> dict[str, Any]:
+    """allocsim's figure in NVML terms (comparable with the row), its low and high end (``milabench_ranges``),
+    and on the CUDA side the verdict: "fits" only when the high end is within the card's CUDA total."""
     from allocsim.gpus import find_gpu   # noqa: PLC0415
+    from validate.milabench_ranges import nvml_reserved_range, predict_range   # noqa: PLC0415
 
     card = CARDS[row["card"]]
     gpu = find_gpu(card["model"])
@@ -495,11 +498,14 @@ def predict(row: dict[str, Any], result: dict[str, Any], terms: dict[str, Any]) 
     cuda_side = result["reserved_peak_bytes"] + terms["context_bytes"] + terms["cudnn_bytes"]
     predicted = cuda_side + card["nvml_reserved_mib"] * MiB
     ground = row["memory_mib"] * MiB
+    ends = predict_range(row, result, terms, ranges)
+    high_cuda = ends["high_bytes"] - nvml_reserved_range(row["card"])[2]
     return {"predicted_bytes": int(predicted), "ground_bytes": int(ground),
             "error": (predicted - ground) / ground,
             "false_fit": predicted <= ground * (1 - FALSE_FIT_MARGIN),
-            "fits": bool(result["completed"]) and cuda_side <= cuda_total, "cuda_total_bytes": cuda_total,
-            "terms_from": terms["from"]}
+            "fits_point": bool(result["completed"]) and cuda_side <= cuda_total,
+            "fits": bool(result["completed"]) and high_cuda <= cuda_total, "cuda_total_bytes": cuda_total,
+            **ends, "terms_from": terms["from"]}
 
 
 def capacity_for(row: dict[str, Any], terms: dict[str, Any]) -> int:
@@ -534,7 +540,7 @@ def evaluate(rows: list[dict[str, Any]], work: str, python: str, jobs: int,
         if "error_message" in res:
             out.append({**row, "failed": res["error_message"]})
             continue
-        out.append({**row, **res, **predict(row, res, res["terms"])})
+        out.append({**row, **res, **predict(row, res, res["terms"], (calibration or {}).get("ranges"))})
     return out
 
 
@@ -548,6 +554,11 @@ def calibrate(rows: list[dict[str, Any]], work: str, python: str, jobs: int, log
     ok = [r for r in second if "failed" not in r]
     fitted = fit_terms(ok, ok)
     fitted["rows"] = len(ok)
+    # the ranges: from the terms just fitted and the calibrate rows evaluated under them
+    from validate.milabench_ranges import fit_ranges   # noqa: PLC0415
+
+    third = [r for r in evaluate(cal_rows, work, python, jobs, fitted, log) if "failed" not in r]
+    fitted["ranges"] = fit_ranges(fitted, third)
     return fitted
 
 
@@ -589,15 +600,19 @@ def format_tables(results: list[dict[str, Any]]) -> str:
     for which, card in keys:
         group = [r for r in results if r["set"] == which and r["card"] == card]
         lines.append(f"\n**{which}: milabench {card}** ({CARDS[card]['model']}; {group[0]['file']} @{group[0]['commit']})\n")
-        lines.append("| benchmark | batch | ground MiB | allocsim MiB | error | fits (real: yes) |")
-        lines.append("|---|---|---|---|---|---|")
+        lines.append("| benchmark | batch | ground MiB | allocsim MiB | error | range MiB | fits at the high end (real: "
+                     "yes) |")
+        lines.append("|---|---|---|---|---|---|---|")
         for r in sorted(group, key=lambda r: (r["benchmark"], r["batch"])):
             if "error" not in r:
-                lines.append(f"| {r['benchmark']} | {r['batch']} | {r['memory_mib']:,.0f} | capture failed | | |")
+                lines.append(f"| {r['benchmark']} | {r['batch']} | {r['memory_mib']:,.0f} | capture failed | | | |")
                 continue
             flag = " **false fit**" if r["false_fit"] else ""
+            outside = (" **above**" if r["ground_bytes"] > r["high_bytes"] else
+                       " (below)" if r["ground_bytes"] < r["low_bytes"] else "")
             lines.append(f"| {r['benchmark']} | {r['batch']} | {r['memory_mib']:,.0f} | "
-                         f"{r['predicted_bytes'] / MiB:,.0f} | {r['error']:+.1%}{flag} | {'yes' if r['fits'] else 'no'} |")
+                         f"{r['predicted_bytes'] / MiB:,.0f} | {r['error']:+.1%}{flag} | {r['low_bytes'] / MiB:,.0f} to "
+                         f"{r['high_bytes'] / MiB:,.0f}{outside} | {'yes' if r['fits'] else 'no'} |")
         s = summarize(group)
         if s["rows"]:
             lines.append(f"\n{s['rows']} rows: median absolute error {s['median_abs_error']:.1%}, worst "

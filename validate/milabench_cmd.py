@@ -56,7 +56,11 @@ def main(args: argparse.Namespace) -> int:
         calibration = milabench.calibrate(rows, args.work, args.python, args.jobs, _log)
         with open(milabench.CALIBRATION_PATH, "w", encoding="utf-8") as fh:
             json.dump(calibration, fh, indent=1)
+        ranges = calibration["ranges"]
         print(f"terms written to validate/milabench_calibration.json\n\n{milabench.format_terms(calibration)}\n")
+        print(f"ranges: context0 {ranges['context0_low_bytes'] / milabench.MiB:.0f} to "
+              f"{ranges['context0_high_bytes'] / milabench.MiB:.0f} MiB; cuDNN {ranges['cudnn_share_low']:+.1%} to "
+              f"{ranges['cudnn_share_high']:+.1%} of the reserved peak\n")
     elif os.path.exists(milabench.CALIBRATION_PATH):
         with open(milabench.CALIBRATION_PATH, encoding="utf-8") as fh:
             calibration = json.load(fh)
@@ -68,6 +72,14 @@ def main(args: argparse.Namespace) -> int:
     if calibration and not args.calibrate:
         print(milabench.format_terms(calibration) + "\n")
     print(milabench.format_summary(results) if args.summary else milabench.format_tables(results))
+    if calibration and calibration.get("ranges"):
+        from . import milabench_ranges
+
+        print("\nThe ranges (low and high end of every unknown term):\n")
+        print(milabench_ranges.format_range_summary(results))
+        wrong = milabench_ranges.false_fits_on_models([r for r in results if r["set"] == "check"])
+        print(f"\ncheck rows x GPU models where allocsim says FITS and the real run needs more: {len(wrong)}"
+              + "".join(f"\n  {w['row']} on {w['gpu']}" for w in wrong[:20]))
     for which in ("calibrate", "check"):
         s = milabench.summarize([r for r in results if r["set"] == which])
         if s["rows"]:

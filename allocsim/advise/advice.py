@@ -157,7 +157,8 @@ def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | No
 
     ``gpu`` (a ``gpus.GpuModel``, instead of ``capacity_bytes``): the memory that card leaves the
     allocator, as ``run --gpu`` resolves it for this trace (cuBLAS workspaces not taken off twice
-    when the trace holds them).
+    when the trace holds them), with the unknown terms (``gpu_ranges``) at the high end of their
+    ranges, so a setting that fits fits whatever they are within them.
 
     ``command_args`` go into every printed ``allocsim run`` command (the ``--cost-model`` options that
     built ``cost_model``, so the command replays on the same device; the read options). ``lenient``
@@ -175,10 +176,13 @@ def advise(trace_path: str, *, policy: str = "pytorch", capacity_bytes: int | No
     device_note = picked_device_note(trace.devices) if device is None else None
     trace = select_device(trace, device)
     if gpu is not None:
+        from ..gpu_ranges import is_capture, runs_cudnn
         from ..gpus import allocator_capacity
         from ..trace.inference.workspaces import cublas_workspaces_in_trace
 
-        capacity_bytes = allocator_capacity(gpu, cublas_workspaces_in_trace(trace.meta))
+        # A setting "fits" only with every unknown term at the high end of its range (gpu_ranges).
+        capacity_bytes = allocator_capacity(gpu, cublas_workspaces_in_trace(trace.meta), end="high",
+                                            cudnn=runs_cudnn(trace), capture=is_capture(trace))
     if is_state_only(trace):
         raise ValueError(f"{trace.meta.source} holds a final state and no history to replay: advise needs a "
                          f"recorded history ({HOW_TO_RECORD}); `allocsim info` reports the recorded state")

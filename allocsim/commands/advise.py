@@ -129,10 +129,20 @@ def main(args: argparse.Namespace) -> int:
         print("allocsim advise: interrupted; finished runs are journaled: rerun the same command to resume",
               file=sys.stderr)
         return 130
+    bet = None
+    if gpu is not None:
+        from ..units import format_bytes
+
+        bet = (f"--gpu {gpu.name}: the capacity is its memory less its own terms with what a CPU run cannot know "
+               f"at the high end of its range ({format_bytes(advice.capacity_bytes)}), so a setting listed fits "
+               "whatever those are within their ranges (allocsim gpus; docs/capture.md, 'Ranges you can bet on')")
     if args.json:
-        print_json({**advice_to_dict(advice), **({"gpu_note": gpu_note} if gpu_note else {})})
+        print_json({**advice_to_dict(advice), **({"gpu_note": gpu_note} if gpu_note else {}),
+                    **({"gpu_capacity_note": bet} if bet else {})})
     else:
         print(format_advice(advice))
+        if bet:
+            print(f"note: {bet}")
         if gpu_note:
             print(f"note: {gpu_note}")
     if advice.error_groups():   # a run that crashed leaves the search incomplete: never a clean 0

@@ -25,12 +25,15 @@ def main(args: argparse.Namespace) -> int:
         print_json({"gpus": rows})
         return 0
     print(f"{'GPU':<11} {'sm':>3} {'memory':>11} {'recorded':>8} {'context':>11} {'libraries':>11} "
-          f"{'workspaces':>11} {'for tensors':>12}")
+          f"{'workspaces':>11} {'for tensors':>12}  context range")
     for row in rows:
         print(f"{row['name']:<11} {row['sm']:>3} {format_bytes(row['total_bytes']):>11} "
               f"{'yes' if row['total_verified'] else 'no':>8} "
               f"{format_bytes(row['context_bytes']):>11} {format_bytes(row['library_bytes']):>11} "
-              f"{format_bytes(row['workspace_bytes']):>11} {format_bytes(row['allocator_capacity_bytes']):>12}")
+              f"{format_bytes(row['workspace_bytes']):>11} {format_bytes(row['allocator_capacity_bytes']):>12}  "
+              f"{format_bytes(row['context_low_bytes'])} to {format_bytes(row['context_high_bytes'])}")
+    print("context range: the least and the most the CUDA context and loaded kernels took on the calibrated cards "
+          "and library versions; a verdict says FITS only when the run fits with the most (allocsim.gpu_ranges)")
     print("sources (allocsim gpus --json has them per GPU):")
     for key, text in rows[0]["sources"].items():
         if key != "total_bytes":

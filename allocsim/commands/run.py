@@ -19,6 +19,10 @@ Code sites (``--sites N``, ``--site-filter PATHS``): who holds the memory at the
 memory and at the first OOM, and who causes the waste at the peak of reserved memory, by the
 innermost frame of the program (``allocsim.metrics.sites.report``; JSON ``sites``).
 
+``--gpu NAME``: the card's memory less its own terms; the verdict bets on the high end of what a
+CPU run cannot know (``allocsim.gpu_ranges``: FITS, FITS UNLESS <term>, DOES NOT FIT), and a capture
+needs no ``--policy`` (pytorch is taken).
+
 Capacity: ``--capacity SIZE``, else the capacity the recording implies (said in the output), else
 unlimited. The last line is the verdict. Exit status: 0 when it fits (or no capacity), 3 on a
 simulated out-of-memory, 4 when the trace stops before its script's end (``INCOMPLETE TRACE`` in the
@@ -46,9 +50,10 @@ from .info import add_site_args, add_state_args, site_options, state_options
 #: Exit status of a run that ran out of memory in the simulation.
 EXIT_OOM = 3
 
-EXIT_STATUS_HELP = ("exit status: 0 = fits (or no capacity to check), 3 = the simulation ran out of memory, "
-                    "4 = the trace stops before the script's end (an incomplete capture; --allow-incomplete: "
-                    "the verdict's status), 2 = usage or input error")
+EXIT_STATUS_HELP = ("exit status: 0 = fits (or no capacity to check), 3 = the simulation ran out of memory (with "
+                    "--gpu: anything but FITS, which needs the unknown terms' high end to fit), 4 = the trace stops "
+                    "before the script's end (an incomplete capture; --allow-incomplete: the verdict's status), "
+                    "2 = usage or input error")
 
 
 def register(subparsers) -> None:
@@ -68,9 +73,10 @@ def register(subparsers) -> None:
                + EXIT_STATUS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_trace_args(parser)
-    parser.add_argument("--policy", required=True, metavar="NAME[:SETTINGS]",
+    parser.add_argument("--policy", default=None, metavar="NAME[:SETTINGS]",
                         help="policy name (see `allocsim policies`); pytorch:SETTINGS takes PYTORCH_CUDA_ALLOC_CONF "
-                             "syntax, other policies NAME:KEY:VALUE,...")
+                             "syntax, other policies NAME:KEY:VALUE,...; required, except for a trace `allocsim "
+                             "capture` wrote, which records PyTorch's caching allocator (pytorch is then the default)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
                         help="set a policy parameter (repeatable); sizes take units: --set max_split_size=200MiB")
     conf = parser.add_mutually_exclusive_group()
@@ -223,6 +229,25 @@ def resolve_policy(policy: str, settings: list[str], alloc_conf: str | None = No
     return spec.name, merge_settings(*sources)
 
 
+def default_policy(args: argparse.Namespace, trace: Any) -> None:
+    """Fill in ``--policy pytorch`` for a capture (and say so on stderr); refuse a missing one otherwise.
+
+    A capture records the requests PyTorch's caching allocator gets, so no other policy is what the
+    GPU run would use; any other trace can be replayed under several, so the choice is the user's.
+    """
+    if args.policy is not None:
+        return
+    from ..gpu_ranges import is_capture
+
+    if not is_capture(trace):
+        raise ValueError("give --policy NAME (allocsim policies lists them): only a trace allocsim capture wrote "
+                         "implies one (pytorch)")
+    args.policy = "pytorch"
+    print("allocsim run: --policy pytorch (the trace is an allocsim capture: PyTorch's caching allocator)",
+          file=sys.stderr)
+    resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf, paddle_flags(args))
+
+
 def execute(args: argparse.Namespace, trace: Any = None):
     """Run what ``args`` asks for and return the ``RunResult`` (raises on bad input); ``trace``: already read.
 
@@ -237,6 +262,9 @@ def execute(args: argparse.Namespace, trace: Any = None):
     if gpu is not None and given is not None:
         raise ValueError("give --gpu or --capacity, not both")
     cost_model = cost_model_from_args(args)
+    if trace is None:
+        trace = load_trace(args)
+    default_policy(args, trace)
     name, params = resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf, paddle_flags(args))
     limit = flags_limit_bytes(args)
     site_filter, top = site_options(args) if hasattr(args, "sites") else (None, 0)
@@ -244,10 +272,12 @@ def execute(args: argparse.Namespace, trace: Any = None):
     note_picked_device("run", trace, args.device)
     trace = select_device(trace, args.device)
     if gpu is not None:
+        from ..gpu_ranges import is_capture as captured, runs_cudnn
         from ..gpus import allocator_capacity
         from ..trace.inference.workspaces import cublas_workspaces_in_trace
 
-        given = allocator_capacity(gpu, cublas_workspaces_in_trace(trace.meta))
+        given = allocator_capacity(gpu, cublas_workspaces_in_trace(trace.meta), cudnn=runs_cudnn(trace),
+                                   capture=captured(trace))
     capacity = resolve_capacity(trace, given)
     if limit is not None and (capacity.bytes is None or limit < capacity.bytes):
         # FLAGS_gpu_memory_limit_mb caps the bytes Paddle cudaMallocs, below whatever the device has.
@@ -260,7 +290,7 @@ def execute(args: argparse.Namespace, trace: Any = None):
         add_sites(result, trace, name, params, capacity.bytes, cost_model, site_filter, top, args.continue_on_oom,
                   categories)
     if gpu is not None:
-        add_gpu_estimate(result, gpu, trace)
+        add_gpu_estimate(result, gpu, trace, name, params)
     mark_incomplete_run(result.summary, trace.meta.incomplete)
     return result
 
@@ -293,27 +323,86 @@ def _gpu(args: argparse.Namespace) -> Any:
     return find_gpu(name) if name is not None else None      # `--gpu ''` is refused, never ignored
 
 
-def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None) -> None:
+def gpu_replays(trace: Any, gpu: Any, policy: str, params: dict[str, Any], point_fits: bool,
+                in_trace: bool, cudnn: bool, capture: bool = False,
+                point_peak_bytes: int | None = None) -> dict[str, Any]:
+    """What ``--gpu`` needs beyond the replay at the point capacity: whether the run fits at the low and
+    the high end of the unknown terms, and the reserved peak the estimate counts.
+
+    Each end's answer is the replay at that end's ``allocator_capacity`` (the allocator frees its
+    cache and retries there as PyTorch does); no replay is made where the peak with no capacity limit
+    settles it. The peak counted is the one of the replay that decided the verdict: at the high end's
+    capacity for a FITS (``fit`` and ``scale --find-max`` count the same), at the point's for a run
+    that fits there, else the peak with no capacity limit (what the run needs, never what it held when
+    it ran out of memory).
+    """
+    from ..gpus import allocator_capacity
+    from ..metrics.verdict import GIVEN
+    from ..runner import Capacity, simulate_trace
+
+    def replay(capacity: int | None) -> dict[str, Any]:
+        cap = Capacity(capacity, GIVEN) if capacity is not None else Capacity(None, None)
+        return simulate_trace(trace, policy, params, capacity=cap, fast=True).summary
+
+    unlimited = int(replay(None).get("peak_reserved_bytes") or 0)
+    high_capacity = allocator_capacity(gpu, in_trace, end="high", cudnn=cudnn, capture=capture)
+    if unlimited <= high_capacity:
+        fits_high, high_peak = True, unlimited
+    else:
+        squeezed = replay(high_capacity) if high_capacity > 0 else None
+        fits_high = squeezed is not None and bool(squeezed["verdict"]["fits"])
+        high_peak = int(squeezed.get("peak_reserved_bytes") or 0) if fits_high else None
+    low_capacity = allocator_capacity(gpu, in_trace, end="low", cudnn=cudnn, capture=capture)
+    fits_low = (point_fits or fits_high or unlimited <= low_capacity
+                or (low_capacity > 0 and bool(replay(low_capacity)["verdict"]["fits"])))
+    if high_peak is not None:
+        peak = high_peak
+    elif point_fits and point_peak_bytes is not None:
+        peak = point_peak_bytes
+    else:
+        peak = unlimited
+    return {"unlimited_peak_reserved_bytes": unlimited, "peak_reserved_bytes": peak, "fits_low": fits_low,
+            "fits_high": fits_high}
+
+
+def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None, policy: str = "pytorch",
+                     params: dict[str, Any] | None = None) -> None:
     """Put ``gpu_estimate`` in the summary and say the GPU's memory in the verdict line.
 
-    Where the trace states the card it was recorded on (``meta.device_properties``), the estimate's
-    ``recorded_device`` says whether ``gpu`` is that card and whether its total is the recorded one.
+    The estimate counts the peak the run reserves with no capacity limit (what it needs) plus the
+    card's own terms, each unknown one with its range (``gpu_ranges``); the verdict's first word is
+    FITS only when the high end fits, FITS UNLESS <term> between the ends, DOES NOT FIT when even
+    the low end does not. Where the trace states the card it was recorded on
+    (``meta.device_properties``), the estimate's ``recorded_device`` says whether ``gpu`` is that
+    card and whether its total is the recorded one.
     """
-    from ..gpus import gpu_estimate, recorded_device_check
+    from ..gpu_ranges import benchmark_note, is_capture as captured, runs_cudnn, verdict_words
+    from ..gpus import gpu_estimate, recorded_device_check, terms_of
     from ..trace.inference.workspaces import cublas_workspaces_in_trace
 
     summary = result.summary
     in_trace = trace is not None and cublas_workspaces_in_trace(trace.meta)
-    estimate = gpu_estimate(gpu, int(summary.get("peak_reserved_bytes") or 0), workspaces_in_trace=in_trace)
+    cudnn = trace is not None and runs_cudnn(trace)
+    capture = trace is not None and captured(trace)
+    verdict = summary.get("verdict") or {}
+    point_fits = verdict.get("fits") is not False
+    if trace is not None:
+        ends = gpu_replays(trace, gpu, policy, dict(params or {}), point_fits, in_trace, cudnn, capture,
+                           int(summary.get("peak_reserved_bytes") or 0))
+    else:
+        peak = int(summary.get("peak_reserved_bytes") or 0)
+        ends = {"unlimited_peak_reserved_bytes": peak, "peak_reserved_bytes": peak, "fits_low": None,
+                "fits_high": None}
+    peak = ends["peak_reserved_bytes"]
+    estimate = gpu_estimate(gpu, peak, workspaces_in_trace=in_trace, cudnn=cudnn, capture=capture,
+                            fits_low=ends["fits_low"],
+                            fits_point=point_fits, fits_high=ends["fits_high"])
     devices = trace.devices if trace is not None else []
     recorded = trace.meta.device_properties.get(str(devices[0])) if len(devices) == 1 else None
     estimate["recorded_device"] = None if recorded is None else recorded_device_check(gpu, devices[0], recorded)
-    verdict = summary.get("verdict") or {}
-    if verdict.get("fits") is False:
-        # the allocator ran out of the memory the GPU leaves it; a caveat only ever qualifies a fit
-        estimate.update(fits=False, fits_proven=False, caveat=None)
+    estimate["unlimited_peak_reserved_bytes"] = ends["unlimited_peak_reserved_bytes"]
     summary["gpu_estimate"] = estimate
-    word = "FITS" if estimate["fits"] else "DOES NOT FIT"
+    word = verdict_words(estimate, terms_of(gpu, peak, cudnn, capture))
     label = "" if gpu.verified else ", label"
     notes = [estimate["caveat"]] if estimate["caveat"] else []
     if estimate["recorded_device"] is not None and not estimate["recorded_device"]["total_matches"]:
@@ -323,15 +412,25 @@ def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None) -> None:
         estimate["captured_for"] = captured_on
         notes.append(f"captured for {captured_on}: its kernels' scratch and cuBLAS workspaces are that card's; "
                      f"capture again with --gpu \"{gpu.name}\" for this one's")
+    bench = benchmark_note(trace) if cudnn and trace is not None else None
+    if bench:
+        estimate["cudnn_benchmark_note"] = bench
+        notes.append(bench)
     caveat = f" ({'; '.join(notes)})" if notes else ""
+    terms = terms_of(gpu, peak, cudnn, capture)
+    unknown = "".join(f" + {t.text()}" for t in terms)
+    # A replay at an end's capacity can complete below the unlimited peak: the allocator frees its cache
+    squeezed = (f" (the allocator frees cached blocks to stay within the card: with no limit the run reserves "
+                f"{format_bytes(ends['unlimited_peak_reserved_bytes'])})"
+                if ends["unlimited_peak_reserved_bytes"] > peak else "")
     verdict["line"] = (f"{word} on {gpu.name} ({format_bytes(gpu.total_bytes)}{label}){caveat}: needs "
-                       f"{format_bytes(estimate['total_bytes'])} = reserved peak "
+                       f"{format_bytes(estimate['total_bytes'])} ({format_bytes(estimate['total_low_bytes'])} to "
+                       f"{format_bytes(estimate['total_high_bytes'])}){squeezed} = reserved peak "
                        f"{format_bytes(estimate['reserved_peak_bytes'])}"
                        + (" (cuBLAS workspaces included)" if in_trace else
                           f" + cuBLAS workspaces {format_bytes(estimate['workspace_bytes'])}")
-                       + " + libraries "
-                       f"{format_bytes(estimate['library_bytes'])} + CUDA context "
-                       f"{format_bytes(estimate['context_bytes'])}. " + str(verdict.get("line", "")))
+                       + f" + libraries {format_bytes(estimate['library_bytes'])}{unknown}. "
+                       + str(verdict.get("line", "")))
 
 
 def add_sites(result: Any, trace: Any, policy: str, params: dict[str, Any], capacity_bytes: int | None,
@@ -370,8 +469,12 @@ def format_run(result: Any) -> str:
 
 
 def exit_status(summary: dict[str, Any]) -> int:
-    """0 when the run fits or has no capacity, ``EXIT_OOM`` when it ran out of memory."""
+    """0 when the run fits or has no capacity, ``EXIT_OOM`` when it ran out of memory; with ``--gpu``,
+    0 only when it fits at the high end of the unknown terms (a "FITS UNLESS" is ``EXIT_OOM`` too)."""
     verdict = summary.get("verdict") or {}
+    estimate = summary.get("gpu_estimate")
+    if estimate is not None:
+        return 0 if estimate.get("verdict") == "fits" else EXIT_OOM
     return EXIT_OOM if verdict.get("fits") is False else 0
 
 
@@ -425,8 +528,9 @@ def main(args: argparse.Namespace) -> int:
 
         return run_folder(args, execute, check_args, EXIT_OOM)
     try:
-        resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf,
-                       paddle_flags(args))   # bad input first
+        if args.policy is not None:
+            resolve_policy(args.policy, args.settings, args.alloc_conf, args.env_alloc_conf,
+                           paddle_flags(args))   # bad input first
         state_options(args)
         site_options(args)
         if args.out_dir:
@@ -434,6 +538,7 @@ def main(args: argparse.Namespace) -> int:
 
             check_output_folder(args.out_dir, files=(*RESULT_FILES, "state.json"))
         trace = load_trace(args)
+        default_policy(args, trace)
         state = state_only(args, trace) if is_state_only(trace) else None
         result = execute(args, trace) if state is None else None
         ends = _judge_ends(args, trace) if result is not None else None

@@ -28,7 +28,7 @@ from fractions import Fraction
 
 from ..errors import AllocsimError
 from ..trace import write_trace
-from ..units import parse_bytes
+from ..units import format_bytes, parse_bytes
 from ..metrics.verdict import incomplete_line
 from .common import add_incomplete_arg, add_read_args, incomplete_status, print_json, trace_limits
 
@@ -171,16 +171,23 @@ def _find_max(args: argparse.Namespace, scaler) -> int:
     from ..scale.findmax import find_max
     from ..sweep.executors import make_executor
 
-    gpu_note = None
+    gpu_note = point = None
     if args.gpu is not None:
+        from ..gpu_ranges import is_capture, runs_cudnn
         from ..gpus import allocator_capacity, find_gpu, label_note
 
         from ..trace.inference.workspaces import cublas_workspaces_in_trace
 
+        gpu = find_gpu(args.gpu)
         in_trace = all(cublas_workspaces_in_trace(item.trace.meta) for item in scaler.inputs)
-        capacity = allocator_capacity(find_gpu(args.gpu), in_trace)
-        where = ["--gpu", find_gpu(args.gpu).name]
-        gpu_note = label_note(find_gpu(args.gpu))
+        cudnn = any(runs_cudnn(item.trace) for item in scaler.inputs)
+        capture = all(is_capture(item.trace) for item in scaler.inputs)
+        # FITS only at the high end of the unknown terms (gpu_ranges): that is the search's capacity;
+        # the answer at their point estimate is searched after, with the answer's setting.
+        capacity = allocator_capacity(gpu, in_trace, end="high", cudnn=cudnn, capture=capture)
+        point = allocator_capacity(gpu, in_trace, end="point", cudnn=cudnn, capture=capture)
+        where = ["--gpu", gpu.name]
+        gpu_note = label_note(gpu)
     else:
         capacity = parse_bytes(args.capacity, round_down=True)
         where = ["--capacity", args.capacity]
@@ -190,18 +197,33 @@ def _find_max(args: argparse.Namespace, scaler) -> int:
         found = find_max(scaler, capacity, policy=args.policy, multiple=args.multiple_of, max_value=args.max_value,
                          advise=not args.no_advise, executor=executor, log=log)
     best = found.best
+    at_point = None
+    if point is not None and point != capacity:
+        from ..scale.findmax import largest_with_setting
+
+        params = best.at_value.params if best.at_value is not None else None
+        value, failing = largest_with_setting(scaler, point, args.policy, params, best.value or args.multiple_of,
+                                              args.multiple_of, found.max_value)
+        at_point = {"capacity_bytes": point, "value": value, "first_failing": failing,
+                    "line": (f"at the point estimate of the unknown terms (capacity {format_bytes(point)}, the "
+                             f"search above took their high end, {format_bytes(capacity)}): {found.scale_name} "
+                             f"{value} fits with the same setting"
+                             + (f", {failing} does not" if failing is not None else ""))}
     result = scaler.at(Fraction(best.value)) if best.value is not None else None
     if result is not None and args.output:
         write_trace(result.trace, args.output)
     if args.json:
         print_json({"output": args.output if result is not None else None, "find_max": found.to_dict(),
                     "report_at_answer": result.report.to_dict() if result is not None else None,
+                    **({"point_estimate": at_point} if at_point is not None else {}),
                     **({"gpu_note": gpu_note} if gpu_note else {}), **_incomplete_keys(scaler.incomplete)})
     else:
         if result is not None:
             print(result.report.format_text())
             print()
         print(found.format_text())
+        if at_point is not None:
+            print(f"  {at_point['line']}")
         if gpu_note:
             print(f"note: {gpu_note}")
         if result is not None and args.output:

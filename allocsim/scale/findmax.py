@@ -349,3 +349,26 @@ def _advise_probe(trace, value: int, capacity_bytes: int, policy: str, executor:
     return Probe(value, True, peak, best.outcome.peak_reserved_bytes,
                  f"{best.line} (peak reserved {format_bytes(best.outcome.peak_reserved_bytes)})",
                  advice.preset.run_args(best.outcome.params), dict(best.outcome.params))
+
+
+def largest_with_setting(scaler: Scaler, capacity_bytes: int, policy: str, params: dict[str, Any] | None,
+                         start_value: int, multiple: int, limit_value: int) -> tuple[int | None, int | None]:
+    """``(largest value, first that does not fit)`` at ``capacity_bytes`` with the one setting ``params``.
+
+    ``start_value`` (a multiple of ``multiple``) is where the search starts: the answer at a smaller
+    capacity, so the search gallops up from it (a value that fits means every smaller one does).
+    Used for the answer at the point estimate of the unknown terms, beside the high end's answer.
+    """
+    capacity = Capacity(capacity_bytes, GIVEN)
+
+    def fits(k: int) -> bool:
+        trace = scaler.at(Fraction(k * multiple), with_range=False).trace
+        return bool(simulate_trace(trace, policy, params, capacity=capacity, fast=True).summary["verdict"]["fits"])
+
+    start = max(1, start_value // multiple)
+    limit = max(start, limit_value // multiple)
+    if not fits(start):
+        fit, fail = largest_fitting(fits, 0, start, limit)
+    else:
+        fit, fail = largest_fitting(fits, start, None, limit, start)
+    return (fit * multiple if fit else None), (fail * multiple if fail else None)

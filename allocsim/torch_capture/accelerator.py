@@ -7,7 +7,7 @@ for a GPU ask exactly these (``pytorch/examples``, Hugging Face ``accelerate`` a
 ``DataParallel``), so inside a capture:
 
 * ``torch.accelerator``: ``current_accelerator()`` is ``device(type='cuda')``,
-  ``is_available()``, ``device_count()`` (1), ``current_device_index``/``current_device_idx`` (0),
+  ``is_available()``, ``device_count()`` and ``current_device_index``/``current_device_idx`` (``local_device``),
   ``set_device_index``/``set_device_idx``, ``device_index(i)`` (a context that selects nothing:
   there is one GPU), ``current_stream``/``set_stream`` (the capture's streams, ``cuda_api``),
   ``synchronize``, ``get_device_capability``, and the memory functions of
@@ -27,13 +27,15 @@ from typing import Any
 
 import torch
 
+from . import local_device
+from .signatures import conform, noop
 from .tracker import CAPTURE_DEVICE
 
 
 class DeviceIndex:
-    """``torch.accelerator.device_index(i)`` / ``torch.cuda.device(i)``: selects GPU ``i`` of one, so nothing changes."""
+    """``torch.accelerator.device_index(i)``: selects GPU ``i`` of one, so nothing changes (torch's signature: ``(device, /)``)."""
 
-    def __init__(self, device: Any = None, /) -> None:
+    def __init__(self, device: Any, /) -> None:
         self.idx = device if isinstance(device, int) else 0
         self.prev_idx = -1
 
@@ -42,6 +44,13 @@ class DeviceIndex:
 
     def __exit__(self, *exc_info: object) -> bool:
         return False
+
+
+class CudaDevice(DeviceIndex):
+    """``torch.cuda.device(i)`` (``device=`` may be named, as torch's ``(device)`` allows)."""
+
+    def __init__(self, device: Any) -> None:
+        super().__init__(device)
 
 
 class DeviceOf(DeviceIndex):
@@ -66,7 +75,10 @@ def _device_module(original: Any) -> Any:
 
 
 def shims(cuda_table: dict[tuple[Any, str], Any]) -> dict[tuple[Any, str], Any]:
-    """``{(owner, attribute): replacement}`` for ``torch.accelerator`` and the device contexts, reusing ``cuda_table``'s answers."""
+    """``{(owner, attribute): replacement}`` for ``torch.accelerator`` and the device contexts, reusing ``cuda_table``'s answers.
+
+    Every replacement function takes the installed torch's arguments (``signatures.conform``).
+    """
     cuda = torch.cuda
 
     def from_cuda(name: str) -> Any:
@@ -78,20 +90,19 @@ def shims(cuda_table: dict[tuple[Any, str], Any]) -> dict[tuple[Any, str], Any]:
     accelerator_answers: dict[str, Any] = {
         "current_accelerator": lambda check_available=False: torch.device("cuda"),
         "is_available": lambda: True,
-        "device_count": lambda: 1,
-        "current_device_index": lambda: 0,
-        "current_device_idx": lambda: 0,
-        "set_device_index": lambda device, /: None,
-        "set_device_idx": lambda device, /: None,
-        "device_index": DeviceIndex,
+        "device_count": local_device.count,
+        "current_device_index": local_device.current,
+        "current_device_idx": local_device.current,
+        "set_device_index": local_device.select,
+        "set_device_idx": local_device.select,
         "current_stream": current_stream,
         "set_stream": lambda stream: from_cuda("set_stream")(stream),
-        "synchronize": lambda device=None, /: None,
+        "synchronize": noop,
         "get_device_capability": lambda device=None, /: {"supported_dtypes": _supported_dtypes()},
     }
     memory_answers: dict[str, Any] = {
-        "empty_cache": from_cuda("empty_cache"),
-        "empty_host_cache": lambda: None,
+        "empty_cache": lambda: from_cuda("empty_cache")(),
+        "empty_host_cache": noop,
         "memory_stats": lambda device_index=None, /: from_cuda("memory_stats")(),
         "memory_allocated": lambda device_index=None, /: from_cuda("memory_allocated")(),
         "max_memory_allocated": lambda device_index=None, /: from_cuda("max_memory_allocated")(),
@@ -101,25 +112,28 @@ def shims(cuda_table: dict[tuple[Any, str], Any]) -> dict[tuple[Any, str], Any]:
         "reset_peak_memory_stats": lambda device_index=None, /: from_cuda("reset_peak_memory_stats")(),
         "get_memory_info": lambda device_index=None, /: from_cuda("mem_get_info")(),
     }
-    table: dict[tuple[Any, str], Any] = {}
+    answers: dict[tuple[Any, str], Any] = {}
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is not None:
         memory = getattr(accelerator, "memory", None)
         for name, fn in accelerator_answers.items():
-            if hasattr(accelerator, name):
-                table[(accelerator, name)] = fn
+            answers[(accelerator, name)] = fn
         for name, fn in memory_answers.items():
-            if hasattr(accelerator, name):
-                table[(accelerator, name)] = fn
-            if memory is not None and hasattr(memory, name):
-                table[(memory, name)] = fn
-    table[(cuda, "device")] = DeviceIndex
-    table[(cuda, "device_of")] = DeviceOf
+            answers[(accelerator, name)] = fn
+            if memory is not None:
+                answers[(memory, name)] = fn
     for name in ("_exchange_device", "_maybe_exchange_device"):
-        if hasattr(cuda, name):
-            table[(cuda, name)] = lambda device: 0
+        answers[(cuda, name)] = lambda device: 0
     if hasattr(torch, "get_device_module"):
-        table[(torch, "get_device_module")] = _device_module(torch.get_device_module)
+        answers[(torch, "get_device_module")] = _device_module(torch.get_device_module)
+    table: dict[tuple[Any, str], Any] = {
+        (owner, name): conform(getattr(owner, name), fn)
+        for (owner, name), fn in answers.items() if hasattr(owner, name)}
+    # classes: contexts the script enters, a stream and an event it makes
+    if accelerator is not None and hasattr(accelerator, "device_index"):
+        table[(accelerator, "device_index")] = DeviceIndex
+    table[(cuda, "device")] = CudaDevice
+    table[(cuda, "device_of")] = DeviceOf
     table[(torch, "Stream")] = from_cuda("Stream")
     table[(torch, "Event")] = from_cuda("Event")
     return table

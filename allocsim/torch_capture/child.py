@@ -117,6 +117,9 @@ def main(args: list[str]) -> int:
             "cudnn_workspace_ratios": tracker.workspace_ratio._asdict(),
             "cublas_workspace_bytes": tracker.cublas.bytes,
             "host_abstract_bytes": HOST_ABSTRACT_BYTES, "gpu": gpu,
+            # as the script left them: cuDNN's engine choice (and its trial workspaces) follows them on a GPU
+            "cudnn_flags": {"benchmark": bool(torch.backends.cudnn.benchmark),
+                            "allow_tf32": bool(torch.backends.cudnn.allow_tf32)},
             "autocast": {"source": autocast.source if autocast else "", "casts": autocast.n_casts if autocast else 0,
                          "cached": autocast.n_cached if autocast else 0,
                          "missing_ops": autocast.missing if autocast else []},

@@ -3,7 +3,7 @@
 Every function a training or profiling script calls either behaves as on the GPU named by
 ``allocsim capture --gpu`` or is a documented no-op (docs/capture.md lists them all):
 
-* device queries: ``is_available`` (True), ``device_count`` (1), ``current_device`` (0),
+* device queries: ``is_available`` (True), ``device_count`` and ``current_device`` (``local_device``: one GPU, or a launched rank's node),
   ``get_device_name``/``get_device_properties``/``get_device_capability`` (the card's name, memory,
   compute capability and SM count), ``is_bf16_supported`` (compute capability 8.0 or newer, or
   emulated), ``get_arch_list``, ``is_initialized``, ``init``, ``set_device``, ``synchronize``;
@@ -18,6 +18,9 @@ Every function a training or profiling script calls either behaves as on the GPU
   window; no file is written;
 * NVTX (``torch.cuda.nvtx.range_push``/``range_pop``/``range``/``mark``/``range_start``/
   ``range_end``), ``cudart()`` (``cudaProfilerStart``/``Stop``) and ``torch.cuda.profiler``: no-ops;
+* every replacement function takes exactly the arguments of the installed torch's function it
+  replaces (``signatures.conform``: names, keywords, defaults), so ``torch.cuda.stream(stream=s)``
+  works as on the GPU and a wrong call raises the same ``TypeError``;
 * streams and events: ``Stream``, ``stream(s)``, ``current_stream``, ``default_stream``,
   ``set_stream``, ``Event`` (record, wait, query, synchronize; ``elapsed_time`` is 0.0): requests
   made inside ``with torch.cuda.stream(s)`` are on that stream in the trace; waits, records and
@@ -34,6 +37,8 @@ from typing import Any, Iterator
 
 import torch
 
+from . import local_device
+from .signatures import conform, noop
 from .tracker import StorageTracker
 
 
@@ -90,7 +95,7 @@ class Stream:
     _next_id = 1
     _lock = threading.Lock()
 
-    def __init__(self, device: Any = None, priority: int = 0, **_kwargs: Any):
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any):
         with Stream._lock:
             self.stream_id = Stream._next_id
             Stream._next_id += 1
@@ -146,7 +151,8 @@ DEFAULT_STREAM = _DefaultStream()
 class Event:
     """A CUDA event: recording and waiting are instantaneous on the capture's single timeline."""
 
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                 external: bool = False):
         self.enable_timing = enable_timing
         self.point: dict[int, int] | None = None     # the stream clock where it was recorded
 
@@ -185,20 +191,9 @@ class _Cudart:
         return 0
 
 
-def _noop_for(name: str) -> Any:
-    """A do-nothing stand-in for ``name`` (one function object per attribute: torch._dynamo keys rules by identity)."""
-    def noop(*_args: Any, **_kwargs: Any) -> None:
-        return None
-    noop.__name__ = noop.__qualname__ = name
-    return noop
-
-
-def _range_for(name: str) -> Any:
-    @contextlib.contextmanager
-    def no_range(*_args: Any, **_kwargs: Any) -> Iterator[None]:
-        yield
-    no_range.__name__ = no_range.__qualname__ = name
-    return no_range
+@contextlib.contextmanager
+def _no_range(*_args: Any, **_kwargs: Any) -> Iterator[None]:
+    yield
 
 
 class Memory:
@@ -252,14 +247,15 @@ class Memory:
         self.tracker.note(f"the script set the memory fraction to {fraction} "
                           "(torch.cuda.set_per_process_memory_fraction); replay with the fraction to apply it")
 
-    def record_history(self, enabled: Any = "all", *args: Any, **kwargs: Any) -> None:
+    def record_history(self, enabled: Any, context: Any, stacks: Any, max_entries: int, *_rest: Any) -> None:
+        """``_record_memory_history(enabled, context, stacks, max_entries, ...)`` with torch's defaults filled in."""
         if enabled is None or enabled is False:
             self.tracker.marker("memory_history stop")
             return
-        self.history_entries = int(kwargs.get("max_entries", args[2] if len(args) > 2 else 0) or 0)
+        self.history_entries = int(max_entries)
         self.tracker.marker(f"memory_history start max_entries={self.history_entries}")
 
-    def dump_snapshot(self, filename: str = "dump_snapshot.pickle") -> None:
+    def dump_snapshot(self, filename: str = "dump_snapshot.pickle", *_rest: Any) -> None:
         self.tracker.marker(f"memory snapshot {filename}")
 
     def snapshot(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -298,7 +294,7 @@ class CudaGenerator:
 
 
 def shims(tracker: StorageTracker, gpu: dict[str, Any]) -> dict[tuple[Any, str], Any]:
-    """``{(owner, attribute): replacement}`` for everything in ``torch.cuda`` the capture answers."""
+    """``{(owner, attribute): replacement}`` for everything in ``torch.cuda`` the capture answers, each with torch's signature."""
     cuda = torch.cuda
     _TRACKER[:] = [tracker]
     props = DeviceProperties(gpu)
@@ -316,12 +312,12 @@ def shims(tracker: StorageTracker, gpu: dict[str, Any]) -> dict[tuple[Any, str],
             streams[threading.get_ident()] = stream.stream_id
 
     @contextlib.contextmanager
-    def stream(s: Any) -> Iterator[None]:
-        if s is None:
+    def stream(stream: Any) -> Iterator[None]:
+        if stream is None:
             yield
             return
         before = streams.get(threading.get_ident(), 0)
-        set_stream(s)
+        set_stream(stream)
         try:
             yield
         finally:
@@ -333,13 +329,13 @@ def shims(tracker: StorageTracker, gpu: dict[str, Any]) -> dict[tuple[Any, str],
     def is_bf16_supported(including_emulation: bool = True) -> bool:
         return props.major >= 8 or bool(including_emulation)
 
-    table: dict[tuple[Any, str], Any] = {
+    answers: dict[tuple[Any, str], Any] = {
         (cuda, "is_available"): lambda: True,
         (cuda, "is_initialized"): lambda: True,
-        (cuda, "init"): _noop_for("init"),
-        (cuda, "device_count"): lambda: 1,
-        (cuda, "current_device"): lambda: 0,
-        (cuda, "set_device"): _noop_for("set_device"),
+        (cuda, "init"): noop,
+        (cuda, "device_count"): local_device.count,
+        (cuda, "current_device"): local_device.current,
+        (cuda, "set_device"): local_device.select,
         (cuda, "synchronize"): device_synchronize,
         (cuda, "get_device_name"): lambda device=None: props.name,
         (cuda, "get_device_properties"): lambda device=None: props,
@@ -360,18 +356,15 @@ def shims(tracker: StorageTracker, gpu: dict[str, Any]) -> dict[tuple[Any, str],
         (cuda, "reset_accumulated_memory_stats"): memory.reset_accumulated,
         (cuda, "mem_get_info"): memory.mem_get_info,
         (cuda, "set_per_process_memory_fraction"): memory.set_fraction,
-        (cuda, "manual_seed"): _noop_for("manual_seed"),
-        (cuda, "manual_seed_all"): _noop_for("manual_seed_all"),
-        (cuda, "seed"): _noop_for("seed"),
-        (cuda, "seed_all"): _noop_for("seed_all"),
+        (cuda, "manual_seed"): noop,
+        (cuda, "manual_seed_all"): noop,
+        (cuda, "seed"): noop,
+        (cuda, "seed_all"): noop,
         (cuda, "initial_seed"): lambda: 0,
         (cuda, "get_rng_state"): lambda device="cuda": torch.zeros(16, dtype=torch.uint8),
         (cuda, "set_rng_state"): lambda new_state, device="cuda": None,
         (cuda, "get_rng_state_all"): lambda: [torch.zeros(16, dtype=torch.uint8)],
         (cuda, "set_rng_state_all"): lambda new_states: None,
-        (cuda, "default_generators"): (CudaGenerator(),),
-        (cuda, "Stream"): Stream,
-        (cuda, "Event"): Event,
         (cuda, "stream"): stream,
         (cuda, "current_stream"): current_stream,
         (cuda, "default_stream"): lambda device=None: DEFAULT_STREAM,
@@ -385,30 +378,35 @@ def shims(tracker: StorageTracker, gpu: dict[str, Any]) -> dict[tuple[Any, str],
                  "memory_stats", "memory_summary", "reset_peak_memory_stats", "mem_get_info", "empty_cache",
                  "set_per_process_memory_fraction", "reset_accumulated_memory_stats",
                  "reset_max_memory_allocated"):
-        if hasattr(cuda.memory, name):
-            table[(cuda.memory, name)] = table[(cuda, name)]
+        answers[(cuda.memory, name)] = answers[(cuda, name)]
     # torch.cuda.random's own names (Megatron-LM calls torch.cuda.random.get_rng_state)
     import torch.cuda.random as cuda_random  # noqa: PLC0415
 
     for name in ("get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all", "manual_seed",
                  "manual_seed_all", "seed", "seed_all", "initial_seed"):
-        if hasattr(cuda_random, name):
-            table[(cuda_random, name)] = table[(cuda, name)]
+        answers[(cuda_random, name)] = answers[(cuda, name)]
     nvtx = getattr(cuda, "nvtx", None)
     if nvtx is not None:
         for name in ("range_push", "range_pop", "mark", "range_end"):
-            table[(nvtx, name)] = _noop_for(name)
-        table[(nvtx, "range_start")] = lambda *a, **k: 0
-        table[(nvtx, "range")] = _range_for("range")
+            answers[(nvtx, name)] = noop
+        answers[(nvtx, "range_start")] = lambda msg: 0
+        answers[(nvtx, "range")] = _no_range
     profiler = getattr(cuda, "profiler", None)
     if profiler is not None:
         for name in ("start", "stop", "init"):
-            table[(profiler, name)] = _noop_for(name)
-        table[(profiler, "profile")] = _range_for("profile")
+            answers[(profiler, name)] = noop
+        answers[(profiler, "profile")] = _no_range
     cudnn = torch.backends.cudnn
-    table[(cudnn, "is_available")] = lambda: True
-    table[(cudnn, "version")] = lambda: 91000
-    return {key: value for key, value in table.items() if key[0] is not None}
+    answers[(cudnn, "is_available")] = lambda: True
+    answers[(cudnn, "version")] = lambda: 91000
+    # Streams and events are classes the script makes and subclasses: replaced as they are
+    table: dict[tuple[Any, str], Any] = {(cuda, "Stream"): Stream, (cuda, "Event"): Event,
+                                         # a tuple, not a function: the RNG tracker of Megatron-LM reads it
+                                         (cuda, "default_generators"): (CudaGenerator(),)}
+    for (owner, name), impl in answers.items():
+        if owner is not None and hasattr(owner, name):       # only what this torch has
+            table[(owner, name)] = conform(getattr(owner, name), impl)
+    return table
 
 
 #: Streams the script made, by number (for ``current_stream``).

@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
+from . import cudnn_rnn_model
+
 # ----------------------------------------------------------------------------- dtypes
 
 #: Bytes per element of each dtype, by the name torch prints without ``torch.``.
@@ -864,7 +866,7 @@ def _tensor_outputs(args: Mapping[str, Any]) -> list[TensorMeta]:
 _OTHER_SCRATCH_OPS = frozenset({
     "count_nonzero", "mse_loss", "smooth_l1_loss", "nll_loss_forward", "native_layer_norm", "_fused_rms_norm",
     "native_layer_norm_backward", "_fused_rms_norm_backward", "embedding_dense_backward",
-    "_scaled_dot_product_flash_attention_backward", "_flash_attention_backward"})
+    "_scaled_dot_product_flash_attention_backward", "_flash_attention_backward", "_cudnn_rnn", "_cudnn_rnn_backward"})
 
 
 def may_need_scratch(op_name: str) -> bool:
@@ -972,6 +974,11 @@ def scratch_requests(op_name: str, args_meta: Mapping[str, Any], gpu: GpuProps |
             return []
         return embedding_dense_backward_scratch(grad, indices, int(a.get("num_weights", 0)),
                                                 scale_grad_by_freq=bool(a.get("scale_grad_by_freq", False)))
+    if base in ("_cudnn_rnn", "_cudnn_rnn_backward"):
+        # RNN.cpp: _cudnn_rnn's workspace, the backward's zeros_like gradients and two workspaces
+        for r in cudnn_rnn_model.rnn_scratch(base, a, itemsize):
+            reqs.items.append(ScratchRequest(r.size_bytes, r.label, r.lifetime, r.launch))
+        return reqs.items
     if base in ("_scaled_dot_product_flash_attention_backward", "_flash_attention_backward"):
         q, k = a.get("query"), a.get("key")
         if not isinstance(q, TensorMeta) or not isinstance(k, TensorMeta) or len(q.shape) != 4:

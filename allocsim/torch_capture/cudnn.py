@@ -143,6 +143,11 @@ def label(phase: str, x_shape: Sequence[int], w_shape: Sequence[int], y_shape: S
             f"groups={int(groups)} dtype_bytes={int(dtype_bytes)}")
 
 
+def is_workspace_label(name: str) -> bool:
+    """Whether a frame name is a cuDNN workspace request's (``label``)."""
+    return name.startswith("cudnn workspace: convolution ")
+
+
 def parse_label(name: str) -> tuple[str, list[int], list[int], list[int], int, int] | None:
     """``(phase, x, w, y, groups, dtype_bytes)`` of a workspace frame name, or None for any other name."""
     m = _LABEL.match(name)

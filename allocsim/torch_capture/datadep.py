@@ -40,7 +40,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .tracker import CAPTURE_DEVICE, StorageTracker
+from .tracker import CAPTURE_DEVICE, StorageTracker, on_meta
 
 aten = torch.ops.aten
 _LOCAL_SCALAR = aten._local_scalar_dense.default
@@ -68,7 +68,7 @@ class Values:
         """The values of ``t``: itself for a real CPU tensor, its host copy for a device tensor that has one."""
         if not isinstance(t, torch.Tensor):
             return None
-        if t.device.type != CAPTURE_DEVICE:
+        if not on_meta(t):
             return t
         with self._lock:
             hit = self._values.get(id(t))
@@ -97,7 +97,14 @@ class ValueMode(TorchDispatchMode):
         self.values = values
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        if torch._C._is_torch_function_mode_enabled():
+            # The backward pass runs under the capture's function mode (``identity``), where
+            # ``t.device`` says ``cuda:0``: below it, this mode and the recorder see ATen's meta.
+            with torch._C.DisableTorchFunction():
+                return self._dispatch(func, args, kwargs or {})
+        return self._dispatch(func, args, kwargs or {})
+
+    def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         tracker = self.tracker
         if func is _LOCAL_SCALAR and args and isinstance(args[0], torch.Tensor):
             known = self.values.get(args[0])

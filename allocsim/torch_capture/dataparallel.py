@@ -3,46 +3,21 @@
 With one visible device ``DataParallel`` (``torch/nn/parallel/data_parallel.py``) moves the module
 to ``cuda:0``, checks at each forward that every parameter and buffer is there, scatters the inputs
 (``Scatter`` -> ``comm.scatter`` -> ``torch._C._scatter``, CUDA-only C++) and calls the module once.
-Two steps cannot run on a CPU build with ``cuda`` on ``meta``, so inside a capture:
-
-* the check asks whether each parameter and buffer is a device tensor (a ``meta`` one is the
-  GPU's), raising DataParallel's own message when one is not;
-* ``comm.scatter`` does what ``torch/csrc/cuda/comm.cpp: scatter`` does for one device: the input's
-  chunk stays as it is when it is already on the GPU, and a host chunk is copied to it
-  (``.to(device, non_blocking=True)``) on the copy stream ``Scatter`` chose (``_get_stream``), so
-  the trace has that device request on that stream as the GPU run does.
+Its device check compares each parameter's ``.device`` with ``cuda:0``, which a capture's device
+tensors report (``identity``), so it runs as torch wrote it; a parameter left on the host reports
+``cpu`` and gets DataParallel's own error. The scatter cannot run on a CPU build with ``cuda`` on
+``meta``, so inside a capture ``comm.scatter`` does what ``torch/csrc/cuda/comm.cpp: scatter`` does
+for one device: the input's chunk stays as it is when it is already on the GPU, and a host chunk is
+copied to it (``.to(device, non_blocking=True)``) on the copy stream ``Scatter`` chose
+(``_get_stream``), so the trace has that device request on that stream as the GPU run does.
 """
 
 from __future__ import annotations
 
 import functools
-from itertools import chain
 from typing import Any
 
 import torch
-
-from .tracker import CAPTURE_DEVICE
-
-_META = torch.device(CAPTURE_DEVICE)
-
-
-def _forward(original: Any, is_device: Any) -> Any:
-    @functools.wraps(original)
-    def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
-        device_ids = getattr(self, "device_ids", None)
-        if not device_ids or len(device_ids) != 1:
-            return original(self, *inputs, **kwargs)
-        for t in chain(self.module.parameters(), self.module.buffers()):
-            if not is_device(t):
-                raise RuntimeError("module must have its parameters and buffers on device "
-                                   f"{self.src_device_obj} (device_ids[0]) but found one of them on device: cpu")
-        checked = self.src_device_obj
-        self.src_device_obj = _META           # checked above: every parameter is on the GPU
-        try:
-            return original(self, *inputs, **kwargs)
-        finally:
-            self.src_device_obj = checked
-    return forward
 
 
 def _scatter(original: Any, is_device: Any) -> Any:
@@ -65,12 +40,10 @@ def _scatter(original: Any, is_device: Any) -> Any:
 
 
 def shims(is_device: Any) -> dict[tuple[Any, str], Any]:
-    """``{(owner, attribute): replacement}`` for DataParallel's device check and its scatter."""
+    """``{(owner, attribute): replacement}`` for DataParallel's scatter."""
     import torch.nn.parallel.comm as comm  # noqa: PLC0415
-    from torch.nn.parallel import DataParallel  # noqa: PLC0415
 
     # Scatter.forward calls record_stream with the capture's stream inside autograd.Function, where the
     # function mode does not see it: a no-op there too (one timeline: nothing to keep alive longer)
-    return {(DataParallel, "forward"): _forward(DataParallel.forward, is_device),
-            (comm, "scatter"): _scatter(comm.scatter, is_device),
+    return {(comm, "scatter"): _scatter(comm.scatter, is_device),
             (torch.Tensor, "record_stream"): lambda self, stream: None}

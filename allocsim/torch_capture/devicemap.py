@@ -31,8 +31,9 @@ What the mapping does, each because the CUDA run does it:
   ``Tensor.record_stream`` is recorded (the block goes back as ``stream_clock`` says);
   ``Tensor.is_cuda`` is True for device tensors;
 * ``torch.compile`` returns the model or function unchanged: the capture runs eager;
-* a tensor the script makes on ``meta`` itself is taken for a CUDA tensor: ``device=x.device`` of a
-  CUDA tensor names ``meta`` during a capture, and the two cannot be told apart.
+* ``x.device`` of a device tensor is ``cuda:0`` and of a host one ``cpu`` (``x.is_cpu``, ``x.is_meta``,
+  ``repr(x)`` follow), and the backward pass runs under the same mapping (``identity``);
+* a tensor the script makes on ``meta`` itself is taken for a CUDA tensor (and says ``cuda:0``).
 """
 
 from __future__ import annotations
@@ -48,17 +49,17 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _device as torch_device_module
 from torch.utils._pytree import tree_map
 
-from . import accelerator, cuda_api, dataparallel, datadep, legacy, optimizers, sdpa
+from . import accelerator, cuda_api, cudnn_rnn, dataparallel, datadep, identity, legacy, optimizers, sdpa
 from .autocast import CudaAutocast
-from .tracker import CAPTURE_DEVICE, Recorder, StorageTracker
+from .signatures import conform
+from .tracker import CAPTURE_DEVICE, Recorder, StorageTracker, on_meta
 
 _META = torch.device(CAPTURE_DEVICE)
 #: A CPU factory result of at least this many bytes stays abstract (an abstract host tensor on meta).
 HOST_ABSTRACT_BYTES = 1 << 20
 #: Tensor methods whose answer is a host value: zeros stand in for the numbers never computed.
 _READBACK = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__float__, torch.Tensor.__int__,
-             torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.__format__,
-             torch.Tensor.__array__}
+             torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.__array__}
 _PARSE_TO = torch._C._nn._parse_to
 #: Functions that make a tensor from a size, on ``device`` (or the CPU when none is given).
 _FACTORIES = {getattr(torch, name) for name in (
@@ -108,8 +109,6 @@ def _host_zeros(t: torch.Tensor) -> torch.Tensor:
 def _readback(func: Any, t: torch.Tensor, args: tuple, kwargs: dict, values: datadep.Values) -> Any:
     known = values.get(t)
     host = known if known is not None else _host_zeros(t)
-    if func is torch.Tensor.__format__:
-        return format(host.item() if host.dim() == 0 else host, *args[1:])
     return func(host, *args[1:], **kwargs)
 
 
@@ -120,11 +119,12 @@ def _nbytes(t: Any) -> int:
 class CudaOnMeta(TorchFunctionMode):
     """The torch-function half of the mapping: device arguments, host tensors, CUDA kernels' choices, read-backs."""
 
-    def __init__(self, tracker: StorageTracker, values: datadep.Values):
+    def __init__(self, tracker: StorageTracker, values: datadep.Values, addresses: identity.Addresses | None = None):
         super().__init__()
         self.tracker = tracker
         self.values = values
         self.capability = (int(tracker.gpu.get("major", 8)), int(tracker.gpu.get("minor", 0)))
+        self.addresses = addresses if addresses is not None else identity.Addresses()
         self.sdpa_backends: set[str] = set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -133,25 +133,45 @@ class CudaOnMeta(TorchFunctionMode):
         if _is_index(kwargs.get("device")):
             kwargs["device"] = _cuda_index(kwargs["device"])
         self_t = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        on_meta = self_t is not None and self_t.device.type == CAPTURE_DEVICE
+        self_on_meta = self_t is not None and on_meta(self_t)
         if self_t is not None:
+            prop = identity.property_of(func)
+            if prop is not None:
+                # x.device, x.is_cpu, x.is_meta: what the GPU run's Python sees (identity)
+                return identity.answer(prop, tracker.is_host(self_t)) if self_on_meta else func(*args, **kwargs)
             if func is torch.Tensor.to:
                 target = self._to_target(args, kwargs)
                 if _is_cuda(target):
                     return self._to_device(self_t, _to_options(args, kwargs))
-                if on_meta and target is not None and _is_cpu(target):
+                if self_on_meta and target is not None and _is_cpu(target):
                     return self_t if tracker.is_host(self_t) else self._to_host(self_t, _to_options(args, kwargs))
             elif func is torch.Tensor.cuda:
-                return self._to_device(self_t, {k: v for k, v in kwargs.items() if k == "non_blocking"})
-            elif on_meta and func is torch.Tensor.cpu:
+                return self._to_device(self_t, _cuda_options(args, kwargs))
+            elif self_on_meta and func is torch.Tensor.cpu:
                 return self_t if tracker.is_host(self_t) else self._to_host(self_t, {})
-            elif on_meta and func in _READBACK:
+            elif self_on_meta and func in _READBACK:
                 tracker.host_waits()
                 return _readback(func, self_t, args, kwargs, self.values)
+            elif self_on_meta and func is torch.Tensor.__repr__:
+                text = identity.tensor_repr(self_t, self.values.get(self_t), self, kwargs.get("tensor_contents"))
+                if text is not None:
+                    return text
+            elif self_on_meta and func is torch.Tensor.__format__:
+                return identity.tensor_format(self_t, args[1] if len(args) > 1 else kwargs.get("format_spec", ""),
+                                              lambda: _readback(torch.Tensor.item, self_t, (self_t,), {}, self.values),
+                                              self)
+            elif func is torch.Tensor.backward:
+                return identity.backward(self, args, kwargs)
             elif func is torch.Tensor.type:
                 return self._legacy_type(self_t, args, kwargs)
-            elif on_meta and func is torch.Tensor.get_device:
+            elif self_on_meta and func is torch.Tensor.get_device:
                 return -1 if tracker.is_host(self_t) else 0
+            elif self_on_meta and func is torch.Tensor.data_ptr:
+                return self.addresses.data_ptr(self_t)
+            elif identity.is_data_set(func) and identity.crosses(self_t, args[1]):
+                return identity.set_data(self_t, args[1])
+        if func is torch._has_compatible_shallow_copy_type and len(args) == 2 and identity.crosses(*args):
+            return True      # a CPU tensor and a capture tensor, as CPU and CUDA (Module._apply keeps the Parameter)
         if func is torch.device:
             # torch.device(0) names the current accelerator's device 0; a device object stays "cuda"
             return func(*((_cuda_index(args[0]),) + tuple(args[1:]) if args else args), **kwargs)
@@ -177,6 +197,10 @@ class CudaOnMeta(TorchFunctionMode):
             kwargs["device"] = _map(device_arg)
         if func is F.dropout and args and _dropout_fused(args, kwargs):
             return _native_dropout(args, kwargs)
+        if cudnn_rnn.is_rnn(func) and cudnn_rnn.acceptable(func, args, tracker.is_device):
+            return cudnn_rnn.run(func, args, kwargs)     # nn.LSTM / GRU / RNN: cuDNN's fused RNN, as CUDA runs it
+        if func is torch._cudnn_rnn_flatten_weight and args and args[0] and tracker.is_device(args[0][0]):
+            return cudnn_rnn.flatten(args, kwargs)
         if func is F.scaled_dot_product_attention:
             chosen = sdpa.attention(args, kwargs, tracker.is_device, self.capability, tracker.torch_version)
             if chosen is not None:
@@ -232,24 +256,28 @@ class CudaOnMeta(TorchFunctionMode):
         return out
 
     def _to_device(self, t: torch.Tensor, options: dict) -> torch.Tensor:
-        """``t`` (host, abstract or real) copied to the device: always a new device storage."""
+        """``t`` sent to the device: a host tensor (abstract or real) is copied there; a device tensor follows ``Tensor.to``.
+
+        A device tensor stays itself unless the call changes its dtype or memory format or asks
+        for ``copy=True`` (``GradScaler`` copies its scale per device that way), as on the GPU.
+        """
         if t.device.type == CAPTURE_DEVICE and not self.tracker.is_host(t):
-            dtype = options.get("dtype")
-            return t if dtype is None or dtype == t.dtype else t.to(dtype)
+            return torch.Tensor.to(t, _META, dtype=options.get("dtype"),
+                                   non_blocking=bool(options.get("non_blocking", False)),
+                                   copy=bool(options.get("copy", False)),
+                                   memory_format=options.get("memory_format", torch.preserve_format))
         with self.tracker.to_device():
             return torch.ops.aten._to_copy.default(
                 t, dtype=options.get("dtype"), device=_META, non_blocking=bool(options.get("non_blocking", False)),
                 memory_format=options.get("memory_format", torch.preserve_format))
 
     def _to_host(self, t: torch.Tensor, options: dict) -> torch.Tensor:
-        """A device tensor brought to the CPU: abstract when large, zeros when small."""
+        """A device tensor brought to the CPU: its values when the capture has them, else abstract when large, zeros when small."""
         self.tracker.host_waits()
         dtype = options.get("dtype") or t.dtype
         if t.numel() * dtype.itemsize < HOST_ABSTRACT_BYTES:
-            known = self.values.get(t)        # values from the data (datadep) come back as they are
-            if known is not None:
-                return known.to(dtype=dtype, copy=True)
-            return torch.zeros(t.shape, dtype=dtype)
+            known = self.values.get(t)
+            return known.to(dtype, copy=True) if known is not None else torch.zeros(t.shape, dtype=dtype)
         with self.tracker.host():
             return torch.empty_strided(t.shape, t.stride(), dtype=dtype, device=_META)
 
@@ -281,15 +309,25 @@ def _host_copies(data: Any, to_host: Any) -> Any:
 
 
 def _to_options(args: tuple, kwargs: dict) -> dict:
-    options = {k: kwargs[k] for k in ("dtype", "non_blocking", "memory_format") if k in kwargs}
+    """``dtype``, ``non_blocking``, ``copy``, ``memory_format`` of a ``Tensor.to`` call (its three forms)."""
+    options = {k: kwargs[k] for k in ("dtype", "non_blocking", "copy", "memory_format") if k in kwargs}
+    flags = iter(("non_blocking", "copy"))        # positional booleans, in the signature's order
     for value in args[1:]:
         if isinstance(value, torch.dtype):
             options.setdefault("dtype", value)
         elif isinstance(value, torch.Tensor):
             options.setdefault("dtype", value.dtype)
         elif isinstance(value, bool):
-            options.setdefault("non_blocking", value)
+            name = next(flags, None)
+            if name is not None:
+                options.setdefault(name, value)
     return options
+
+
+def _cuda_options(args: tuple, kwargs: dict) -> dict:
+    """``non_blocking`` and ``memory_format`` of ``Tensor.cuda(device=None, non_blocking=False, memory_format=...)``."""
+    given = dict(zip(("self", "device", "non_blocking", "memory_format"), args)) | kwargs
+    return {k: given[k] for k in ("non_blocking", "memory_format") if k in given}
 
 
 def _dropout_fused(args: tuple, kwargs: dict) -> bool:
@@ -330,19 +368,28 @@ class ThreadModes:
         self.tracker = tracker
         self.autocast = autocast
         self.values = datadep.Values(HOST_ABSTRACT_BYTES)
+        self.addresses = identity.Addresses()
+        self._of_thread = threading.local()
 
     @contextlib.contextmanager
     def entered(self) -> Iterator[None]:
         """Enter the capture in the calling thread (the main thread, or a thread the script started)."""
         self.autocast.enable_thread()
-        function_mode = CudaOnMeta(self.tracker, self.values)
-        before = getattr(_THREAD_MODE, "mode", None)
-        _THREAD_MODE.mode = function_mode
+        mode = CudaOnMeta(self.tracker, self.values, self.addresses)
+        before = getattr(self._of_thread, "mode", None)
+        self._of_thread.mode = mode
+        before_global = getattr(_THREAD_MODE, "mode", None)
+        _THREAD_MODE.mode = mode
         try:
-            with Recorder(self.tracker), datadep.ValueMode(self.tracker, self.values), function_mode:
+            with Recorder(self.tracker), datadep.ValueMode(self.tracker, self.values), mode:
                 yield
         finally:
-            _THREAD_MODE.mode = before
+            self._of_thread.mode = before
+            _THREAD_MODE.mode = before_global
+
+    def function_mode(self) -> CudaOnMeta | None:
+        """The calling thread's function mode (None outside the capture)."""
+        return getattr(self._of_thread, "mode", None)
 
 
 def _parameters_abstract(tracker: StorageTracker, original: Any) -> Any:
@@ -411,7 +458,8 @@ def _load_to_device(original_load: Any) -> Any:
     when the file allows it (so the bytes are never read), and the tensors the GPU run would hold on
     the device are copied to it (device requests in the trace), as ``torch.load`` does on a GPU.
     """
-    def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+    def load(f: Any, map_location: Any, *args: Any, **kwargs: Any) -> Any:
+        """Called with ``torch.load``'s arguments bound (``signatures.conform``): ``mmap`` is always given, None by default."""
         if callable(map_location) and not isinstance(map_location, (str, torch.device, dict)):
             return original_load(f, map_location, *args, **kwargs)      # the script's own rule
         to_device: set[int] = set()
@@ -423,9 +471,9 @@ def _load_to_device(original_load: Any) -> Any:
                 to_device.add(id(storage))
             return storage
 
-        if isinstance(f, (str, os.PathLike)) and "mmap" not in kwargs:
+        if isinstance(f, (str, os.PathLike)) and kwargs.get("mmap") is None:
             try:
-                loaded = original_load(f, restore, *args, mmap=True, **kwargs)
+                loaded = original_load(f, restore, *args, **dict(kwargs, mmap=True))
             except (RuntimeError, ValueError):       # not a zip checkpoint: read it as it is
                 loaded = original_load(f, restore, *args, **kwargs)
         else:
@@ -473,13 +521,9 @@ def _default_device(original: Any) -> Any:
     return get_default_device
 
 
-@contextlib.contextmanager
-def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> Iterator[CudaAutocast]:
-    """Map ``cuda`` to ``meta`` and answer ``torch.cuda`` as ``gpu`` would, inside the block (this thread and those it starts)."""
-    gpu = dict(gpu or {})
-    autocast = CudaAutocast(tracker.is_device)
-    autocast.install()
-    modes = ThreadModes(tracker, autocast)
+def shim_table(tracker: StorageTracker, gpu: dict[str, Any], autocast: CudaAutocast,
+               modes: ThreadModes) -> dict[tuple[Any, str], Any]:
+    """Every ``(owner, attribute)`` the capture replaces, with its replacement (functions take torch's own arguments)."""
     clear_autocast_cache = torch.clear_autocast_cache
 
     def clear_both() -> None:
@@ -489,25 +533,45 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
     cuda_table = cuda_api.shims(tracker, gpu)
     # torch.accelerator is what the DataLoader, accelerate and newer scripts ask instead of torch.cuda
     table = {**cuda_table, **accelerator.shims(cuda_table), **legacy.shims(tracker.is_device),
-             **optimizers.shims(tracker.is_device), **dataparallel.shims(tracker.is_device)}
+             **optimizers.shims(tracker.is_device), **dataparallel.shims(tracker.is_device),
+             **cudnn_rnn.shims(tracker.is_device)}
+    hooks = torch.autograd.graph.saved_tensors_hooks
+    table.update({
+        (torch, "get_default_device"): _default_device(torch.get_default_device),
+        (torch, "clear_autocast_cache"): clear_both,
+        # the accelerator torch.distributed picks its default device mesh for (FSDP2's _init_default_mesh)
+        (torch._C, "_get_accelerator"): lambda check=False: torch.device("cuda"),
+        (torch.UntypedStorage, "resize_"): _resize_recorded(tracker),
+        # torch's own record_stream refuses the capture's Stream objects before any mode sees the call
+        (torch.Tensor, "record_stream"): lambda self, stream: tracker.record_stream(self, cuda_api.stream_number(stream)),
+        (torch, "load"): conform(torch.load, _load_to_device(torch.load)),
+        (torch, "compile"): conform(torch.compile, _compile_eager(tracker)),
+        (torch.Tensor, "pin_memory"): lambda self, *a, **k: self,
+        (torch.Tensor, "is_pinned"): lambda self, *a, **k: False,
+        (torch.Tensor, "is_cuda"): property(tracker.is_device),
+        # the backward pass runs under the capture's mode, as the forward does (identity.autograd_check)
+        (torch.autograd, "has_torch_function"): identity.autograd_check(torch.autograd.has_torch_function, CudaOnMeta),
+        (torch.Tensor, "__reduce_ex__"): identity.reduce_ex(torch.Tensor.__reduce_ex__, CudaOnMeta),
+        (hooks, "__init__"): identity.hooks_init(hooks.__init__, modes.function_mode),
+        (threading.Thread, "_bootstrap_inner"): _threads_captured(modes),
+    })
+    return table
+
+
+@contextlib.contextmanager
+def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> Iterator[CudaAutocast]:
+    """Map ``cuda`` to ``meta`` and answer ``torch.cuda`` as ``gpu`` would, inside the block (this thread and those it starts)."""
+    autocast = CudaAutocast(tracker.is_device)
+    autocast.install()
+    modes = ThreadModes(tracker, autocast)
+    table = shim_table(tracker, dict(gpu or {}), autocast, modes)
     optimizers.install()
-    table[(torch, "get_default_device")] = _default_device(torch.get_default_device)
+    cudnn_rnn.install()
     with contextlib.ExitStack() as stack:
         for (owner, name), fn in table.items():
             stack.enter_context(_patched(owner, name, fn))
-        # the accelerator torch.distributed picks its default device mesh for (FSDP2's _init_default_mesh)
-        stack.enter_context(_patched(torch._C, "_get_accelerator", lambda check=False: torch.device("cuda")))
-        stack.enter_context(_patched(torch, "clear_autocast_cache", clear_both))
-        stack.enter_context(_patched(torch, "load", _load_to_device(torch.load)))
-        stack.enter_context(_patched(torch, "compile", _compile_eager(tracker)))
-        stack.enter_context(_patched(torch.UntypedStorage, "resize_", _resize_recorded(tracker)))
-        # torch's own record_stream refuses the capture's Stream objects before any mode sees the call
-        stack.enter_context(_patched(torch.Tensor, "record_stream",
-                                     lambda self, stream: tracker.record_stream(self, cuda_api.stream_number(stream))))
-        stack.enter_context(_patched(torch.Tensor, "pin_memory", lambda self, *a, **k: self))
-        stack.enter_context(_patched(torch.Tensor, "is_pinned", lambda self, *a, **k: False))
-        stack.enter_context(_patched(torch.Tensor, "is_cuda", property(tracker.is_device)))
-        stack.enter_context(_patched(threading.Thread, "_bootstrap_inner", _threads_captured(modes)))
+        # small CPU parameters abstract (model.to keeps the Parameter objects), and the backward pass's
+        # Python code under the mapping even where it is reached without Tensor.backward
         stack.enter_context(_patched(torch.nn.Parameter, "__new__",
                                      _parameters_abstract(tracker, torch.nn.Parameter.__new__)))
         engine_run = _backward_mapped(torch.autograd.graph._engine_run_backward)

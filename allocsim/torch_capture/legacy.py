@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from .signatures import conform
+
 #: The legacy type names torch defines for CUDA (``torch.cuda.FloatTensor`` ...), each with its dtype.
 LEGACY_NAMES = ("FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "ByteTensor", "CharTensor",
                 "ShortTensor", "IntTensor", "LongTensor", "BoolTensor")
@@ -85,7 +87,7 @@ def _set_default_tensor_type(original: Any) -> Any:
             return
         torch.set_default_dtype(parsed[0])
         torch.set_default_device("cuda")
-    return set_default_tensor_type
+    return conform(original, set_default_tensor_type)
 
 
 def shims(is_device: Any) -> dict[tuple[Any, str], Any]:

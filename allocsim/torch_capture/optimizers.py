@@ -30,13 +30,13 @@ would fail there fails before the capture has spent minutes on a forward and bac
 
 from __future__ import annotations
 
-import functools
 import importlib
 import pkgutil
 from typing import Any
 
 import torch
 
+from .signatures import conform
 from .tracker import CAPTURE_DEVICE
 
 #: Fused in-place optimizer ops whose CUDA kernels update their inputs and allocate nothing.
@@ -77,10 +77,9 @@ def install() -> list[str]:
 
 
 def _with_meta(original: Any) -> Any:
-    @functools.wraps(original)
     def supported(*args: Any, **kwargs: Any) -> list[str]:
         return list(original(*args, **kwargs)) + [CAPTURE_DEVICE]
-    return supported
+    return conform(original, supported)
 
 
 def _optimizer_modules() -> list[Any]:
@@ -131,11 +130,10 @@ def check_at_construction(optimizer: Any, is_device: Any) -> None:
 
 
 def _checked_init(original: Any, is_device: Any) -> Any:
-    @functools.wraps(original)
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         check_at_construction(self, is_device)
-    return init
+    return conform(original, init)
 
 
 def shims(is_device: Any) -> dict[tuple[Any, str], Any]:

@@ -1,7 +1,9 @@
 """Name each device storage by what the script made it: ``Roles(tracker).install()`` inside the capture.
 
 The capture sees what a trace's stacks can only guess: every ``nn.Parameter`` and buffer a module
-registers (PyTorch's global registration hooks), every ``.grad``, every tensor in an optimizer's
+registers (PyTorch's global registration hooks: the modules are kept, weakly, and their
+``_parameters`` and ``_buffers`` read at each checkpoint, since ``Module._apply`` (``.cuda()``,
+``.to()``, ``.half()``) puts new tensors there without registering them again), every ``.grad``, every tensor in an optimizer's
 state (its step hooks) and when the autograd engine or an optimizer is running. At each optimizer
 step and after each ``backward()`` it names the storages it finds: ``parameter`` (a parameter or a
 module buffer), ``gradient`` (a parameter's ``.grad``), ``optimizer_state``. Workspaces are named
@@ -44,26 +46,32 @@ class Roles:
     def __init__(self, tracker: StorageTracker):
         self.tracker = tracker
         self.parameters = _WeakIdSet()
-        self.buffers = _WeakIdSet()
+        self.modules = _WeakIdSet()
         self.optimizers = _WeakIdSet()
 
     def _on_parameter(self, module: Any, name: str, param: Any) -> None:
+        self.modules.add(module)
         if isinstance(param, torch.Tensor):
             self.parameters.add(param)
 
     def _on_buffer(self, module: Any, name: str, buffer: Any) -> None:
-        if isinstance(buffer, torch.Tensor):
-            self.buffers.add(buffer)
+        self.modules.add(module)
 
     def checkpoint(self) -> None:
         """Name the storages of every known parameter, buffer, gradient and optimizer state as they are now."""
         categorize = self.tracker.categorize
-        for param in self.parameters:
+        params: dict[int, Any] = {id(p): p for p in self.parameters}
+        for module in self.modules:
+            for param in list(getattr(module, "_parameters", {}).values()):
+                if isinstance(param, torch.Tensor):
+                    params.setdefault(id(param), param)
+            for buffer in list(getattr(module, "_buffers", {}).values()):
+                if isinstance(buffer, torch.Tensor):
+                    categorize(buffer, "parameter")
+        for param in params.values():
             categorize(param, "parameter")
             if param.grad is not None:
                 categorize(param.grad, "gradient")
-        for buffer in self.buffers:
-            categorize(buffer, "parameter")
         for optimizer in self.optimizers:
             for state in list(optimizer.state.values()):
                 for value in state.values() if isinstance(state, dict) else ():

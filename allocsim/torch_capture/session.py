@@ -249,7 +249,7 @@ class _Converter:
             "cudnn_workspace_ratios": summary.get("cudnn_workspace_ratios", {}),
             "cublas_workspaces": "in trace", "cublas_workspace_bytes": summary.get("cublas_workspace_bytes"),
             "gpu": summary.get("gpu", {}), "categories": "capture",
-            "autocast": summary.get("autocast", {}),
+            "autocast": summary.get("autocast", {}), "cudnn_flags": summary.get("cudnn_flags", {}),
         })
         if self.facts.rank is not None:        # one rank of a distributed job
             meta.version_hints["distributed"] = {"rank": self.facts.rank, "world_size": self.facts.world_size,

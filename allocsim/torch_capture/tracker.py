@@ -78,8 +78,20 @@ def _tensors(args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
                     yield item
 
 
-def _on_meta(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and t.device.type == CAPTURE_DEVICE
+_META_KEY = torch._C.DispatchKey.Meta
+
+
+def on_meta(t: Any) -> bool:
+    """Whether ``t`` lives on the capture's device, as ATen sees it.
+
+    Under the capture's torch-function mode ``t.device`` answers ``cuda:0`` (``identity``), so
+    there the dispatch keys say where the tensor really is.
+    """
+    if not isinstance(t, torch.Tensor):
+        return False
+    if torch._C._is_torch_function_mode_enabled():
+        return torch._C._dispatch_keys(t).has(_META_KEY)
+    return t.device.type == CAPTURE_DEVICE
 
 
 class _ThreadFlags(threading.local):
@@ -236,7 +248,7 @@ class StorageTracker:
 
     def record_stream(self, tensor: Any, stream: int) -> None:
         """``tensor.record_stream(stream)``: its block is in use on ``stream`` until that work is done."""
-        if not _on_meta(tensor):
+        if not on_meta(tensor):
             return
         with self._lock:
             key = id(tensor.untyped_storage())
@@ -318,7 +330,7 @@ class StorageTracker:
             for name in tensor.__tensor_flatten__()[0]:
                 self.categorize(getattr(tensor, name), category)
             return
-        if not _on_meta(tensor):
+        if not on_meta(tensor):
             return
         with self._lock:
             self._settle()
@@ -330,11 +342,11 @@ class StorageTracker:
     # ----------------------------------------------------------------- host and device storages
     def is_host(self, t: Any) -> bool:
         """Whether ``t`` is an abstract host tensor (a large CPU tensor the capture keeps on meta)."""
-        return _on_meta(t) and id(t.untyped_storage()) in self._host
+        return on_meta(t) and id(t.untyped_storage()) in self._host
 
     def is_device(self, t: Any) -> bool:
         """Whether ``t`` stands for a CUDA tensor."""
-        return _on_meta(t) and id(t.untyped_storage()) not in self._host
+        return on_meta(t) and id(t.untyped_storage()) not in self._host
 
     def mark_host(self, t: Any) -> None:
         storage = t.untyped_storage()
@@ -391,13 +403,13 @@ class StorageTracker:
                 return
             if self._outputs_on_host(args, kwargs):
                 for t in tree_flatten(out)[0]:
-                    if _on_meta(t):
+                    if on_meta(t):
                         self.mark_host(t)
                 return
             self._settle()
             if func in _IN_PLACE_ON_CUDA and torch._C._current_graph_task_id() != -1:
                 self._defer = {id(t.untyped_storage()): int(t.untyped_storage().nbytes()) for t in args
-                               if _on_meta(t) and id(t.untyped_storage()) in self._live}
+                               if on_meta(t) and id(t.untyped_storage()) in self._live}
             try:
                 self._record(func, args, kwargs, out)
             finally:
@@ -406,9 +418,9 @@ class StorageTracker:
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         """Record the outputs of ``func`` and the requests its CUDA kernel makes beside them."""
         # Positional arguments only (how autograd calls them); anything else is recorded plainly.
-        if func is _CONV and len(args) == 9 and not kwargs and _on_meta(args[0]):
+        if func is _CONV and len(args) == 9 and not kwargs and on_meta(args[0]):
             self._record_convolution(args, out)
-        elif func is _CONV_BACKWARD and len(args) == 11 and not kwargs and _on_meta(args[0]):
+        elif func is _CONV_BACKWARD and len(args) == 11 and not kwargs and on_meta(args[0]):
             self._record_convolution_backward(args, out)
         else:
             self._record_outputs(func, out)
@@ -489,7 +501,7 @@ class StorageTracker:
 
     def _record_outputs(self, func: Any, out: Any) -> None:
         for t in tree_flatten(out)[0]:
-            if not _on_meta(t):
+            if not on_meta(t):
                 continue
             storage = t.untyped_storage()
             key = id(storage)

@@ -72,35 +72,6 @@ def _asked_backend(backend: Any) -> str:
     return str(backend).lower()
 
 
-def _to_kwargs_on_meta(original: Any) -> Any:
-    """DDP's move of the forward's inputs to its device: ``meta:N`` (the CUDA device of the capture) is ``meta``.
-
-    DDP names its device from the parameters' type and ``device_ids`` (``torch.device("meta", 0)``
-    here); inputs already on the device are ``meta`` without an index and would be copied through a
-    side stream the CPU build has no accelerator for. On a GPU they are on ``cuda:0`` already: no copy.
-    """
-    def _to_kwargs(inputs: Any, kwargs: Any, target_device: Any, use_side_stream_for_tensor_copies: bool) -> Any:
-        if isinstance(target_device, torch.device) and target_device.type == "meta":
-            target_device = torch.device("meta")
-        return original(inputs, kwargs, target_device, use_side_stream_for_tensor_copies)
-    return _to_kwargs
-
-
-def _mesh_on_meta(original: Any) -> Any:
-    """``DeviceMesh("cuda", ...)`` is a mesh of the capture's device, ``meta``.
-
-    FSDP and DTensor make their buffers with ``device=`` the mesh's device; code that runs in the
-    autograd engine's thread (FSDP's backward prefetch) is outside the capture's torch-function
-    mode, which maps ``cuda`` to ``meta`` elsewhere, so the mesh names ``meta`` itself. Its local
-    tensors are on ``meta`` too, as DTensor expects of a mesh's device.
-    """
-    def __init__(mesh: Any, device_type: str, *args: Any, **kwargs: Any) -> None:
-        if isinstance(device_type, str) and device_type.split(":")[0] == "cuda":
-            device_type = "meta"
-        original(mesh, device_type, *args, **kwargs)
-    return __init__
-
-
 class _DonePopen:
     """What ``multiprocessing.Process`` holds for a process that has ended (it never started one)."""
 
@@ -417,14 +388,11 @@ class RankHooks:
     def _ddp_patches(self) -> list[tuple[Any, str, Any]]:
         """DDP's gradient buckets and the flattened parameters it broadcasts at construction
         (``DistributedDataParallel.__init__``) and its buckets rebuilt after the first iteration
-        (``_pre_forward``) are ``communication``; its inputs already on the device are not copied."""
-        import torch.distributed.utils as dist_utils  # noqa: PLC0415
+        (``_pre_forward``) are ``communication``."""
         import torch.nn.parallel.distributed as ddp_module  # noqa: PLC0415
 
         ddp = ddp_module.DistributedDataParallel
-        to_kwargs = _to_kwargs_on_meta(dist_utils._to_kwargs)
-        return [(dist_utils, "_to_kwargs", to_kwargs), (ddp_module, "_to_kwargs", to_kwargs),
-                (ddp, "__init__", self._named(ddp.__init__)), (ddp, "_pre_forward", self._named(ddp._pre_forward))]
+        return [(ddp, "__init__", self._named(ddp.__init__)), (ddp, "_pre_forward", self._named(ddp._pre_forward))]
 
     def _fsdp_group_patches(self) -> list[tuple[Any, str, Any]]:
         """FSDP2's all-gather and reduce-scatter buffers (``foreach_all_gather``, ``foreach_reduce`` as
@@ -538,7 +506,7 @@ class RankHooks:
             out = [(device_mesh, name, value) for name, value in (
                 ("init_process_group", init), ("new_group", new_group), ("split_group", split_group),
                 ("get_backend", get_backend)) if hasattr(device_mesh, name)]
-            return out + [(device_mesh.DeviceMesh, "__init__", _mesh_on_meta(device_mesh.DeviceMesh.__init__))]
+            return out
 
         patches.when_imported("torch.distributed.device_mesh", mesh_patches)
         patches.when_imported("torch.nn.parallel.distributed", self._ddp_patches)
