@@ -222,6 +222,7 @@ class FitResult:
     replay: list[str]             # ``allocsim scale ... --find-max`` per capture class (with out_dir)
     #: Why a capture stopped before the script's end ("" when all are complete; only with allow_incomplete).
     incomplete: str = ""
+    torch: dict[str, Any] = dataclasses.field(default_factory=dict)   # ``torch_release.inputs_check``
 
     @property
     def any_fits(self) -> bool:
@@ -232,7 +233,7 @@ class FitResult:
                 "steps": self.steps, "captures": [c.to_dict() for c in self.captures],
                 "answers": [a.to_dict() for a in self.answers], "capture_seconds": round(self.capture_seconds, 3),
                 "search_seconds": round(self.search_seconds, 3), "out_dir": self.out_dir, "replay": self.replay,
-                "method": METHOD,
+                "torch": self.torch, "method": METHOD,
                 **({"incomplete": True, "incomplete_reason": self.incomplete} if self.incomplete else {})}
 
     def format_text(self) -> str:
@@ -248,7 +249,13 @@ class FitResult:
                  + f", for {' and '.join(said)}: {len(self.captures)} captures, {self.capture_seconds:.1f} s",
                  f"  searched: the largest {name} on the traces predicted from them ({self.scale_name} laws), "
                  f"against each GPU's memory less the libraries and the CUDA context (and cuDNN's terms) at the high "
-                 f"end of their ranges: {self.search_seconds:.1f} s", ""]
+                 f"end of their ranges: {self.search_seconds:.1f} s"]
+        if self.torch.get("trace_torch"):
+            lines.append(f"  torch: {self.torch['trace_torch']} (the interpreter's: the answers hold for a GPU run "
+                         "with this release)")
+        if self.torch.get("note"):
+            lines.append(f"  note: {self.torch['note']}")
+        lines.append("")
         for a in self.answers:
             label = "" if a.gpu.verified else ", label"
             head = f"{a.gpu.name} ({format_bytes(a.gpu.total_bytes)}{label})"
@@ -538,11 +545,17 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
         steps: int = DEFAULT_STEPS, out_dir: str | None = None, scale_name: str | None = None, multiple: int = 1,
         max_value: int | None = None, advise: bool = True, workers: int | None = None,
         timeout_s: float | None = None, per_gpu: bool = False, allow_incomplete: bool = False,
-        log: Callable[[str], None] = lambda message: None) -> FitResult:
+        target_torch: str | None = None, log: Callable[[str], None] = lambda message: None) -> FitResult:
     """Capture, scale and search (module doc); ``ValueError`` / ``AllocsimError`` on bad input,
     ``ScriptFailed`` when a capture did not finish (``allow_incomplete``: when it wrote no trace; the
     answers then say they come from captures that stop early). A launcher command (``torchrun ...``)
-    is ``fit_ranks.fit_job``'s."""
+    is ``fit_ranks.fit_job``'s.
+
+    The captures run in the interpreter ``command`` names (``python``, or the training environment's
+    ``/path/to/venv/bin/python``), so they follow its torch; ``target_torch`` is the torch the GPU run
+    uses when it is not that one (the answer's ``torch`` note says so).
+    """
+    from .torch_release import check_target, inputs_check
     from .scale import load_input
     from .scale.build import Scaler
     from .scale.findmax import find_max
@@ -552,6 +565,7 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
 
     command = list(command)
     knob = check_command(command)
+    target_torch = check_target(target_torch)
     values = sorted(set(int(v) for v in values))
     if len(values) < 2 or values[0] < 1:
         raise ValueError("give two or more different values >= 1 to capture, e.g. --values 2,4")
@@ -584,11 +598,13 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
         answers: list[GpuAnswer] = []
         replay: list[str] = []
         incomplete = ""
+        torch = {}
         executor = make_executor(workers=workers) if advise else None
         with executor if executor is not None else contextlib.nullcontext():
             for rep, members in groups:
                 mine = [c for c in captures if c.gpu == rep.name]
                 inputs = [load_input(c.path, Fraction(c.value)) for c in mine]
+                torch = torch or inputs_check([item.trace.meta for item in inputs], target_torch)
                 scaler = Scaler(inputs, scale_name)
                 incomplete = incomplete or scaler.incomplete
                 in_trace = all(cublas_workspaces_in_trace(item.trace.meta) for item in inputs)
@@ -617,7 +633,7 @@ def fit(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Se
     order = {m.name: i for i, m in enumerate(models)}
     answers.sort(key=lambda a: order[a.gpu.name])
     return FitResult(command, knob, scale_name, values, steps, captures, answers, t1 - t0, t2 - t1,
-                     out_dir, replay, incomplete)
+                     out_dir, replay, incomplete, torch)
 
 
 __all__ = ["DEFAULT_GPUS", "DEFAULT_STEPS", "DEFAULT_VALUES", "FitResult", "GpuAnswer", "ScriptFailed",

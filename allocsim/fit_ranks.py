@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 from .fit import (CaptureRun, FitResult, GpuAnswer, ScriptFailed, _answer, _slug, check_command, group_gpus,
                   scale_name_for, with_value)
 from .gpus import allocator_capacity, find_gpu
-from .nccl_estimate import role_nccl_bytes
+from .nccl_estimate import add_nccl_ends, role_nccl_ends
 
 
 def _job_folder(folder: str, knob: str, value: int, gpu: Any) -> str:
@@ -80,13 +80,15 @@ def is_job(command: Sequence[str]) -> bool:
 def fit_job(command: Sequence[str], gpus: Sequence[str] | None = None, *, values: Sequence[int], steps: int,
             out_dir: str | None, scale_name: str | None, multiple: int, max_value: int | None, advise: bool,
             workers: int | None, timeout_s: float | None, per_gpu: bool, allow_incomplete: bool = False,
-            log: Callable[[str], None] = lambda message: None) -> FitResult:
+            target_torch: str | None = None, log: Callable[[str], None] = lambda message: None) -> FitResult:
     """``allocsim.fit.fit`` for a launcher command: per role, the job limited by its smallest answer (module doc).
 
     A capture that stops early ends the fit (``ScriptFailed``) whatever ``allow_incomplete`` says: a
     job's roles must all be whole to be compared.
     """
     from .fit import DEFAULT_GPUS
+    from .gpu_ranges import is_capture, runs_cudnn
+    from .torch_release import check_target, inputs_check
     from .scale import load_input
     from .scale.build import Scaler
     from .scale.findmax import find_max
@@ -101,6 +103,7 @@ def fit_job(command: Sequence[str], gpus: Sequence[str] | None = None, *, values
     if steps < 0 or multiple < 1 or (workers is not None and workers < 1):
         raise ValueError("--steps must be >= 0, --multiple-of and --workers >= 1")
     models = list({m.name: m for m in (find_gpu(n) for n in (gpus or DEFAULT_GPUS))}.values())
+    target_torch = check_target(target_torch)
     scale_name = scale_name or scale_name_for(knob)
     groups = group_gpus(models, per_gpu)
     if out_dir is not None:
@@ -124,6 +127,7 @@ def fit_job(command: Sequence[str], gpus: Sequence[str] | None = None, *, values
                     for rep in [next(g for g, _ in groups if g.name == rep_name)]]
         answers: list[GpuAnswer] = []
         replay: list[str] = []
+        torch: dict[str, Any] = {}
         executor = make_executor(workers=workers) if advise else None
         with executor if executor is not None else contextlib.nullcontext():
             for rep, members in groups:
@@ -134,24 +138,29 @@ def fit_job(command: Sequence[str], gpus: Sequence[str] | None = None, *, values
                 for index, role in enumerate(roles):
                     inputs = [load_input(os.path.join(path, manifest.roles[index].trace), Fraction(v))
                               for v, (path, manifest) in mine]
+                    torch = torch or inputs_check([item.trace.meta for item in inputs], target_torch)
                     scaler = Scaler(inputs, scale_name)
                     in_trace = all(cublas_workspaces_in_trace(item.trace.meta) for item in inputs)
-                    per_role.append((role, scaler, in_trace, [os.path.join(p, m.roles[index].trace) for _v, (p, m)
-                                                               in mine]))
+                    kinds = (any(runs_cudnn(item.trace) for item in inputs),
+                             all(is_capture(item.trace) for item in inputs))
+                    per_role.append((role, scaler, in_trace, kinds,
+                                     [os.path.join(p, m.roles[index].trace) for _v, (p, m) in mine]))
                 for gpu in members:
                     role_answers = []
-                    for role, scaler, in_trace, paths in per_role:
+                    for role, scaler, in_trace, (cudnn, capture), paths in per_role:
                         log(f"searching the largest {knob} that fits {gpu.name} for ranks "
                             f"{role.to_dict()['ranks_text']}")
-                        # NCCL's communicators take their bytes off the card before the allocator's
-                        nccl = role_nccl_bytes(mine[-1][1][1], role, gpu)
-                        capacity = allocator_capacity(gpu, in_trace) - nccl
+                        # FITS only at the high end of the unknown terms (gpu_ranges), as for one process;
+                        # NCCL's communicators take their bytes off the card first, each end its own
+                        nccl_low, nccl, nccl_high = role_nccl_ends(mine[-1][1][1], role, gpu)
+                        capacity = allocator_capacity(gpu, in_trace, end="high", cudnn=cudnn, capture=capture) \
+                            - nccl_high
+                        point = allocator_capacity(gpu, in_trace, end="point", cudnn=cudnn, capture=capture) - nccl
                         found = find_max(scaler, capacity, policy="pytorch", multiple=multiple, max_value=max_value,
                                          advise=advise, executor=executor)
-                        answer = _answer(gpu, rep, found, scaler, capacity, in_trace, multiple, found.max_value)
-                        if answer.estimate is not None:
-                            answer.estimate["nccl_bytes"] = nccl
-                            answer.estimate["total_bytes"] = int(answer.estimate["total_bytes"]) + nccl
+                        answer = _answer(gpu, rep, found, scaler, capacity, in_trace, multiple, found.max_value,
+                                         cudnn, point, capture)
+                        add_nccl_ends(answer.estimate, nccl_low, nccl, nccl_high)
                         role_answers.append((role, answer, paths))
                     limit_role, answer, paths = min(role_answers, key=lambda ra: (
                         -1 if ra[1].value is None else ra[1].value, ra[0].representative))
@@ -172,4 +181,5 @@ def fit_job(command: Sequence[str], gpus: Sequence[str] | None = None, *, values
         replay = []
     order = {m.name: i for i, m in enumerate(models)}
     answers.sort(key=lambda a: order[a.gpu.name])
-    return FitResult(command, knob, scale_name, values, steps, captures, answers, t1 - t0, t2 - t1, out_dir, replay)
+    return FitResult(command, knob, scale_name, values, steps, captures, answers, t1 - t0, t2 - t1, out_dir, replay,
+                     torch=torch)

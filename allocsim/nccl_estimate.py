@@ -37,6 +37,27 @@ def role_nccl_term(manifest: Any, role: Any, gpu_name: str) -> tuple[int, int, i
     return nccl_term(job)
 
 
+def role_nccl_ends(manifest: Any, role: Any, gpu: Any) -> tuple[int, int, int]:
+    """NCCL's (low, point, high) bytes for ``role`` on ``gpu`` ((0, 0, 0) when the manifest cannot be priced)."""
+    from .nccl import NcclInputError
+
+    try:
+        low, point, high, _parts = role_nccl_term(manifest, role, gpu.name)
+    except NcclInputError:
+        return 0, 0, 0
+    return low, point, high
+
+
+def add_nccl_ends(estimate: dict[str, Any] | None, low: int, point: int, high: int) -> None:
+    """``fit``'s estimate at an answer: NCCL's bytes added to each end of its totals (``nccl_*_bytes`` beside)."""
+    if not isinstance(estimate, dict):
+        return
+    estimate.update(nccl_bytes=point, nccl_low_bytes=low, nccl_high_bytes=high)
+    for key, add in (("total_low_bytes", low), ("total_bytes", point), ("total_high_bytes", high)):
+        if isinstance(estimate.get(key), int):
+            estimate[key] += add
+
+
 def role_nccl_bytes(manifest: Any, role: Any, gpu: Any) -> int:
     """NCCL's point estimate for ``role`` on ``gpu`` (0 when the manifest cannot be priced): what ``fit`` and
     ``advise`` take off the card before the caching allocator's capacity."""

@@ -65,6 +65,23 @@ COVERED: dict[str, tuple[str, str]] = {
         "advise on that test's folder (--fast)"),
     "allocsim report job -o report.html": (
         "tests/test_distributed_capture.py::test_report_writes_one_page_per_role", "one page per role of that folder"),
+    "allocsim capture -o train.parquet -- ~/envs/train/bin/python train.py --batch 64": (
+        "tests/test_torch_versions.py::test_a_capture_in_the_training_interpreter_names_its_torch_and_run_gpu_notes_another",
+        "train.py and its venv are the user's: the test captures its own script with an interpreter given by path"),
+    "allocsim run train.parquet --policy pytorch --gpu H100 --torch 2.6": (
+        "tests/test_torch_versions.py::test_a_capture_in_the_training_interpreter_names_its_torch_and_run_gpu_notes_another",
+        "replays that test's capture with --torch and checks the verdict's note"),
+    "allocsim fit --gpu H100 -- ~/envs/train/bin/python train.py --batch {B}": (
+        "tests/test_fit.py::test_fit_on_the_shipped_script_matches_direct_captures",
+        "fit with an interpreter given by path (sys.executable); the test checks the answer names its torch"),
+    "python -m validate torch-env 2.6.0 torch-2.6": (
+        "tests/test_torch_versions.py::test_torch_env_reads_requirements_and_maps_libraries_to_packages",
+        "downloads a torch release and its NVIDIA libraries (GBs): the test checks how it picks them"),
+    ("python -m validate torch-matrix --python torch-2.4/bin/python --python torch-2.6/bin/python --python "
+     "torch-2.9/bin/python --python torch-2.13/bin/python --python torch-2.15/bin/python --repos repos "
+     "--extract-from clones --work torch-matrix-work"): (
+        "tests/test_torch_versions.py::test_torch_matrix_marks_the_recordings_release_and_counts_exact_rows",
+        "needs five torch installs and the public repositories (an hour on 2 cores): the test checks its table"),
     "python -m validate calibrate --backend host -o calibration.json": (
         "tests/test_validate_host.py::host_calibration", "takes minutes; the test runs it with --quick"),
     ("python -m validate addresses ../shared/traces/pytorch-snapshots/*.pickle "

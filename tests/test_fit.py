@@ -242,6 +242,10 @@ def test_fit_on_the_shipped_script_matches_direct_captures(fitted):
           f"(captures {data['capture_seconds']:.1f} s, search {data['search_seconds']:.1f} s)")
     assert [a["gpu"] for a in data["answers"]] == list(DEFAULT_GPUS)
     assert data["values"] == list(DEFAULT_VALUES) and data["steps"] == DEFAULT_STEPS
+    # the captures ran in the interpreter given after -- and name its torch (no --torch: nothing to note)
+    import torch
+
+    assert data["torch"]["trace_torch"] == torch.__version__ and data["torch"]["note"] is None
     # one capture per value for each compute-capability class: RTX 4090 (8.9) stands for A100 (8.0)
     assert sorted({c["gpu"] for c in data["captures"]}) == ["H100", "RTX 4090"] and len(data["captures"]) == 4
     checks = []

@@ -18,6 +18,8 @@ COMMANDS = {
     "milabench": "validate.milabench_cmd", # the GPU's own memory learned and checked on milabench's tables
     "addresses": "validate.addresses_cmd", # where the driver put cudaMalloc segments in real snapshots
     "corpus": "validate.corpus_cmd",       # public training scripts captured unchanged vs their model arithmetic
+    "torch-env": "validate.torch_env",     # a small venv with one torch release (for torch-matrix)
+    "torch-matrix": "validate.torch_matrix", # the same scripts captured under several torch releases
 }
 
 

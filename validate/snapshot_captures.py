@@ -89,11 +89,12 @@ def capture_key(cap: Mapping[str, Any]) -> str:
     return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def capture_argv(cap: Mapping[str, Any], output: str) -> list[str]:
-    """``python -m allocsim capture`` for one capture recipe, writing ``output``."""
+def capture_argv(cap: Mapping[str, Any], output: str, python: str | None = None) -> list[str]:
+    """``python -m allocsim capture`` for one capture recipe, writing ``output``; the script runs in ``python``
+    (an interpreter with torch and the scripts' imports; default: this one)."""
     target = ["-m", cap["module"]] if cap.get("module") else [cap["script"]]
     return [sys.executable, "-m", "allocsim", "capture", "--gpu", cap["gpu"], "-o", output, "--",
-            sys.executable, *target, *cap.get("args", [])]
+            python or sys.executable, *target, *cap.get("args", [])]
 
 
 def extract_tree(git_dir: str | os.PathLike, commit: str, dest: str | os.PathLike,
@@ -159,7 +160,7 @@ class CaptureOutcome:
 
 
 def run_capture(name: str, cap: Mapping[str, Any], repos: str | os.PathLike, work: str | os.PathLike,
-                timeout: float | None = None) -> CaptureOutcome:
+                timeout: float | None = None, python: str | None = None) -> CaptureOutcome:
     """Capture ``cap`` in ``work`` unless a capture of the same recipe is there; never raises for a failed script."""
     tree = Path(repos) / tree_name(cap["repo"])
     work = Path(work)
@@ -184,7 +185,7 @@ def run_capture(name: str, cap: Mapping[str, Any], repos: str | os.PathLike, wor
         paths.append(str(stub_distributions(work / "distributions", cap["distributions"])))
     env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.update(cap.get("env", {}))
-    argv = capture_argv(cap, str(output))
+    argv = capture_argv(cap, str(output), python)
     if timeout:
         argv[4:4] = ["--timeout", str(int(timeout))]
     t0 = time.perf_counter()
@@ -335,8 +336,9 @@ def on_target(row: Mapping[str, Any]) -> bool | None:
 
 def evaluate(table: Mapping[str, Any], repos: str | os.PathLike, work: str | os.PathLike,
              shared: str | os.PathLike = DEFAULT_SHARED, only: Iterable[str] | None = None, jobs: int = 2,
-             timeout: float | None = None, explain: int = 0, explain_all: bool = False) -> list[dict[str, Any]]:
-    """One row per snapshot recipe (those whose file or series contains one of ``only``).
+             timeout: float | None = None, explain: int = 0, explain_all: bool = False,
+             python: str | None = None) -> list[dict[str, Any]]:
+    """One row per snapshot recipe (those whose file or series contains one of ``only``), captured in ``python``.
 
     ``explain=N`` adds the first N divergences (``divergences``) to each row off target, or to every
     row with ``explain_all``.
@@ -348,7 +350,7 @@ def evaluate(table: Mapping[str, Any], repos: str | os.PathLike, work: str | os.
     needed = sorted({s["capture"] for s in snaps})
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         outcomes = dict(zip(needed, pool.map(
-            lambda name: run_capture(name, table["captures"][name], repos, work, timeout), needed)))
+            lambda name: run_capture(name, table["captures"][name], repos, work, timeout, python), needed)))
     loaded: dict[str, Any] = {}
     rows = []
     for snap in snaps:

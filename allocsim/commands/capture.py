@@ -28,7 +28,8 @@ def register(subparsers) -> None:
         description="Run a PyTorch training script unchanged on a machine without a GPU (cuda mapped to the "
                     "meta device: no compute, exact tensor sizes, the CUDA code path, autocast as on the GPU, "
                     "large CPU tensors never materialised) and write the trace of the allocations its CUDA run "
-                    "would make. The interpreter after -- needs torch only. Example: allocsim capture -o "
+                    "would make. The interpreter after -- needs torch only (2.4 to 2.15), and the trace follows its "
+                    "release: give your training environment's. Example: allocsim capture -o "
                     "run.parquet --steps 4 -- python train.py --batch 64",
         epilog="cuDNN's convolution workspaces are requests in the trace, sized by a model calibrated on an RTX "
                "3060 (allocsim.torch_capture.cudnn); ALLOCSIM_CUDNN_WORKSPACE_RATIO=R or R,P sets other ratios (R: "
@@ -101,6 +102,7 @@ def _usage(message: str) -> int:
 def main(args: argparse.Namespace) -> int:
     """Check everything the capture needs, run it, and report the trace it wrote."""
     from ..gpus import find_gpu
+    from ..torch_capture import torch_versions
     from ..torch_capture.scratch import check_keep_folder
     from ..torch_capture.session import EXIT_OK, capture, check_script
     from ..output_file import check_trace_output as check_output
@@ -148,6 +150,11 @@ def main(args: argparse.Namespace) -> int:
           f"{result.seconds:.1f} s)")
     if result.writes_line:
         print(f"capture: {result.writes_line}")
+    release = torch_versions.parse(summary.get("torch"))
+    if release is not None and not torch_versions.supported(release):
+        low, high = torch_versions.SUPPORTED
+        print(f"capture: note: torch {summary.get('torch')} is outside the releases the capture is tested with "
+              f"({low[0]}.{low[1]} to {high[0]}.{high[1]})", file=sys.stderr)
     if result.status != EXIT_OK:
         print(f"capture: the trace stops where {result.message}", file=sys.stderr)
         return result.status

@@ -35,6 +35,9 @@ def register(subparsers) -> None:
                "  allocsim fit --gpu \"RTX 3060\" --gpu H100 --values 4,8 --steps 3 -o fit-captures -- "
                "python train.py --batch {B}\n"
                "  allocsim fit --name seq --values 256,512 --multiple-of 64 -- python train.py --seq-len {SEQ}\n"
+               "  allocsim fit -- ~/envs/train/bin/python train.py --batch {B}   # the training venv's torch\n"
+               "torch: the captures run in the interpreter after --, so they follow its torch (2.4 to 2.15):\n"
+               "  give your training environment's python; --torch VERSION says the GPU run uses another.\n"
                "captures: one per value for each class of the GPUs asked (compute capability 7.x, 8.x, 9.x and\n"
                "  newer: what the capture reads of the card -- cuBLAS workspace size, attention kernels, bf16 --\n"
                "  follows it); the first card asked of a class is captured for, and the others' answers say what\n"
@@ -78,6 +81,9 @@ def register(subparsers) -> None:
                         help="answer from captures whose script stopped before its end (raised, exited with an "
                              "error, --timeout) instead of stopping with the capture's exit status; each answer "
                              "line then says INCOMPLETE TRACE")
+    parser.add_argument("--torch", metavar="VERSION", dest="target_torch",
+                        help="the torch the GPU run uses, when it is not the one of the interpreter after -- "
+                             "(the answer then says the captures follow another release)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PYTHON SCRIPT ARGS",
                         help="the command that runs the script, after --, with one {NAME} placeholder")
@@ -109,6 +115,7 @@ def main(args: argparse.Namespace) -> int:
                      multiple=args.multiple_of, max_value=args.max_value, advise=not args.no_advise,
                      workers=args.workers, timeout_s=args.timeout, per_gpu=args.per_gpu,
                      allow_incomplete=args.allow_incomplete,
+                     target_torch=args.target_torch,
                      log=(lambda m: print(f"allocsim fit: {m}", file=sys.stderr)) if interactive else
                      (lambda m: None))
     except ScriptFailed as exc:

@@ -92,6 +92,9 @@ def register(subparsers) -> None:
                         help="the GPU to judge against (see `allocsim gpus`): its memory less the CUDA context, "
                              "libraries and cuBLAS workspaces is the allocator's capacity; the summary gets "
                              "gpu_estimate")
+    parser.add_argument("--torch", metavar="VERSION", dest="target_torch",
+                        help="the torch the GPU run uses (default: the capture's); with --gpu, the verdict says "
+                             "when the trace was made with another release")
     parser.add_argument("--device", type=int, metavar="N", help="device to replay (required if the trace has several)")
     parser.add_argument("--fast", action="store_true", help="no timing: memory results only, much faster")
     parser.add_argument("--continue-on-oom", action="store_true",
@@ -257,8 +260,11 @@ def execute(args: argparse.Namespace, trace: Any = None):
     from ..engine import select_device
     from ..runner import GIVEN, Capacity, check_capacity, resolve_capacity, simulate_trace
 
+    from ..torch_release import check_target
+
     given = parse_bytes(args.capacity, round_down=True) if args.capacity is not None else None
     gpu = _gpu(args)
+    target_torch = check_target(getattr(args, "target_torch", None))
     if gpu is not None and given is not None:
         raise ValueError("give --gpu or --capacity, not both")
     cost_model = cost_model_from_args(args)
@@ -290,7 +296,7 @@ def execute(args: argparse.Namespace, trace: Any = None):
         add_sites(result, trace, name, params, capacity.bytes, cost_model, site_filter, top, args.continue_on_oom,
                   categories)
     if gpu is not None:
-        add_gpu_estimate(result, gpu, trace, name, params)
+        add_gpu_estimate(result, gpu, trace, name, params, target_torch=target_torch)
     mark_incomplete_run(result.summary, trace.meta.incomplete)
     return result
 
@@ -366,7 +372,7 @@ def gpu_replays(trace: Any, gpu: Any, policy: str, params: dict[str, Any], point
 
 
 def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None, policy: str = "pytorch",
-                     params: dict[str, Any] | None = None) -> None:
+                     params: dict[str, Any] | None = None, target_torch: str | None = None) -> None:
     """Put ``gpu_estimate`` in the summary and say the GPU's memory in the verdict line.
 
     The estimate counts the peak the run reserves with no capacity limit (what it needs) plus the
@@ -374,10 +380,13 @@ def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None, policy: str = "py
     FITS only when the high end fits, FITS UNLESS <term> between the ends, DOES NOT FIT when even
     the low end does not. Where the trace states the card it was recorded on
     (``meta.device_properties``), the estimate's ``recorded_device`` says whether ``gpu`` is that
-    card and whether its total is the recorded one.
+    card and whether its total is the recorded one. ``torch`` says which torch made the trace and which
+    the GPU run uses (``target_torch``, by default the trace's), with a note in the verdict line where
+    they differ (``torch_release``).
     """
     from ..gpu_ranges import benchmark_note, is_capture as captured, runs_cudnn, verdict_words
     from ..gpus import gpu_estimate, recorded_device_check, terms_of
+    from ..torch_release import torch_check
     from ..trace.inference.workspaces import cublas_workspaces_in_trace
 
     summary = result.summary
@@ -416,6 +425,10 @@ def add_gpu_estimate(result: Any, gpu: Any, trace: Any = None, policy: str = "py
     if bench:
         estimate["cudnn_benchmark_note"] = bench
         notes.append(bench)
+    if trace is not None:
+        estimate["torch"] = torch_check(trace.meta, target_torch)
+        if estimate["torch"]["note"]:
+            notes.append(estimate["torch"]["note"])
     caveat = f" ({'; '.join(notes)})" if notes else ""
     terms = terms_of(gpu, peak, cudnn, capture)
     unknown = "".join(f" + {t.text()}" for t in terms)

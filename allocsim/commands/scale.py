@@ -88,6 +88,9 @@ def register(subparsers) -> None:
     add_incomplete_arg(parser)
     add_read_args(parser)
     search = parser.add_argument_group("finding the largest value that fits")
+    parser.add_argument("--torch", metavar="VERSION", dest="target_torch",
+                        help="the torch the GPU run uses (default: the inputs'); a note says when the inputs "
+                             "were made with another release, or with several")
     search.add_argument("--capacity", metavar="SIZE", help="device memory for --find-max, e.g. 80GiB")
     search.add_argument("--gpu", metavar="NAME",
                         help="instead of --capacity: the GPU (see `allocsim gpus`); its memory less the CUDA "
@@ -135,14 +138,16 @@ def main(args: argparse.Namespace) -> int:
     """Build (or search), write and report; 2 with one line on stderr on bad input."""
     from ..scale import load_input, parse_spec, parse_value
     from ..scale.build import Scaler
+    from ..torch_release import check_target, inputs_check
 
     try:
         _check_args(args)
         inputs = [load_input(path, value, device=args.device, lenient=args.lenient, limits=trace_limits(args))
                   for path, value in (parse_spec(spec) for spec in args.inputs)]
         scaler = Scaler(inputs, args.name, allow_mixed=args.allow_mixed)
+        torch = inputs_check([item.trace.meta for item in inputs], check_target(args.target_torch))
         if args.find_max:
-            return incomplete_status("scale", scaler.incomplete, args, _find_max(args, scaler))
+            return incomplete_status("scale", scaler.incomplete, args, _find_max(args, scaler, torch))
         result = scaler.at(parse_value(args.target))
         write_trace(result.trace, args.output)
     except (AllocsimError, ValueError, OSError) as exc:
@@ -150,9 +155,11 @@ def main(args: argparse.Namespace) -> int:
         return 2
     reason = scaler.incomplete
     if args.json:
-        print_json({"output": args.output, **result.report.to_dict(), **_incomplete_keys(reason)})
+        print_json({"output": args.output, **result.report.to_dict(), "torch": torch, **_incomplete_keys(reason)})
     else:
         print(result.report.format_text())
+        if torch["note"]:
+            print(f"note: {torch['note']}")
         where = ["--gpu", args.gpu] if args.gpu else ["--capacity", args.capacity or "80GiB"]
         print(f"\nwrote {args.output}; next: "
               + " ".join(shlex.quote(a) for a in ["allocsim", "run", args.output, "--policy", "pytorch", *where]))
@@ -167,7 +174,7 @@ def _incomplete_keys(reason: str) -> dict:
     return {"incomplete": True, "incomplete_reason": reason} if reason else {}
 
 
-def _find_max(args: argparse.Namespace, scaler) -> int:
+def _find_max(args: argparse.Namespace, scaler, torch: dict) -> int:
     from ..scale.findmax import find_max
     from ..sweep.executors import make_executor
 
@@ -215,7 +222,7 @@ def _find_max(args: argparse.Namespace, scaler) -> int:
     if args.json:
         print_json({"output": args.output if result is not None else None, "find_max": found.to_dict(),
                     "report_at_answer": result.report.to_dict() if result is not None else None,
-                    **({"point_estimate": at_point} if at_point is not None else {}),
+                    "torch": torch, **({"point_estimate": at_point} if at_point is not None else {}),
                     **({"gpu_note": gpu_note} if gpu_note else {}), **_incomplete_keys(scaler.incomplete)})
     else:
         if result is not None:
@@ -226,6 +233,8 @@ def _find_max(args: argparse.Namespace, scaler) -> int:
             print(f"  {at_point['line']}")
         if gpu_note:
             print(f"note: {gpu_note}")
+        if torch["note"]:
+            print(f"note: {torch['note']}")
         if result is not None and args.output:
             command = ["allocsim", "run", args.output, *best.at_value.run_args, *where]
             print(f"\nwrote {args.output} ({found.scale_name} {best.value}); replay it: "

@@ -34,6 +34,8 @@ from typing import Any, Callable
 import torch
 from torch._C import DispatchKey, DispatchKeySet
 
+from . import torch_versions
+
 _KEY = DispatchKey.AutocastPrivateUse1
 _KEY_NAME = "AutocastPrivateUse1"
 _KEYSET = DispatchKeySet(_KEY)
@@ -155,7 +157,7 @@ class CudaAutocast:
     def install(self) -> None:
         """Register the kernels (process-wide; only the threads that ``enable_thread`` reach them)."""
         self._fallback_library = torch.library.Library("_", "IMPL")
-        self._fallback_library.fallback(torch.library.fallthrough_kernel, _KEY_NAME)
+        torch_versions.register_fallthrough(self._fallback_library, _KEY_NAME)
         self._library = torch.library.Library("aten", "IMPL")
         for name, policy in sorted(self.policies.items()):
             overload = _overload(name)

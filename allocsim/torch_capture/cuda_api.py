@@ -37,9 +37,12 @@ from typing import Any, Iterator
 
 import torch
 
-from . import local_device
+from . import local_device, torch_versions
 from .signatures import conform, noop
 from .tracker import StorageTracker
+
+#: torch 2.4 and 2.5 want torch.cuda's Stream and Event to derive from torch._streambase's classes.
+_STREAM_BASES, _EVENT_BASES = torch_versions.stream_bases()
 
 
 class DeviceProperties:
@@ -89,7 +92,7 @@ def stream_number(stream: Any) -> int:
     return int(getattr(stream, "stream_id", 0) or 0)
 
 
-class Stream:
+class Stream(*_STREAM_BASES):
     """A CUDA stream as the script sees it; requests made while it is current carry its number."""
 
     _next_id = 1
@@ -148,7 +151,7 @@ class _DefaultStream(Stream):
 DEFAULT_STREAM = _DefaultStream()
 
 
-class Event:
+class Event(*_EVENT_BASES):
     """A CUDA event: recording and waiting are instantaneous on the capture's single timeline."""
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
@@ -398,7 +401,8 @@ def shims(tracker: StorageTracker, gpu: dict[str, Any]) -> dict[tuple[Any, str],
         answers[(profiler, "profile")] = _no_range
     cudnn = torch.backends.cudnn
     answers[(cudnn, "is_available")] = lambda: True
-    answers[(cudnn, "version")] = lambda: 91000
+    cudnn_version = torch_versions.cudnn_version()     # read before the capture answers for cuDNN
+    answers[(cudnn, "version")] = lambda: cudnn_version
     # Streams and events are classes the script makes and subclasses: replaced as they are
     table: dict[tuple[Any, str], Any] = {(cuda, "Stream"): Stream, (cuda, "Event"): Event,
                                          # a tuple, not a function: the RNG tracker of Megatron-LM reads it

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
-from . import cudnn_rnn_model
+from . import cudnn_rnn_model, torch_versions   # version keys only: importing them does not import torch
 
 # ----------------------------------------------------------------------------- dtypes
 
@@ -480,8 +480,10 @@ def _output_vec_size(it: _Iter, scalar_bytes: int) -> int:
     return vec
 
 
-def reduce_config(it: _Iter, spec: KernelSpec, gpu: GpuProps, *, legacy: bool = False) -> ReduceConfig:
-    """Run ``setReduceConfig`` (Reduce.cuh) on one 32-bit-indexable iterator; ``legacy`` is PyTorch <= 2.6's rule."""
+def reduce_config(it: _Iter, spec: KernelSpec, gpu: GpuProps, *, legacy: bool = False,
+                  gated: bool = False) -> ReduceConfig:
+    """Run ``setReduceConfig`` (Reduce.cuh) on one 32-bit-indexable iterator; ``legacy`` is PyTorch <= 2.6's rule,
+    ``gated`` the rule of the releases between (``torch_versions.REDUCE_RULES``)."""
     num_outputs = it.num_output_elements()
     inputs_per_output = it.numel() // num_outputs
     in_strides = it.strides[-1]
@@ -501,6 +503,10 @@ def reduce_config(it: _Iter, spec: KernelSpec, gpu: GpuProps, *, legacy: bool = 
             # <= 2.6: ReduceConfig::input_vec_size == 4, used only when vt0 >= 4, and dim0 > 128
             vec_in = fastest and dim0 > 128 and nrd == 1 and spec.vt0 >= 4
             input_vec = 4
+        elif gated:
+            # 2.7 on, until the gate went: the kernel's own input_vec_size, used only when vt0 >= it, dim0 > 128
+            vec_in = fastest and dim0 > 128 and nrd == 1 and spec.vt0 >= spec.input_vec_size
+            input_vec = spec.input_vec_size
         else:
             vec_in = fastest and dim0 >= 128 and nrd == 1
             input_vec = spec.input_vec_size
@@ -559,7 +565,7 @@ def reduce_config(it: _Iter, spec: KernelSpec, gpu: GpuProps, *, legacy: bool = 
                         global_bytes, semaphore_bytes)
 
 
-def gpu_reduce_requests(it: _Iter, spec: KernelSpec, gpu: GpuProps, *, legacy: bool = False,
+def gpu_reduce_requests(it: _Iter, spec: KernelSpec, gpu: GpuProps, *, legacy: bool = False, gated: bool = False,
                         label: str = "reduce") -> list[ScratchRequest]:
     """List what ``gpu_reduce_kernel`` asks the caching allocator for on iterator ``it``, in order."""
     reqs = _Requests()
@@ -573,7 +579,7 @@ def gpu_reduce_requests(it: _Iter, spec: KernelSpec, gpu: GpuProps, *, legacy: b
             reqs.op((out_memory // out_bytes) * spec.arg_bytes, f"{label}: accumulation buffer (AccumulationBuffer)")
     subs = it.with_32bit_indexing()
     for n, sub in enumerate(subs):
-        cfg = reduce_config(sub, spec, gpu, legacy=legacy)
+        cfg = reduce_config(sub, spec, gpu, legacy=legacy, gated=gated)
         part = f" (sub-iterator {n + 1}/{len(subs)})" if len(subs) > 1 else ""
         reqs.kernel([(cfg.global_memory_bytes, f"{label}: global reduce buffer{part}"),
                      (cfg.semaphore_bytes, f"{label}: semaphores{part}")])
@@ -679,7 +685,8 @@ def reduction_scratch(family: str, inp: TensorMeta, dims: Any = None, keepdim: b
     64-bit indexing, and the global reduce buffer and semaphores of each kernel launch.
     """
     gpu = gpu_props(gpu)
-    legacy = tuple(torch_version) <= (2, 6)
+    rule = torch_versions.reduce_rule_for(torch_version)
+    legacy, gated = rule == "vec4", rule == "per_kernel_gated"
     out_dtype = dtype_name(out_dtype or inp.dtype)
     label = label or family
     reqs = _Requests()
@@ -695,7 +702,7 @@ def reduction_scratch(family: str, inp: TensorMeta, dims: Any = None, keepdim: b
     out_bytes = [itemsize(out_dtype)] + ([8] if family in ("max_dim",) else [itemsize(out_dtype)]) * (noutputs - 1)
     it = reduction_iter(src, dims, keepdim, noutputs, out_bytes)
     spec = reduction_kernel_spec(family, read_dtype, out_dtype, legacy=legacy)
-    reqs.extend(gpu_reduce_requests(it, spec, gpu, legacy=legacy, label=label))
+    reqs.extend(gpu_reduce_requests(it, spec, gpu, legacy=legacy, gated=gated, label=label))
     return reqs.items
 
 
@@ -730,7 +737,7 @@ def layer_norm_backward_scratch(grad_out: TensorMeta, inp: TensorMeta, normalize
     m_rows = inp.numel // n_cols if n_cols else 0
     want_dgamma = weight is not None and output_mask[1]
     want_dbeta = (not rms_norm) and bias is not None and len(output_mask) > 2 and output_mask[2]
-    if m_rows == 0 or n_cols == 0 or not (want_dgamma or want_dbeta) or tuple(torch_version) < (2, 7):
+    if m_rows == 0 or n_cols == 0 or not (want_dgamma or want_dbeta) or tuple(torch_version) < torch_versions.LAYER_NORM_TWO_PASS:
         return reqs.items
     block_dim_x = 32
     if m_rows > 64 * 1024 and n_cols // block_dim_x < gpu.sm_count // 2:

@@ -49,7 +49,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _device as torch_device_module
 from torch.utils._pytree import tree_map
 
-from . import accelerator, cuda_api, cudnn_rnn, dataparallel, datadep, identity, legacy, optimizers, sdpa
+from . import (accelerator, cuda_api, cudnn_rnn, dataparallel, datadep, identity, legacy, meta_kernels,
+               optimizers, sdpa)
 from .autocast import CudaAutocast
 from .signatures import conform
 from .tracker import CAPTURE_DEVICE, Recorder, StorageTracker, on_meta
@@ -567,6 +568,9 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
     table = shim_table(tracker, dict(gpu or {}), autocast, modes)
     optimizers.install()
     cudnn_rnn.install()
+    for name in meta_kernels.install():
+        tracker.note(f"torch {torch.__version__} has no meta kernel for aten::{name}: allocsim's, shaped as "
+                     "CUDA's outputs (allocsim.torch_capture.meta_kernels)")
     with contextlib.ExitStack() as stack:
         for (owner, name), fn in table.items():
             stack.enter_context(_patched(owner, name, fn))

@@ -42,6 +42,8 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from . import torch_versions
+
 FLASH, EFFICIENT, MATH, CUDNN = "flash_attention", "efficient_attention", "math", "cudnn_attention"
 #: torch's SDPBackend numbers (``torch._C._get_sdp_priority_order()``) by name.
 _BACKEND_NUMBERS = {0: MATH, 1: FLASH, 2: EFFICIENT, 3: CUDNN}
@@ -54,31 +56,49 @@ class Rules(NamedTuple):
     """What one torch version's SDPA dispatch needs beyond the checks all of 2.4-2.15 share."""
 
     version: tuple[int, int]
-    cuda_major: int           # the CUDA of the PyPI default wheel
-    cudnn_version: int        # cuDNN's runtime version number in that wheel (9.20.0 -> 92000)
+    cuda_major: int           # the CUDA of the build (a CPU build: of the release's PyPI wheel)
+    cudnn_version: int        # cuDNN's runtime version number of that build (9.20.0 -> 92000)
     cudnn_first: str          # when cuDNN attention goes first: "never", "sm90" (9.0 only), "sm90_sm100_gated"
     flash_max_sm: tuple[int, int]
     cudnn_max_sm: tuple[int, int]
 
 
-#: Per torch version (the newest entry at or below the running version applies). 2.13 is the one
-#: read in full; the others change only the fields whose history is cited in docs/capture.md.
+def _rules(version: tuple[int, int], cudnn_first: str, flash_max_sm: tuple[int, int],
+           cudnn_max_sm: tuple[int, int]) -> Rules:
+    wheel = torch_versions.wheel_for(version)
+    return Rules(version, int(wheel.cuda.split(".")[0]), wheel.cudnn, cudnn_first, flash_max_sm, cudnn_max_sm)
+
+
+#: Per torch version (the newest entry at or below the running version applies); CUDA and cuDNN are
+#: the release's PyPI wheel's (``torch_versions.WHEELS``). 2.13 is the one read in full; the others
+#: change only the fields whose history is cited in docs/capture.md.
 RULES: dict[tuple[int, int], Rules] = {r.version: r for r in (
-    Rules((2, 4), 12, 90100, "never", (9, 0), (9, 0)),
-    Rules((2, 5), 12, 90100, "never", (9, 0), (9, 0)),          # 2.5.0 put cuDNN first on sm90; 2.5.1 undid it
-    Rules((2, 9), 12, 91002, "sm90_sm100", (12, 1), (12, 1)),
-    Rules((2, 10), 12, 91002, "sm90_sm100_gated", (12, 1), (12, 1)),   # cuDNN 9.10 is below the gate: not first
-    Rules((2, 11), 13, 91900, "sm90_sm100_gated", (12, 1), (12, 1)),
-    Rules((2, 12), 13, 92000, "sm90_sm100_gated", (12, 1), (12, 1)),
-    Rules((2, 13), 13, 92000, "sm90_sm100_gated", (12, 1), (12, 1)),
-    Rules((2, 14), 13, 92400, "sm90_sm100_gated", (12, 1), (12, 1)),
+    _rules((2, 4), "never", (9, 0), (9, 0)),
+    _rules((2, 5), "never", (9, 0), (9, 0)),          # 2.5.0 put cuDNN first on sm90; 2.5.1 undid it
+    _rules((2, 6), "never", (9, 0), (9, 0)),
+    _rules((2, 7), "never", (9, 0), (9, 0)),
+    _rules((2, 8), "never", (9, 0), (9, 0)),
+    _rules((2, 9), "sm90_sm100", (12, 1), (12, 1)),
+    _rules((2, 10), "sm90_sm100_gated", (12, 1), (12, 1)),   # cuDNN 9.10 is below the gate: not first
+    _rules((2, 11), "sm90_sm100_gated", (12, 1), (12, 1)),
+    _rules((2, 12), "sm90_sm100_gated", (12, 1), (12, 1)),
+    _rules((2, 13), "sm90_sm100_gated", (12, 1), (12, 1)),
+    _rules((2, 14), "sm90_sm100_gated", (12, 1), (12, 1)),
+    _rules((2, 15), "sm90_sm100_gated", (12, 1), (12, 1)),
 )}
 
 
 def rules_for(version: tuple[int, int]) -> Rules:
-    """The rules of the newest listed torch version at or below ``version``."""
-    known = [v for v in RULES if v <= tuple(version)]
-    return RULES[max(known)] if known else RULES[min(RULES)]
+    """The rules of the newest listed torch version at or below ``version`` (its PyPI wheel's CUDA and cuDNN)."""
+    return torch_versions.keyed(RULES, version)
+
+
+def installed_rules(version: tuple[int, int]) -> Rules:
+    """``rules_for(version)`` with the installed CUDA build's own CUDA and cuDNN (a CPU build keeps the wheel's)."""
+    rules = rules_for(version)
+    if tuple(version) != torch_versions.installed():
+        return rules
+    return rules._replace(cuda_major=torch_versions.cuda_major(), cudnn_version=torch_versions.cudnn_version())
 
 
 def _prefer_cudnn(rules: Rules, capability: tuple[int, int]) -> bool:
@@ -225,6 +245,9 @@ def can_use_cudnn(p: Params, rules: Rules) -> bool:
     version = rules.cudnn_version
     if p.dropout > 0 and 91100 < version < 91400:
         return False
+    if p.attn_mask is not None and not _takes(torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+                                              "attn_bias"):
+        return False              # torch 2.4: check_for_attn_mask (no mask support yet)
     if not torch.backends.cuda.cudnn_sdp_enabled() or not _shapes_4d(p):
         return False
     if torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled():
@@ -304,6 +327,9 @@ def run(backend: str, p: Params, scale: float | None) -> torch.Tensor:
     aten = torch.ops.aten
     q, k, v = p.query, p.key, p.value
     if backend == CUDNN:
+        if not _takes(aten._scaled_dot_product_cudnn_attention.default, "attn_bias"):
+            # torch 2.4's cuDNN kernel takes no mask (can_use_cudnn refused one)
+            return aten._scaled_dot_product_cudnn_attention(q, k, v, p.dropout, p.is_causal, False, scale=scale)[0]
         mask = _convert_mask(p.attn_mask, q.dtype, cudnn=True)
         return aten._scaled_dot_product_cudnn_attention(q, k, v, mask, p.requires_grad, p.dropout, p.is_causal,
                                                         False, scale=scale)[0]
@@ -319,8 +345,15 @@ def run(backend: str, p: Params, scale: float | None) -> torch.Tensor:
             mask = _preprocess_mask(mask, q, k)
         return aten._scaled_dot_product_efficient_attention(q, k, v, mask, p.requires_grad, p.dropout, p.is_causal,
                                                             scale=scale)[0]
+    if not _takes(aten._scaled_dot_product_attention_math.default, "enable_gqa"):    # before 2.5
+        return aten._scaled_dot_product_attention_math(q, k, v, mask, p.dropout, p.is_causal, None, scale=scale)[0]
     return aten._scaled_dot_product_attention_math(q, k, v, mask, p.dropout, p.is_causal, None, scale=scale,
                                                    enable_gqa=p.enable_gqa)[0]
+
+
+def _takes(overload: Any, name: str) -> bool:
+    """Whether this torch's ``overload`` has an argument ``name`` (schemas grew between releases)."""
+    return any(a.name == name for a in overload._schema.arguments)
 
 
 def bind(args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -353,6 +386,6 @@ def attention(args: tuple, kwargs: dict, is_device: Any, capability: tuple[int, 
     requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     p = Params(q, k, v, mask, float(given.get("dropout_p", 0.0)), bool(given.get("is_causal", False)),
                bool(given.get("enable_gqa", False)), tuple(capability), requires_grad)
-    rules = rules_for(version)
+    rules = installed_rules(version)
     backend = select_backend(p, rules)
     return run(backend, p, given.get("scale")), backend

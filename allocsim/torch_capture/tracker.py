@@ -38,7 +38,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
-from . import cublas, cuda_scratch, cudnn
+from . import cublas, cuda_scratch, cudnn, torch_versions
 from .channel import Channel
 from .stream_clock import StreamClock, released
 from .uploads import Uploads
@@ -134,7 +134,8 @@ class StorageTracker:
             str(self.gpu.get("name", "GPU")), int(self.gpu.get("sm_count") or 108),
             int(self.gpu.get("max_threads_per_sm") or 2048),
             compute_capability=(int(self.gpu.get("major", 8)), int(self.gpu.get("minor", 0))))
-        self.torch_version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+        self.torch_version = torch_versions.installed()
+        self.reduce_rule = torch_versions.use_installed_reduce_rule()     # the installed Reduce.cuh's
         self._scratch_ops: dict[Any, bool] = {}
         # An out-of-place backward result whose request waits to see whether an input it could
         # have been written into is freed at once: (storage key, {input key: size}, message).
@@ -424,6 +425,8 @@ class StorageTracker:
             self._record_convolution_backward(args, out)
         else:
             self._record_outputs(func, out)
+        if not any(on_meta(t) for t in _tensors(args, kwargs)):
+            return      # a CPU operator (torch 2.6's torch._dynamo runs `a @ b` on CPU tensors at import)
         if func in cublas.OPERATORS:
             self._cublas_workspace()
         elif self._has_scratch(func):

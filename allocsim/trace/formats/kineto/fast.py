@@ -31,6 +31,62 @@ class Event(msgspec.Struct):
     args: msgspec.Raw = msgspec.Raw(b"null")
 
 
+class _TorchEnv(msgspec.Struct):
+    torch_version: _Scalar = None
+
+
+class _System(msgspec.Struct):
+    torch_env_info: Union[_TorchEnv, None] = None
+
+
+class _Metadata(msgspec.Struct):
+    """What the profiler's caller recorded beside the trace (TraceLens: ``system.torch_env_info``)."""
+
+    torch_env_info: Union[_TorchEnv, None] = None
+    system: Union[_System, None] = None
+
+
+_METADATA = msgspec.json.Decoder(_Metadata)
+
+
+def recorded_torch(raw: Any) -> str | None:
+    """``metadata[.system].torch_env_info.torch_version`` (raw JSON text or an already decoded object), or None."""
+    try:
+        if isinstance(raw, (bytes, msgspec.Raw)):
+            if bytes(raw) == b"null":
+                return None
+            meta = _METADATA.decode(bytes(raw))
+            env = meta.torch_env_info or (meta.system.torch_env_info if meta.system is not None else None)
+            version = env.torch_version if env is not None else None
+        else:
+            version = None
+            for owner in (raw, raw.get("system") if isinstance(raw, dict) else None):
+                env = owner.get("torch_env_info") if isinstance(owner, dict) else None
+                if isinstance(env, dict) and env.get("torch_version"):
+                    version = env["torch_version"]
+                    break
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, ValueError):
+        return None
+    return version[:80] if isinstance(version, str) and version else None
+
+
+class _MetadataOnly(msgspec.Struct):
+    metadata: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_METADATA_ONLY = msgspec.json.Decoder(_MetadataOnly)
+
+
+def document_torch(data: bytes) -> str | None:
+    """The torch version a Chrome trace object's ``metadata`` names, found without building its events."""
+    if b'"torch_env_info"' not in data:           # most traces: no metadata to look at
+        return None
+    try:
+        return recorded_torch(_METADATA_ONLY.decode(data).metadata)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, ValueError):
+        return None
+
+
 class Document(msgspec.Struct):
     """The top level of a Chrome trace object."""
 
@@ -40,6 +96,7 @@ class Document(msgspec.Struct):
     displayTimeUnit: _Scalar = None
     baseTimeNanoseconds: _Scalar = None
     deviceProperties: msgspec.Raw = msgspec.Raw(b"null")
+    metadata: msgspec.Raw = msgspec.Raw(b"null")
 
 
 _DOC = msgspec.json.Decoder(Document)
@@ -65,6 +122,9 @@ def decode_events(data: bytes) -> tuple[list[Event], dict[str, Any], bool] | Non
                                                   "baseTimeNanoseconds") if getattr(doc, k) is not None}
             if bytes(doc.deviceProperties) != b"null":
                 top["deviceProperties"] = _ANY.decode(doc.deviceProperties)
+            torch_version = recorded_torch(doc.metadata)
+            if torch_version:
+                top["torch"] = torch_version
             return doc.traceEvents, top, True
         if head == b"[":
             return _LIST.decode(data), {}, False

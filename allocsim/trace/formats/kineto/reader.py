@@ -316,7 +316,7 @@ def _scan(path: str, data: bytes, limits: Limits) -> dict | None:
 def _read_decoded(path: str, data: bytes, lenient: bool, limits: Limits) -> Trace:
     """The reference route: the document decoded (msgspec, else the standard library), then read."""
     from ...reading.json_depth import max_nesting
-    from .fast import decode_events
+    from .fast import decode_events, recorded_torch
 
     depth = max_nesting(data)
     if depth > limits.depth:
@@ -333,6 +333,9 @@ def _read_decoded(path: str, data: bytes, lenient: bool, limits: Limits) -> Trac
             events = doc["traceEvents"]
             where = "traceEvents[{}]"
             top_keys = doc
+            torch_version = recorded_torch(doc.get("metadata"))
+            if torch_version:
+                top_keys = {**doc, "torch": torch_version}
         elif isinstance(doc, list):
             events, where, top_keys = doc, "[{}]", {}
         else:
@@ -469,6 +472,11 @@ def _read_scanned(path: str, data: bytes, scan: dict, lenient: bool, limits: Lim
     selected_threads = np.unique(np.concatenate([m_thread, o_thread]).astype(np.int64))
     op_cols = _scanned_ops(scan, selected_threads, m_t, limits)
     top = dict(scan["top"])
+    from .fast import document_torch
+
+    torch_version = document_torch(data)
+    if torch_version:
+        top["torch"] = torch_version
     if scan["device_properties"] is not None:     # its text, already checked to be JSON by the scan
         top["deviceProperties"] = msgspec_value(scan["device_properties"])
     return _finish(path, builder, state, cols, op_cols, threads.names, top, where, limits)
@@ -545,7 +553,7 @@ def _finish(path: str, builder: TraceBuilder, state: _ReadState, cols: RecColumn
 
     meta = builder.meta
     hints = meta.version_hints
-    for key in ("schemaVersion", "profile_memory", "displayTimeUnit", "baseTimeNanoseconds"):
+    for key in ("schemaVersion", "profile_memory", "displayTimeUnit", "baseTimeNanoseconds", "torch"):
         if key in top_keys and isinstance(top_keys[key], (int, str)):
             hints[key] = top_keys[key] if not isinstance(top_keys[key], str) else top_keys[key][:80]
     hints["device_types_seen"] = {
