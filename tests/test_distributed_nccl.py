@@ -161,7 +161,10 @@ def test_the_capture_records_each_used_group_with_its_collectives(job4):
     # rank 0 of a (dp 2, tp 2) mesh: dp group [0, 2], tp group [0, 1]; the world is used by send/recv only
     assert comms["mesh_dp"]["group_ranks"] == [0, 2] and comms["mesh_dp"]["collectives"] == ["all_reduce",
                                                                                              "broadcast"]
-    assert comms["mesh_tp"]["group_ranks"] == [0, 1] and comms["mesh_tp"]["collectives"] == ["all_gather"]
+    # distribute_tensor scatters from rank 0 (DTensor's mesh_scatter; ProcessGroupNCCL::scatter: the root
+    # sends to every rank of the group), then the redistribution all-gathers
+    assert comms["mesh_tp"]["group_ranks"] == [0, 1] and comms["mesh_tp"]["collectives"] == ["all_gather",
+                                                                                             "all_to_all"]
     world = [c for c in manifest.facts["communicators"] if c.get("group_ranks") == [0, 1, 2, 3]]
     assert world == [{"name": world[0]["name"], "ranks": 4, "group_ranks": [0, 1, 2, 3], "nodes": 1,
                       "collectives": ["send_recv"], "count": 1, "peers": 1}]      # batched: the group's own

@@ -109,8 +109,9 @@ def test_accelerate_fsdp2_ranks_gather_the_padded_shards(jobs):
     shard = sum(-(-rows // world) * cols + -(-rows // world) for rows, cols in LAYERS)
     gathers = {size for size, stream, category in requests if stream == 1 and category == "communication"}
     assert world * shard * 2 in gathers                 # the all-gather output, bf16, on the copy-in stream
-    assert {c["name"]: c["collectives"] for c in manifest.facts["communicators"]}["default_pg"] == [
-        "all_gather", "broadcast", "reduce_scatter"]
+    # FSDP2's all-gathers and reduce-scatters run on the default group's communicator
+    collectives = {c["name"]: c["collectives"] for c in manifest.facts["communicators"]}["default_pg"]
+    assert {"all_gather", "reduce_scatter"} <= set(collectives)
 
 
 def test_accelerate_deepspeed_config_file_zero2_on_8_ranks(jobs):

@@ -413,26 +413,10 @@ def _parameters_abstract(tracker: StorageTracker, original: Any) -> Any:
     return staticmethod(__new__)
 
 
-#: The ``CudaOnMeta`` of each thread under capture (the backward pass enters it again: ``_backward_mapped``).
+#: The ``CudaOnMeta`` of each thread under capture (``distributed.rank`` reads a device tensor's values through it).
 _THREAD_MODE = threading.local()
 
 
-def _backward_mapped(original: Any) -> Any:
-    """``torch.autograd.graph._engine_run_backward`` run under this thread's ``CudaOnMeta``.
-
-    ``loss.backward()`` reaches the engine from inside the mode's own handler, where a torch-function
-    mode is switched off; the Python code the backward pass runs (custom autograd Functions, tensor
-    and module hooks: DeepSpeed's ZeRO gathers and gradient buckets, Megatron's gradient buffers)
-    would then make ``cuda`` tensors a CPU build cannot. On a GPU that code runs as the forward's
-    does, so here it runs under the same mapping.
-    """
-    def run(*args: Any, **kwargs: Any) -> Any:
-        mode = getattr(_THREAD_MODE, "mode", None)
-        if mode is None or mode in torch.overrides._get_current_function_mode_stack():
-            return original(*args, **kwargs)
-        with mode:
-            return original(*args, **kwargs)
-    return run
 
 
 def _threads_captured(modes: ThreadModes) -> Any:
@@ -574,12 +558,8 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
     with contextlib.ExitStack() as stack:
         for (owner, name), fn in table.items():
             stack.enter_context(_patched(owner, name, fn))
-        # small CPU parameters abstract (model.to keeps the Parameter objects), and the backward pass's
-        # Python code under the mapping even where it is reached without Tensor.backward
+        # small CPU parameters abstract: model.to("cuda") keeps the Parameter objects, as on a GPU
         stack.enter_context(_patched(torch.nn.Parameter, "__new__",
                                      _parameters_abstract(tracker, torch.nn.Parameter.__new__)))
-        engine_run = _backward_mapped(torch.autograd.graph._engine_run_backward)
-        stack.enter_context(_patched(torch.autograd.graph, "_engine_run_backward", engine_run))
-        stack.enter_context(_patched(torch.autograd, "_engine_run_backward", engine_run))
         stack.enter_context(modes.entered())
         yield autocast

@@ -49,9 +49,12 @@ class BroadcastLog:
         for t in tensors:
             if not isinstance(t, torch.Tensor) or t.numel() > MAX_ELEMENTS or t.is_complex():
                 continue
+            with torch._C.DisableTorchFunction():
+                # the tensor's real device: under the capture's mode a device tensor may say cuda:N
+                on_meta = t.device.type == "meta"
             key = key_of(size, root, t.dtype, t.shape)
             if rank_in_group == root:
-                known = t if t.device.type != "meta" else self._values_of(t)
+                known = t if not on_meta else self._values_of(t)
                 with self._lock:
                     if known is None or self.recorded >= MAX_RECORDED:
                         continue
@@ -64,7 +67,7 @@ class BroadcastLog:
             if values is None or len(values) != t.numel():
                 continue
             host = torch.tensor(values, dtype=t.dtype).reshape(t.shape)
-            if t.device.type == "meta":
+            if on_meta:
                 self._set_values(t, host)
             else:
                 with torch.no_grad():
