@@ -296,6 +296,21 @@ class CudaGenerator:
         return 0
 
 
+class CudaGenerators(tuple):
+    """``torch.cuda.default_generators``: one ``CudaGenerator`` per device this rank sees (its node's GPUs)."""
+
+    def __new__(cls) -> "CudaGenerators":
+        return super().__new__(cls, (CudaGenerator(),))
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, int):
+            return tuple.__getitem__(self, 0)       # every device's generator is the same stand-in
+        return tuple.__getitem__(self, index)
+
+    def __len__(self) -> int:
+        return max(1, int(torch.cuda.device_count()))
+
+
 def shims(tracker: StorageTracker, gpu: dict[str, Any]) -> dict[tuple[Any, str], Any]:
     """``{(owner, attribute): replacement}`` for everything in ``torch.cuda`` the capture answers, each with torch's signature."""
     cuda = torch.cuda
@@ -406,7 +421,7 @@ def shims(tracker: StorageTracker, gpu: dict[str, Any]) -> dict[tuple[Any, str],
     # Streams and events are classes the script makes and subclasses: replaced as they are
     table: dict[tuple[Any, str], Any] = {(cuda, "Stream"): Stream, (cuda, "Event"): Event,
                                          # a tuple, not a function: the RNG tracker of Megatron-LM reads it
-                                         (cuda, "default_generators"): (CudaGenerator(),)}
+                                         (cuda, "default_generators"): CudaGenerators()}
     for (owner, name), impl in answers.items():
         if owner is not None and hasattr(owner, name):       # only what this torch has
             table[(owner, name)] = conform(getattr(owner, name), impl)
