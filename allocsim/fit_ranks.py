@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 from .fit import (CaptureRun, FitResult, GpuAnswer, ScriptFailed, _answer, _slug, check_command, group_gpus,
                   scale_name_for, with_value)
 from .gpus import allocator_capacity, find_gpu
+from .nccl_estimate import add_nccl_ends, role_nccl_ends
 
 
 def _job_folder(folder: str, knob: str, value: int, gpu: Any) -> str:
@@ -149,13 +150,18 @@ def fit_job(command: Sequence[str], gpus: Sequence[str] | None = None, *, values
                     for role, scaler, in_trace, (cudnn, capture), paths in per_role:
                         log(f"searching the largest {knob} that fits {gpu.name} for ranks "
                             f"{role.to_dict()['ranks_text']}")
-                        # FITS only at the high end of the unknown terms (gpu_ranges), as for one process
-                        capacity = allocator_capacity(gpu, in_trace, end="high", cudnn=cudnn, capture=capture)
-                        point = allocator_capacity(gpu, in_trace, end="point", cudnn=cudnn, capture=capture)
+                        # FITS only at the high end of the unknown terms (gpu_ranges), as for one process;
+                        # NCCL's communicators take their bytes off the card first, each end its own
+                        nccl_low, nccl, nccl_high = role_nccl_ends(mine[-1][1][1], role, gpu)
+                        capacity = allocator_capacity(gpu, in_trace, end="high", cudnn=cudnn, capture=capture) \
+                            - nccl_high
+                        point = allocator_capacity(gpu, in_trace, end="point", cudnn=cudnn, capture=capture) - nccl
                         found = find_max(scaler, capacity, policy="pytorch", multiple=multiple, max_value=max_value,
                                          advise=advise, executor=executor)
-                        role_answers.append((role, _answer(gpu, rep, found, scaler, capacity, in_trace, multiple,
-                                                           found.max_value, cudnn, point, capture), paths))
+                        answer = _answer(gpu, rep, found, scaler, capacity, in_trace, multiple, found.max_value,
+                                         cudnn, point, capture)
+                        add_nccl_ends(answer.estimate, nccl_low, nccl, nccl_high)
+                        role_answers.append((role, answer, paths))
                     limit_role, answer, paths = min(role_answers, key=lambda ra: (
                         -1 if ra[1].value is None else ra[1].value, ra[0].representative))
                     answer = dataclasses.replace(answer, limiting_rank=limit_role.representative,

@@ -532,9 +532,12 @@ def _communicators_of(facts: dict[str, Any], world: int, per_node: int) -> list[
             if not isinstance(collectives, list) or len(collectives) > len(COLLECTIVES):
                 raise NcclInputError(f"manifest: communicators[{i}].collectives is not a list of collectives")
             nodes = item.get("nodes", max(1, -(-ranks // per_node)))
+            peers = item.get("peers")
             comms.append(Communicator(ranks=ranks, collectives=frozenset(str(c)[:20] for c in collectives),
                                       nodes=_int_field(nodes, f"communicators[{i}].nodes", 1, ranks),
                                       count=_int_field(item.get("count", 1), f"communicators[{i}].count", 1, world),
+                                      peers=None if peers is None else _int_field(
+                                          peers, f"communicators[{i}].peers", 0, ranks - 1),
                                       name=str(item.get("name", ""))[:60]))
         return comms
     sizes = facts.get("group_sizes") or []

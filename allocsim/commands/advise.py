@@ -69,6 +69,10 @@ def register(subparsers) -> None:
     add_site_args(parser, "show (when nothing can fit: what holds the memory at the peak)")
     add_incomplete_arg(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--framework", action="store_true",
+                        help="for a DeepSpeed or Megatron-LM job's capture folder: capture the job again with the "
+                             "smallest framework change first (ZeRO stage, offload, recompute, a TP x PP split) "
+                             "until one fits every rank (docs/advise.md)")
     parser.set_defaults(func=main)
 
 

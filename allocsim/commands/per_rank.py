@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from ..capture_folder import CaptureFolder, open_capture_folder
+from ..nccl_estimate import add_nccl_term, nccl_text
 from ..units import format_bytes
 
 #: Schema of ``run -o OUT_DIR``'s ``ranks.json`` for a capture folder.
@@ -39,6 +40,13 @@ def _needs(summary: dict[str, Any]) -> tuple[bool, int]:
     return out, need
 
 
+def _gpu_of(args: argparse.Namespace) -> Any:
+    from ..gpus import find_gpu
+
+    name = getattr(args, "gpu", None)
+    return find_gpu(name) if name is not None else None
+
+
 def limiting(entries: list[dict[str, Any]]) -> int:
     """Index of the limiting role among ``entries`` (each with its run's ``summary``)."""
     return max(range(len(entries)), key=lambda i: (*_needs(entries[i]["summary"]), -i))
@@ -51,7 +59,9 @@ def _role_line(entry: dict[str, Any]) -> str:
     parts = [f"peak allocated {format_bytes(int(s.get('peak_allocated_bytes') or 0))}",
              f"peak reserved {format_bytes(int(s.get('peak_reserved_bytes') or 0))}"]
     if estimate:
-        parts.append(f"predicted total {format_bytes(int(estimate.get('total_bytes') or 0))}")
+        nccl = nccl_text(estimate)
+        parts.append(f"predicted total {format_bytes(int(estimate.get('total_bytes') or 0))}"
+                     + (f" with {nccl}" if nccl else ""))
         word = "FITS" if estimate.get("fits") else "DOES NOT FIT"
     else:
         word = {True: "FITS", False: "OUT OF MEMORY"}.get(verdict.get("fits"), "no capacity to check")
@@ -93,8 +103,11 @@ def run_folder(args: argparse.Namespace, execute: Any, check_args: Any, exit_oom
             for role in roles:
                 check_output_folder(os.path.join(args.out_dir, f"rank{role.representative}"), files=RESULT_FILES)
         entries = []
+        gpu = _gpu_of(args)
         for role in roles:
             result = execute(_role_args(args, folder, role))
+            if gpu is not None:
+                add_nccl_term(result.summary, folder.manifest, role, gpu)
             if args.out_dir:
                 os.makedirs(args.out_dir, exist_ok=True)
                 result.save(os.path.join(args.out_dir, f"rank{role.representative}"))
@@ -158,6 +171,8 @@ def advise_folder(args: argparse.Namespace, command_args: tuple[str, ...], exit_
     from .common import print_json, trace_limits
     from .info import site_options
 
+    if getattr(args, "framework", False):
+        return framework_advice(args, exit_none_fits)
     try:
         folder = open_capture_folder(args.trace)
         capacity = None
@@ -178,19 +193,21 @@ def advise_folder(args: argparse.Namespace, command_args: tuple[str, ...], exit_
         traces = {r.index: read_trace(folder.trace_path(r), lenient=args.lenient, limits=trace_limits(args))
                   for r in folder.roles}
 
-        def role_capacity(trace: Any) -> int:
+        def role_capacity(trace: Any, role: Any = None) -> int:
             if gpu is None:
                 return int(capacity)
             from ..gpus import allocator_capacity
+            from ..nccl_estimate import role_nccl_bytes
             from ..trace.inference.workspaces import cublas_workspaces_in_trace
 
-            return allocator_capacity(gpu, cublas_workspaces_in_trace(trace.meta))
+            nccl = role_nccl_bytes(folder.manifest, role, gpu) if role is not None else 0
+            return allocator_capacity(gpu, cublas_workspaces_in_trace(trace.meta)) - nccl
 
-        def replay(trace: Any, params: dict[str, Any] | None) -> dict[str, Any]:
-            return simulate_trace(trace, "pytorch", params or {}, capacity=Capacity(role_capacity(trace), GIVEN),
+        def replay(trace: Any, params: dict[str, Any] | None, role: Any = None) -> dict[str, Any]:
+            return simulate_trace(trace, "pytorch", params or {}, capacity=Capacity(role_capacity(trace, role), GIVEN),
                                   fast=True).summary
 
-        defaults = [{"summary": replay(traces[r.index], None), "role": r} for r in folder.roles]
+        defaults = [{"summary": replay(traces[r.index], None, r), "role": r} for r in folder.roles]
         index = limiting(defaults)
         limit_role = defaults[index]["role"]
         executor = executor_from_options(args.workers, args.scheduler, args.dask)
@@ -203,7 +220,7 @@ def advise_folder(args: argparse.Namespace, command_args: tuple[str, ...], exit_
         job_line, checked = None, []
         for rec in advice.recommendations:
             params = parse_alloc_conf(rec.alloc_conf).params if rec.alloc_conf is not None else {}
-            fits = {r.index: bool(replay(traces[r.index], params)["verdict"]["fits"]) for r in folder.roles}
+            fits = {r.index: bool(replay(traces[r.index], params, r)["verdict"]["fits"]) for r in folder.roles}
             checked.append({"line": rec.line, "fits_every_role": all(fits.values()),
                             "fits": {str(k): v for k, v in fits.items()}})
             if all(fits.values()):
@@ -232,6 +249,45 @@ def advise_folder(args: argparse.Namespace, command_args: tuple[str, ...], exit_
         elif advice.recommendations:
             print("no setting that fits the limiting rank fits every role (see --json: checked)")
     return 0 if job_line is not None else exit_none_fits
+
+
+def framework_advice(args: argparse.Namespace, exit_none_fits: int) -> int:
+    """``allocsim advise DIR --framework``: the smallest DeepSpeed / Megatron-LM change that fits (``framework_knobs``)."""
+    from ..errors import AllocsimError
+    from ..framework_knobs import knob_advice
+    from .common import print_json
+
+    try:
+        folder = open_capture_folder(args.trace)
+        gpu = _gpu_of(args)
+        capacity = None
+        if args.capacity is not None:
+            from ..units import parse_bytes
+
+            if gpu is not None:
+                raise ValueError("give --gpu or --capacity, not both")
+            capacity = parse_bytes(args.capacity, round_down=True)
+        if gpu is None and capacity is None:
+            raise ValueError("--framework needs --gpu NAME (or --capacity SIZE)")
+        log = (lambda m: print(f"allocsim advise: {m}", file=sys.stderr)) if not args.json else (lambda m: None)
+        result = knob_advice(folder, gpu, capacity, log=log)
+    except (AllocsimError, ValueError, OSError) as exc:
+        print(f"allocsim advise: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print_json({"capture_folder": folder.path, **result})
+    else:
+        for t in result["tried"]:
+            need = f", needs {format_bytes(int(t['needs_bytes']))} on rank {t['limiting_rank']}" if "needs_bytes" in t \
+                else f" ({t.get('error', '')})"
+            print(f"  {t['change']}: {'FITS' if t['fits'] else 'does not fit'}{need}")
+        answer = result["answer"]
+        if answer is None:
+            print("no framework setting tried fits every rank")
+        else:
+            print(f"smallest change that fits every rank: {answer['change']}; paste: {answer['paste']} "
+                  f"(limiting rank {answer['limiting_rank']})")
+    return 0 if result["answer"] is not None else exit_none_fits
 
 
 def report_folder(args: argparse.Namespace, build_report: Any, read_options: list[str]) -> int:

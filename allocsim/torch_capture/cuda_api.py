@@ -267,6 +267,50 @@ class Memory:
                 "allocator_settings": {}, "allocsim": "a capture has no device snapshot; see the trace"}
 
 
+class CudaGenerator:
+    """``torch.cuda.default_generators[0]`` of the capture: its state is the 16 zero bytes ``get_rng_state`` answers.
+
+    Megatron-LM's RNG tracker sets and reads the CUDA generator directly
+    (megatron/core/tensor_parallel/random.py ``_set_cuda_rng_state``); random numbers on the device are
+    never drawn in a capture, so its state changes nothing.
+    """
+
+    device = torch.device("cuda", 0)
+
+    def get_state(self) -> torch.Tensor:
+        return torch.zeros(16, dtype=torch.uint8)
+
+    def set_state(self, new_state: Any) -> None:
+        return None
+
+    graphsafe_get_state = clone_state = lambda self: self  # noqa: E731
+    graphsafe_set_state = set_state
+
+    def manual_seed(self, seed: int) -> "CudaGenerator":
+        return self
+
+    def seed(self) -> int:
+        return 0
+
+    def initial_seed(self) -> int:
+        return 0
+
+
+class CudaGenerators(tuple):
+    """``torch.cuda.default_generators``: one ``CudaGenerator`` per device this rank sees (its node's GPUs)."""
+
+    def __new__(cls) -> "CudaGenerators":
+        return super().__new__(cls, (CudaGenerator(),))
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, int):
+            return tuple.__getitem__(self, 0)       # every device's generator is the same stand-in
+        return tuple.__getitem__(self, index)
+
+    def __len__(self) -> int:
+        return max(1, int(torch.cuda.device_count()))
+
+
 def shims(tracker: StorageTracker, gpu: dict[str, Any]) -> dict[tuple[Any, str], Any]:
     """``{(owner, attribute): replacement}`` for everything in ``torch.cuda`` the capture answers, each with torch's signature."""
     cuda = torch.cuda
@@ -353,6 +397,12 @@ def shims(tracker: StorageTracker, gpu: dict[str, Any]) -> dict[tuple[Any, str],
                  "set_per_process_memory_fraction", "reset_accumulated_memory_stats",
                  "reset_max_memory_allocated"):
         answers[(cuda.memory, name)] = answers[(cuda, name)]
+    # torch.cuda.random's own names (Megatron-LM calls torch.cuda.random.get_rng_state)
+    import torch.cuda.random as cuda_random  # noqa: PLC0415
+
+    for name in ("get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all", "manual_seed",
+                 "manual_seed_all", "seed", "seed_all", "initial_seed"):
+        answers[(cuda_random, name)] = answers[(cuda, name)]
     nvtx = getattr(cuda, "nvtx", None)
     if nvtx is not None:
         for name in ("range_push", "range_pop", "mark", "range_end"):
@@ -369,7 +419,9 @@ def shims(tracker: StorageTracker, gpu: dict[str, Any]) -> dict[tuple[Any, str],
     cudnn_version = torch_versions.cudnn_version()     # read before the capture answers for cuDNN
     answers[(cudnn, "version")] = lambda: cudnn_version
     # Streams and events are classes the script makes and subclasses: replaced as they are
-    table: dict[tuple[Any, str], Any] = {(cuda, "Stream"): Stream, (cuda, "Event"): Event}
+    table: dict[tuple[Any, str], Any] = {(cuda, "Stream"): Stream, (cuda, "Event"): Event,
+                                         # a tuple, not a function: the RNG tracker of Megatron-LM reads it
+                                         (cuda, "default_generators"): CudaGenerators()}
     for (owner, name), impl in answers.items():
         if owner is not None and hasattr(owner, name):       # only what this torch has
             table[(owner, name)] = conform(getattr(owner, name), impl)

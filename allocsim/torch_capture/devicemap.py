@@ -184,6 +184,15 @@ class CudaOnMeta(TorchFunctionMode):
             device_arg = kwargs["device"] = "cuda"      # torch.set_default_device("cuda")
         if func in _FACTORIES and _is_cpu(device_arg):
             return self._host_factory(func, args, kwargs)
+        if func is torch.tensor and args and isinstance(args[0], (list, tuple)) and _has_device_tensor(args[0]):
+            # torch.tensor([x.norm(), ...]) reads every device scalar back (Tensor::item), as on a GPU
+            args = (_host_copies(args[0], self._to_host),) + tuple(args[1:])
+        if func is torch.tensor and _is_cuda(device_arg) and not kwargs.get("requires_grad"):
+            # CUDA makes the tensor on the host and copies it: the copy keeps integer data's values
+            # (``torch.tensor(len(lst), device="cuda")`` that DeepSpeed broadcasts and reads back)
+            host = func(*args, **dict(kwargs, device="cpu", pin_memory=False))
+            if _nbytes(host) < HOST_ABSTRACT_BYTES:
+                return self._to_device(host, {})
         if device_arg is not None:
             # ``device=x.device`` of a CUDA tensor names ``meta`` here: a tensor made on ``meta`` is a CUDA one
             kwargs["device"] = _map(device_arg)
@@ -274,6 +283,32 @@ class CudaOnMeta(TorchFunctionMode):
             return torch.empty_strided(t.shape, t.stride(), dtype=dtype, device=_META)
 
 
+#: Elements of nested lists looked at for device tensors in ``torch.tensor(data)`` (past this: left as they are).
+_MAX_DATA_ITEMS = 1 << 16
+
+
+def _has_device_tensor(data: Any) -> bool:
+    stack, seen = [data], 0
+    while stack and seen < _MAX_DATA_ITEMS:
+        item = stack.pop()
+        seen += 1
+        if isinstance(item, torch.Tensor):
+            if item.device.type == CAPTURE_DEVICE:
+                return True
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False
+
+
+def _host_copies(data: Any, to_host: Any) -> Any:
+    """``data`` (nested lists) with each device tensor replaced by what reading it back gives."""
+    if isinstance(data, torch.Tensor):
+        return to_host(data, {}) if data.device.type == CAPTURE_DEVICE else data
+    if isinstance(data, (list, tuple)):
+        return type(data)(_host_copies(item, to_host) for item in data)
+    return data
+
+
 def _to_options(args: tuple, kwargs: dict) -> dict:
     """``dtype``, ``non_blocking``, ``copy``, ``memory_format`` of a ``Tensor.to`` call (its three forms)."""
     options = {k: kwargs[k] for k in ("dtype", "non_blocking", "copy", "memory_format") if k in kwargs}
@@ -344,15 +379,44 @@ class ThreadModes:
         mode = CudaOnMeta(self.tracker, self.values, self.addresses)
         before = getattr(self._of_thread, "mode", None)
         self._of_thread.mode = mode
+        before_global = getattr(_THREAD_MODE, "mode", None)
+        _THREAD_MODE.mode = mode
         try:
             with Recorder(self.tracker), datadep.ValueMode(self.tracker, self.values), mode:
                 yield
         finally:
             self._of_thread.mode = before
+            _THREAD_MODE.mode = before_global
 
     def function_mode(self) -> CudaOnMeta | None:
         """The calling thread's function mode (None outside the capture)."""
         return getattr(self._of_thread, "mode", None)
+
+
+def _parameters_abstract(tracker: StorageTracker, original: Any) -> Any:
+    """``nn.Parameter(data)`` of a small real CPU floating tensor holds an abstract host tensor instead.
+
+    On a GPU ``model.to("cuda")`` sets ``param.data`` and the ``Parameter`` objects stay the same, so an
+    optimizer (or DeepSpeed's ``param_names``) built before the move still holds the model's
+    parameters. Here a device tensor is on ``meta``, and ``set_data`` refuses to put a ``meta`` tensor
+    into a real CPU parameter, so ``Module._apply`` would make new ``Parameter`` objects and the
+    optimizer would keep the CPU ones. A parameter made abstract (``meta``, no memory, as every host
+    tensor of 1 MiB or more already is) moves like the large ones: same object, and the device copy
+    is recorded. Its values were never used: a capture computes no floating arithmetic.
+    """
+    def __new__(cls: Any, data: Any = None, requires_grad: bool = True) -> Any:
+        if (isinstance(data, torch.Tensor) and type(data) is torch.Tensor and data.device.type == "cpu"
+                and data.is_floating_point()):
+            with tracker.host():
+                data = torch.empty_strided(data.shape, data.stride(), dtype=data.dtype, device=_META)
+        return original(cls, data, requires_grad)
+    return staticmethod(__new__)
+
+
+#: The ``CudaOnMeta`` of each thread under capture (``distributed.rank`` reads a device tensor's values through it).
+_THREAD_MODE = threading.local()
+
+
 
 
 def _threads_captured(modes: ThreadModes) -> Any:
@@ -494,5 +558,8 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
     with contextlib.ExitStack() as stack:
         for (owner, name), fn in table.items():
             stack.enter_context(_patched(owner, name, fn))
+        # small CPU parameters abstract: model.to("cuda") keeps the Parameter objects, as on a GPU
+        stack.enter_context(_patched(torch.nn.Parameter, "__new__",
+                                     _parameters_abstract(tracker, torch.nn.Parameter.__new__)))
         stack.enter_context(modes.entered())
         yield autocast

@@ -194,6 +194,9 @@ class StorageTracker:
         self.uploads = Uploads()           # small host values copied to the device, for a copy back
         self.clock = StreamClock()         # when blocks with record_stream uses go back (stream_clock)
         self._uses: dict[int, set[int]] = {}   # id(storage) -> other streams that recorded uses of it
+        #: Called with every operator before it is recorded (a distributed rank notes its functional
+        #: collectives: ``distributed.rank``); None in a single-process capture.
+        self.operator_hook: Any = None
 
     # ----------------------------------------------------------------- clock, stacks, streams
     def now_ns(self) -> int:
@@ -500,6 +503,8 @@ class StorageTracker:
     # ----------------------------------------------------------------- operators
     def on_operator(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         """Record what ``func`` created (called by the dispatch mode after the operator ran)."""
+        if self.operator_hook is not None:
+            self.operator_hook(func, args, kwargs)
         with self._lock:
             if not self.active:
                 return

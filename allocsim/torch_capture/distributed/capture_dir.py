@@ -45,21 +45,23 @@ class RankCapture:
 
 def _capture_rank(launch: Launch, rank: int, out_dir: str, steps: int, gpu: dict[str, Any],
                   timeout_s: float | None, to_terminal: bool,
-                  messages: list[dict[str, Any]] | None = None) -> RankCapture:
+                  messages: list[dict[str, Any]] | None = None,
+                  broadcasts: list[dict[str, Any]] | None = None) -> RankCapture:
     from ..session import capture
 
     path = os.path.join(out_dir, trace_name(rank))
     log_path = None if to_terminal else os.path.join(out_dir, f"rank{rank}.log")
     env = launch.rank_env(rank)
-    settings = {"spawn_index": rank, "messages": _bounded(messages or [])}
+    settings = {"spawn_index": rank, "messages": _bounded(messages or []),
+                "broadcasts": _bounded_broadcasts(broadcasts or [])}
     if log_path is None:
-        result, _trace = capture(launch.child_command(), path, steps=steps, gpu=gpu, timeout_s=timeout_s,
+        result, _trace = capture(launch.rank_command(rank), path, steps=steps, gpu=gpu, timeout_s=timeout_s,
                                  env_extra=env, distributed=settings)
     else:
         with open(log_path, "w", encoding="utf-8") as fh:
             fh.write(f"{LOG_HEADER}{rank} (`{' '.join(launch.command)}`)\n")
             fh.flush()
-            result, _trace = capture(launch.child_command(), path, steps=steps, gpu=gpu, timeout_s=timeout_s,
+            result, _trace = capture(launch.rank_command(rank), path, steps=steps, gpu=gpu, timeout_s=timeout_s,
                                      stdout=fh, stderr=fh, env_extra=env, distributed=settings)
     return RankCapture(rank, result.status, os.path.basename(result.trace_path) if result.trace_path else None,
                        os.path.basename(log_path) if log_path else None, result.seconds, result.message,
@@ -80,6 +82,20 @@ def _bounded(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+#: Characters of rank 0's recorded broadcasts handed to one capture (they travel in its environment).
+MAX_BROADCAST_CHARS = 64 << 10
+
+
+def _bounded_broadcasts(broadcasts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out, total = [], 0
+    for b in broadcasts:
+        total += len(str(b))
+        if total > MAX_BROADCAST_CHARS:
+            break
+        out.append(b)
+    return out
+
+
 def _entry(role: Role, run: RankCapture, index: int) -> RoleEntry:
     summary = run.summary
     return RoleEntry(index=index, ranks=list(role.ranks), representative=run.rank, why=role.why, trace=run.trace,
@@ -87,7 +103,8 @@ def _entry(role: Role, run: RankCapture, index: int) -> RoleEntry:
                      allocs=int(summary.get("allocs", 0)),
                      peak_allocated_bytes=int(summary.get("peak_allocated_bytes", 0)),
                      peak_reserved_bytes=int(summary.get("peak_reserved_bytes", 0)),
-                     fingerprint=str(summary.get("fingerprint", "")))
+                     fingerprint=str(summary.get("fingerprint", "")),
+                     communicators=(summary.get("facts") or {}).get("communicators"))
 
 
 def _world_of(launch: Launch, facts: JobFacts) -> tuple[int, list[str]]:
@@ -144,13 +161,14 @@ def capture_job(launch: Launch, out_dir: str, *, steps: int = 0, gpu: dict[str, 
         # pipeline positions in order: each capture gets the shapes the earlier stages sent it
         messages = list(facts.messages)
         for rank in todo:
-            run = _capture_rank(launch, rank, out_dir, steps, gpu, timeout_s, False, messages)
+            run = _capture_rank(launch, rank, out_dir, steps, gpu, timeout_s, False, messages, facts.broadcasts)
             runs[rank] = run
             messages += _facts_of(run).messages
             log(f"captured rank {run.rank} ({run.seconds:.1f} s, exit {run.status})")
     else:
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo) or 1))) as pool:
-            futures = {pool.submit(_capture_rank, launch, rank, out_dir, steps, gpu, timeout_s, False): rank
+            futures = {pool.submit(_capture_rank, launch, rank, out_dir, steps, gpu, timeout_s, False, None,
+                                   facts.broadcasts): rank
                        for rank in todo}
             for future in concurrent.futures.as_completed(futures):
                 run = future.result()
@@ -177,6 +195,8 @@ def _facts_of(run: RankCapture) -> JobFacts:
     facts.shard_classes = data.get("shard_classes")
     facts.uneven_layouts = int(data.get("uneven_layouts") or 0)
     facts.notes = list(data.get("notes") or [])
+    facts.communicators = data.get("communicators") if isinstance(data.get("communicators"), list) else None
+    facts.broadcasts = [b for b in data.get("broadcasts") or [] if isinstance(b, dict)]
     facts.groups = list(run.summary.get("groups") or [])
     facts.messages = list(run.summary.get("messages") or [])
     return facts

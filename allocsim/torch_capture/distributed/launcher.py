@@ -28,8 +28,7 @@ from typing import Any
 #: ``python -m`` modules that are torchrun.
 RUN_MODULES = ("torch.distributed.run",)
 #: Launchers named for what they are, with the issue that will take them.
-NOT_YET = {"deepspeed": "DeepSpeed's launcher", "accelerate": "Hugging Face accelerate",
-           "torch.distributed.launch": "torch.distributed.launch (deprecated; use torchrun)"}
+NOT_YET = {"torch.distributed.launch": "torch.distributed.launch (deprecated; use torchrun)"}
 #: torchrun's default rendezvous port (``--master-port`` unset).
 DEFAULT_MASTER_PORT = 29500
 #: Largest world a launcher may describe (nodes x ranks per node).
@@ -60,6 +59,10 @@ class Launch:
     def child_command(self) -> list[str]:
         """``[python, script, args...]``: what ``torch_capture.session.capture`` runs."""
         return [self.python, *self.script]
+
+    def rank_command(self, rank: int) -> list[str]:
+        """What rank ``rank`` runs (the same for every rank under torchrun; DeepSpeed adds ``--local_rank``)."""
+        return self.child_command()
 
     def rank_env(self, rank: int) -> dict[str, str]:
         """The variables torchrun's agent sets for ``rank`` (empty when no launcher starts the ranks)."""
@@ -235,6 +238,11 @@ def parse_launch(command: list[str]) -> Launch:
     if program in ("torchrun", "torchrun.exe"):
         python, note = _interpreter_of(command[0])
         return _torchrun(command, python, note, command[1:])
+    from .launchers import other_launcher  # noqa: PLC0415  (DeepSpeed's and other frameworks' launchers)
+
+    framework = other_launcher(command)
+    if framework is not None:
+        return framework
     if program in NOT_YET:
         raise LaunchError(f"{NOT_YET[program]} is not supported by allocsim capture yet; launch the script with "
                           "torchrun")

@@ -48,6 +48,8 @@ class RoleEntry:
     peak_reserved_bytes: int
     fingerprint: str
     verified_by: dict[str, Any] | None = None
+    #: The NCCL communicators this role's capture recorded (``facts.communicators`` of its rank); None: unknown.
+    communicators: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -142,7 +144,8 @@ class Manifest:
                 allocs=int(item.get("allocs", 0)), peak_allocated_bytes=int(item.get("peak_allocated_bytes", 0)),
                 peak_reserved_bytes=int(item.get("peak_reserved_bytes", 0)),
                 fingerprint=str(item.get("fingerprint", ""))[:64],
-                verified_by=item.get("verified_by") if isinstance(item.get("verified_by"), dict) else None))
+                verified_by=item.get("verified_by") if isinstance(item.get("verified_by"), dict) else None,
+                communicators=item.get("communicators") if isinstance(item.get("communicators"), list) else None))
         launcher = data.get("launcher") if isinstance(data.get("launcher"), dict) else {}
         return cls(launcher=launcher, world_size=world, gpu=str(data.get("gpu", ""))[:100],
                    torch=str(data.get("torch", ""))[:60], steps=int(data.get("steps", 0)),

@@ -59,10 +59,25 @@ def _copy_into(out: torch.Tensor, src: torch.Tensor) -> None:
 class AnsweringGroup(dist.ProcessGroup):
     """One rank's process group: every collective completes at once, as if every rank sent this rank's data."""
 
+    #: Where the collectives this rank runs are reported (``communicators.CommunicatorLog``; None: nowhere).
+    communicators: Any = None
+    #: Rank 0's small broadcasts, recorded and replayed (``broadcasts.BroadcastLog``; None: keep this rank's).
+    broadcasts: Any = None
+
     def __init__(self, rank: int, size: int):
         super().__init__(rank, size)
         self._rank = rank
         self._size = size
+
+    def _heard(self, collective: str) -> None:
+        log = AnsweringGroup.communicators
+        if log is not None:
+            log.note(self, collective)
+
+    def _heard_p2p(self, peer: int, root_of_all: bool = False, in_group: bool = False) -> None:
+        log = AnsweringGroup.communicators
+        if log is not None:
+            log.point_to_point(self, int(peer), root_of_all, in_group)
 
     def getBackendName(self) -> str:  # noqa: N802  (c10d's name)
         return BACKEND
@@ -89,6 +104,7 @@ class AnsweringGroup(dist.ProcessGroup):
 
     # all-reduce family
     def allreduce(self, tensors, opts=None):
+        self._heard("all_reduce")
         op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
         for t in tensors:
             _reduce_alone(t, op, self._size)
@@ -98,10 +114,15 @@ class AnsweringGroup(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def reduce(self, tensors, opts=None):
-        return self.allreduce(tensors, opts)
+        self._heard("reduce")
+        op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+        for t in tensors:
+            _reduce_alone(t, op, self._size)
+        return _done(list(tensors))
 
     # gathers
     def allgather(self, output_lists, inputs, opts=None):
+        self._heard("all_gather")
         for outs, src in zip(output_lists, inputs):
             for out in outs:
                 _copy_into(out, src)
@@ -111,6 +132,7 @@ class AnsweringGroup(dist.ProcessGroup):
         return self.allgather(output_lists, inputs, opts)
 
     def _allgather_base(self, output, input, opts=None):
+        self._heard("all_gather")
         if _has_values(output) and _has_values(input):
             for chunk in output.chunk(self._size):
                 _copy_into(chunk, input)
@@ -128,10 +150,17 @@ class AnsweringGroup(dist.ProcessGroup):
         return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
 
     def gather(self, output_lists, inputs, opts=None):
-        return self.allgather(output_lists, inputs, opts)
+        # ProcessGroupNCCL::gather: sends and receives in the group's communicator, the root to every rank
+        root = int(getattr(opts, "rootRank", 0))
+        self._heard_p2p(root, root_of_all=root == self._rank, in_group=True)
+        for outs, src in zip(output_lists, inputs):
+            for out in outs:
+                _copy_into(out, src)
+        return _done(output_lists)
 
     # scatters
     def reduce_scatter(self, outputs, input_lists, opts=None):
+        self._heard("reduce_scatter")
         op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
         for out, chunks in zip(outputs, input_lists):
             if chunks:
@@ -140,6 +169,7 @@ class AnsweringGroup(dist.ProcessGroup):
         return _done(list(outputs))
 
     def _reduce_scatter_base(self, output, input, opts=None):
+        self._heard("reduce_scatter")
         if _has_values(output) and _has_values(input):
             chunks = input.chunk(self._size)
             self.reduce_scatter([output], [list(chunks)], opts)
@@ -157,12 +187,15 @@ class AnsweringGroup(dist.ProcessGroup):
         return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
 
     def scatter(self, outputs, input_lists, opts=None):
+        root = int(getattr(opts, "rootRank", 0))
+        self._heard_p2p(root, root_of_all=root == self._rank, in_group=True)
         for out, chunks in zip(outputs, input_lists or []):
             if chunks:
                 _copy_into(out, chunks[min(self._rank, len(chunks) - 1)])
         return _done(list(outputs))
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        self._heard("all_to_all")
         _copy_into(output, input)
         return _done([output])
 
@@ -170,24 +203,32 @@ class AnsweringGroup(dist.ProcessGroup):
         return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
 
     def alltoall(self, outputs, inputs, opts=None):
+        self._heard("all_to_all")
         for out, src in zip(outputs, inputs):
             _copy_into(out, src)
         return _done(list(outputs))
 
     # the rest
     def broadcast(self, tensors, opts=None):
+        self._heard("broadcast")
+        log = AnsweringGroup.broadcasts
+        if log is not None:
+            log.on_broadcast(self._size, self._rank, int(getattr(opts, "rootRank", 0)), list(tensors))
         return _done(list(tensors))
 
     def barrier(self, opts=None):
+        self._heard("all_reduce")
         return _done(None)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         return None
 
     def send(self, tensors, dst, tag=0):
+        self._heard_p2p(dst)
         return _done(list(tensors))
 
     def recv(self, tensors, src, tag=0):
+        self._heard_p2p(src)
         return _done(list(tensors))
 
     def recv_anysource(self, tensors, tag=0):

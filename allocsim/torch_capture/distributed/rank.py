@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from .communicators import CommunicatorLog, functional_collective
 from .facts import Facts
 from .process_group import BACKEND, AnsweringGroup, copy_object, register_backend
 
@@ -115,8 +116,11 @@ class RankHooks:
         config = dict(config or {})
         self.tracker = tracker
         self.facts = Facts(tracker.channel.send)
+        self.communicators = CommunicatorLog()
+        self._collective_of_op: dict[Any, str | None] = {}
         self.spawn_index = int(config.get("spawn_index") or 0)
         self.messages = [m for m in config.get("messages") or [] if isinstance(m, dict)]
+        self.broadcasts_given = [m for m in config.get("broadcasts") or [] if isinstance(m, dict)]
         self.asked_backend = "nccl"
         self.in_rank = False           # a started rank's function is running here: its own starts are real
         self.processes_started = 0
@@ -136,6 +140,11 @@ class RankHooks:
             original(backend=BACKEND, store=dist.HashStore(), rank=rank, world_size=world_size,
                      group_name=group_name, **({"timeout": timeout} if timeout is not None else {}), **extra)
             hooks.facts.world(rank, world_size, hooks.asked_backend)
+            hooks.communicators.rank = rank
+            if device_id is not None:
+                # eager init: PyTorch makes the default group's communicator now (ProcessGroupNCCL's
+                # eagerConnectSingleDevice), used or not
+                hooks.communicators.eager(dist.group.WORLD)
         return init_process_group
 
     def _new_group(self, original: Any) -> Any:
@@ -171,6 +180,59 @@ class RankHooks:
             name = original(group)
             return hooks.asked_backend if str(name) == BACKEND else name
         return get_backend
+
+    def _batch_isend_irecv(self, original: Any) -> Any:
+        """Point-to-point sent together: on the group's communicator (``communicators`` module doc)."""
+        batching = self.communicators.batching
+
+        def batch_isend_irecv(p2p_op_list: Any) -> Any:
+            batching.depth = getattr(batching, "depth", 0) + 1
+            try:
+                return original(p2p_op_list)
+            finally:
+                batching.depth -= 1
+        return batch_isend_irecv
+
+    def _note_operator(self, func: Any, args: tuple, kwargs: dict) -> None:
+        """A functional collective (``torch.ops._c10d_functional.*``: DTensor's redistributions) ran on its group."""
+        collective = self._collective_of_op.get(func, False)
+        if collective is False:
+            name = func.name() if hasattr(func, "name") else ""
+            collective = self._collective_of_op[func] = (functional_collective(name)
+                                                         if name.startswith("_c10d_functional::") else None)
+        if collective is None:
+            return
+        group_name = kwargs.get("group_name")
+        if not isinstance(group_name, str):
+            group_name = next((a for a in reversed(args) if isinstance(a, str)), None)
+        if group_name is None:
+            return
+        try:
+            group = c10d._resolve_process_group(group_name)
+        except (RuntimeError, ValueError, KeyError, AttributeError):
+            return
+        self.communicators.note(group, collective)
+
+    def _broadcast_log(self) -> Any:
+        """Rank 0's small broadcasts recorded here, or replayed for this rank (``broadcasts`` module doc)."""
+        from ..devicemap import _THREAD_MODE  # noqa: PLC0415
+        from .broadcasts import BroadcastLog  # noqa: PLC0415
+
+        def values_of(t: Any) -> Any:
+            mode = getattr(_THREAD_MODE, "mode", None)
+            return mode.values.get(t) if mode is not None else None
+
+        def set_values(t: Any, value: Any) -> None:
+            mode = getattr(_THREAD_MODE, "mode", None)
+            if mode is not None:
+                mode.values.set(t, value)
+        return BroadcastLog(self.facts.send, self.broadcasts_given, values_of, set_values)
+
+    def _send_communicators(self) -> None:
+        """The ``communicators`` fact: every NCCL communicator this rank's collectives made (``allocsim.nccl``)."""
+        per_node = _from_env("LOCAL_WORLD_SIZE", self.facts.world_size)
+        log = self.communicators
+        self.facts.send("communicators", communicators=log.to_fact(per_node), dropped=log.dropped)
 
     # ------------------------------------------------------------------ object collectives
     @staticmethod
@@ -367,7 +429,9 @@ class RankHooks:
                  self._shapes_only(ShardingPropagator._propagate_tensor_meta_non_cached))]
 
     def finish(self) -> None:
-        """Send the facts learned at the end (the ranks whose shards differ)."""
+        """Send the facts learned at the end (the communicators used, the ranks whose shards differ)."""
+        if self.facts.rank is not None or dist.is_initialized():
+            self._send_communicators()
         if not self.facts.has_uneven:
             return
         try:
@@ -385,7 +449,7 @@ class RankHooks:
     def installed(self) -> Iterator["RankHooks"]:
         """Apply every patch for the block (those of DTensor, FSDP2 and pipelining when the script imports
         them: ``lazy``); the facts learned at the end are sent when it exits."""
-        from . import fsdp, pipelining  # noqa: PLC0415
+        from . import deepspeed, fsdp, megatron, pipelining  # noqa: PLC0415
         from .lazy import Patches  # noqa: PLC0415
 
         os.environ.setdefault("TORCH_DIST_INIT_BARRIER", "0")
@@ -395,8 +459,13 @@ class RankHooks:
         split_group = self._split_group()
         get_backend = self._get_backend(c10d.get_backend)
         spawn, start_processes = self._spawn()
+        batch = self._batch_isend_irecv(c10d.batch_isend_irecv)
+        AnsweringGroup.communicators = self.communicators
+        AnsweringGroup.broadcasts = self._broadcast_log()
+        self.tracker.operator_hook = self._note_operator
         table: list[tuple[Any, str, Any]] = []
         for module in (dist, c10d):
+            table.append((module, "batch_isend_irecv", batch))
             table += [(module, "init_process_group", init), (module, "new_group", new_group),
                       (module, "split_group", split_group), (module, "is_nccl_available", lambda: True),
                       (module, "get_backend", get_backend),
@@ -417,6 +486,14 @@ class RankHooks:
             if owner is not None and not isinstance(getattr(owner, "spawn", None), type(sys)):
                 table += [(owner, "spawn", spawn), (owner, "start_processes", start_processes)]
         table.append((mp_process.BaseProcess, "start", self._process_start(mp_process.BaseProcess.start)))
+        # torch.cuda.nccl.version(): the NCCL the CUDA wheel of this torch bundles (a CPU build has none;
+        # torchtune's bf16 check and DeepSpeed read it); allocsim.nccl has the table
+        import torch.cuda.nccl as cuda_nccl  # noqa: PLC0415
+
+        from ...nccl import nccl_version_for_torch  # noqa: PLC0415
+
+        bundled = nccl_version_for_torch(torch.__version__)
+        table += [(cuda_nccl, "version", lambda: bundled), (cuda_nccl, "is_available", lambda tensors: True)]
         # torch.distributed finds a device's module by its type name (device_mesh._get_device_handle:
         # getattr(torch, device.type)); the capture's device tensors are on meta and stand for cuda
         table.append((torch, "meta", torch.cuda))
@@ -440,11 +517,19 @@ class RankHooks:
         patches.when_imported("torch.distributed.pipelining.schedules",
                               lambda: pipelining.patches(self, self.messages))
         patches.when_imported("torch.distributed.tensor._api", self._dtensor_patches)
+        patches.when_imported("deepspeed.ops.op_builder.builder", deepspeed.patches)
+        patches.when_imported("deepspeed.runtime.zero.utils", deepspeed.zero_utils_patches)
+        patches.when_imported("deepspeed.ops.adam.cpu_adam", deepspeed.cpu_adam_patches)
+        patches.when_imported("megatron.legacy.fused_kernels", megatron.patches)
+        patches.when_imported("megatron.core.parallel_state", lambda: megatron.parallel_state_patches(self))
         patches.when_imported("torch.distributed.tensor._sharding_prop", self._propagator_patches)
         try:
             yield self
         finally:
             patches.undo()
+            AnsweringGroup.communicators = None
+            AnsweringGroup.broadcasts = None
+            self.tracker.operator_hook = None
             try:
                 self.finish()
             except Exception as exc:  # noqa: BLE001  (a fact is a hint for the roles rule, never the run's end)

@@ -55,6 +55,36 @@ def _ranks(value: Any, world_size: int) -> list[int]:
     return [_int(r, 0, max(world_size - 1, 0)) for r in value]
 
 
+#: Communicators one rank may report (``allocsim.nccl.MAX_COMMUNICATORS``).
+MAX_COMMUNICATORS = 4096
+_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send_recv", "all_to_all")
+
+
+def _communicators(value: Any, world_size: int) -> list[dict[str, Any]]:
+    """The ``communicators`` fact, checked: each ``{name, ranks, group_ranks, nodes, collectives, count[, peers]}``."""
+    if not isinstance(value, list) or len(value) > MAX_COMMUNICATORS:
+        raise ValueError("communicators must be a list of at most 4096")
+    out = []
+    listed = 0
+    for item in value:
+        size = _int(item["ranks"], 1, world_size)
+        collectives = item.get("collectives", [])
+        if not isinstance(collectives, list) or any(c not in _COLLECTIVES for c in collectives):
+            raise ValueError("unknown collective")
+        entry: dict[str, Any] = {"name": str(item.get("name", ""))[:60], "ranks": size,
+                                 "nodes": _int(item.get("nodes", 1), 1, size),
+                                 "collectives": sorted(set(collectives)), "count": _int(item.get("count", 1), 1,
+                                                                                         world_size)}
+        members = item.get("group_ranks")
+        if members is not None and listed + len(members) <= MAX_GROUP_RANKS:
+            entry["group_ranks"] = _ranks(members, world_size)
+            listed += len(members)
+        if item.get("peers") is not None:
+            entry["peers"] = _int(item["peers"], 0, max(size - 1, 0))
+        out.append(entry)
+    return out
+
+
 @dataclasses.dataclass
 class JobFacts:
     """What one rank's capture reported of its job (checked: they come from the script's process)."""
@@ -69,6 +99,8 @@ class JobFacts:
     uneven_layouts: int = 0
     notes: list[str] = dataclasses.field(default_factory=list)
     messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    communicators: list[dict[str, Any]] | None = None
+    broadcasts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     bad: int = 0
     _group_ranks: int = 0
     _message_chars: int = 0
@@ -116,6 +148,15 @@ class JobFacts:
                 self._message_chars += len(payload)
                 self.messages.append({"src_stage": _int(fact["src_stage"], 0, MAX_WORLD_SIZE),
                                       "dst_stage": _int(fact["dst_stage"], 0, MAX_WORLD_SIZE), "payload": payload})
+        elif kind == "broadcast":
+            values = fact["values"]
+            if not isinstance(values, list) or len(values) > 64 or not all(
+                    isinstance(v, (int, float, bool)) for v in values):
+                raise ValueError("broadcast values must be a short list of numbers")
+            if len(self.broadcasts) < 1024:
+                self.broadcasts.append({"key": str(fact["key"])[:200], "values": values})
+        elif kind == "communicators":
+            self.communicators = _communicators(fact["communicators"], self.world_size)
         elif kind == "error":
             self.notes.append(str(fact.get("text", ""))[:300])
         else:
@@ -127,7 +168,9 @@ class JobFacts:
         return {"rank": self.rank, "world_size": self.world_size, "backend": self.backend,
                 "groups": len(self.groups), "group_sizes": sizes, "stages": self.stages, "spawn": self.spawn,
                 "uneven_layouts": self.uneven_layouts, "shard_classes": self.shard_classes,
-                "notes": self.notes, "malformed": self.bad}
+                "notes": self.notes, "malformed": self.bad,
+                **({"communicators": self.communicators} if self.communicators is not None else {}),
+                **({"broadcasts": self.broadcasts} if self.broadcasts else {})}
 
 
 @dataclasses.dataclass
@@ -169,9 +212,11 @@ def _pipeline_positions(facts: JobFacts) -> tuple[dict[int, int] | None, str]:
     size = len(mine)
     if size <= 1:
         return None, ""
-    # the family of groups the pipeline group belongs to: groups of its size that do not overlap it
-    family = [sorted(set(g)) for g in facts.groups if len(set(g)) == size]
-    family = [g for g in family if g == mine or not set(g) & set(mine)]
+    # the family of groups the pipeline group belongs to: the groups created next to it, of its size,
+    # none overlapping another (every rank creates a family's groups one after the other: a device
+    # mesh's dimension, Megatron's parallel_state); other families of that size (tensor or data
+    # parallel groups of the same size) are not mixed in
+    family = _family_of(mine, [sorted(set(g)) for g in facts.groups])
     position: dict[int, int] = {}
     for group in [mine] + family:
         for index, rank in enumerate(group):
@@ -179,6 +224,33 @@ def _pipeline_positions(facts: JobFacts) -> tuple[dict[int, int] | None, str]:
     stages = sorted({s["stage_index"] for s in facts.stages})
     return position, f"pipeline group of {size} ranks; rank {facts.rank} holds stage(s) {stages} of " \
                       f"{facts.stages[0]['num_stages']}"
+
+
+def _family_of(mine: list[int], groups: list[list[int]]) -> list[list[int]]:
+    """The groups made consecutively with ``mine`` (same size, pairwise disjoint); all such groups when it was not seen.
+
+    Groups made among them whose ranks are already in the family (Megatron makes each pipeline
+    group's embedding group right after it), or of another size touching no member, are passed over.
+    """
+    size = len(mine)
+    if mine not in groups:
+        return [g for g in groups if len(g) == size and not set(g) & set(mine)]
+    at = groups.index(mine)
+    family, used = [mine], set(mine)
+    # rank 0's group comes first in its family (each family is made in rank order): walk forward
+    for step in (1,):
+        i = at + step
+        while 0 <= i < len(groups):
+            group = set(groups[i])
+            if group <= used or not group & used and len(group) != size:
+                pass                  # made beside the family's groups (Megatron's embedding groups): skipped
+            elif len(group) == size and not group & used:
+                family.append(groups[i])
+                used |= group
+            else:
+                break
+            i += step
+    return family
 
 
 def assign_roles(facts: JobFacts, world_size: int | None = None) -> tuple[list[Role], list[str]]:
