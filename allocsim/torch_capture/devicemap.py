@@ -31,8 +31,13 @@ What the mapping does, each because the CUDA run does it:
   ``Tensor.record_stream`` is recorded (the block goes back as ``stream_clock`` says);
   ``Tensor.is_cuda`` is True for device tensors;
 * ``torch.compile`` returns the model or function unchanged: the capture runs eager;
-* a tensor the script makes on ``meta`` itself is taken for a CUDA tensor: ``device=x.device`` of a
-  CUDA tensor names ``meta`` during a capture, and the two cannot be told apart.
+* a tensor the script makes on ``meta`` itself -- under ``with torch.device("meta"):`` or
+  ``torch.set_default_device("meta")``, or with ``device="meta"`` written as a string, as models
+  built without memory are (torchtitan's) -- is the script's own meta tensor: it holds no memory on a
+  GPU either, so it is never recorded (the tracker's *script meta* storages), nor is anything computed
+  from it alone; ``module.to_empty(device="cuda")`` and any operator given ``device="cuda"`` make
+  device tensors from it. A ``torch.device("meta")`` object passed as ``device=`` is taken for the
+  capture's device (``device=x.device`` of a CUDA tensor names ``meta`` during a capture).
 """
 
 from __future__ import annotations
@@ -81,6 +86,36 @@ def _default_is_cuda() -> bool:
     """Whether ``torch.set_default_device("cuda")`` or ``with torch.device("cuda"):`` is in force."""
     current = torch_device_module.CURRENT_DEVICE
     return current is not None and current.type == "cuda"
+
+
+def _default_is_meta() -> bool:
+    """Whether ``torch.set_default_device("meta")`` is in force below the capture's mode (the script's meta)."""
+    current = torch_device_module.CURRENT_DEVICE
+    return current is not None and current.type == CAPTURE_DEVICE
+
+
+def _meta_context(tracker: StorageTracker) -> Any:
+    """``DeviceContext.__torch_function__`` whose factories on ``meta`` are the script's meta tensors.
+
+    ``with torch.device("meta"):`` entered inside the capture pushes torch's ``DeviceContext`` above
+    the capture's mode: it hands each factory without a device ``device=torch.device("meta")`` before
+    the capture sees it, where a device object on ``meta`` is a CUDA tensor's. Its factories run with
+    the tracker's ``script_meta`` flag instead.
+    """
+    original = torch_device_module.DeviceContext.__torch_function__
+
+    def __torch_function__(self: Any, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        if (self.device.type == CAPTURE_DEVICE and (kwargs or {}).get("device") is None
+                and func in torch_device_module._device_constructors()):
+            with tracker.script_meta():
+                return original(self, func, types, args, kwargs)
+        return original(self, func, types, args, kwargs)
+    return __torch_function__
+
+
+def _names_script_meta(value: Any) -> bool:
+    """``device="meta"`` written as a string: the script's own meta device (a device object may be a CUDA tensor's)."""
+    return isinstance(value, str) and (value == CAPTURE_DEVICE or value.startswith(CAPTURE_DEVICE + ":"))
 
 
 def _is_cuda(value: Any) -> bool:
@@ -140,7 +175,12 @@ class CudaOnMeta(TorchFunctionMode):
                 if _is_cuda(target):
                     return self._to_device(self_t, _to_options(args, kwargs))
                 if on_meta and target is not None and _is_cpu(target):
+                    if tracker.is_script_meta(self_t):
+                        raise NotImplementedError("Cannot copy out of meta tensor; no data!")
                     return self_t if tracker.is_host(self_t) else self._to_host(self_t, _to_options(args, kwargs))
+                if _names_script_meta(target):
+                    with tracker.script_meta():           # x.to("meta"): the script's own meta tensor
+                        return func(*args, **kwargs)
             elif func is torch.Tensor.cuda:
                 return self._to_device(self_t, {k: v for k, v in kwargs.items() if k == "non_blocking"})
             elif on_meta and func is torch.Tensor.cpu:
@@ -159,13 +199,21 @@ class CudaOnMeta(TorchFunctionMode):
             # Module.to(0): the integer is a device; Module.to moves through Tensor.to above
             return func(*((_cuda_index(args[0]),) + tuple(args[1:]) if args else args), **kwargs)
         device_arg = kwargs.get("device")
-        if device_arg is None and _default_is_cuda() and func in torch_device_module._device_constructors():
-            device_arg = kwargs["device"] = "cuda"      # torch.set_default_device("cuda")
+        if device_arg is None and func in torch_device_module._device_constructors():
+            if _default_is_cuda():
+                device_arg = kwargs["device"] = "cuda"      # torch.set_default_device("cuda")
+            elif _default_is_meta():
+                device_arg = kwargs["device"] = CAPTURE_DEVICE      # with torch.device("meta"): the script's meta
         if func in _FACTORIES and _is_cpu(device_arg):
             return self._host_factory(func, args, kwargs)
+        kind = None
         if device_arg is not None:
-            # ``device=x.device`` of a CUDA tensor names ``meta`` here: a tensor made on ``meta`` is a CUDA one
+            # ``device=x.device`` of a CUDA tensor names ``meta`` here: a device object on ``meta`` is a CUDA one
             kwargs["device"] = _map(device_arg)
+            if _is_cuda(device_arg):
+                kind = tracker.to_device          # empty_like(meta_or_host, device="cuda"): a device tensor
+            elif _names_script_meta(device_arg):
+                kind = tracker.script_meta
         if func is F.dropout and args and _dropout_fused(args, kwargs):
             return _native_dropout(args, kwargs)
         if func is F.scaled_dot_product_attention:
@@ -179,6 +227,9 @@ class CudaOnMeta(TorchFunctionMode):
                                  f"{torch.__version__.split('+')[0]} (allocsim.torch_capture.sdpa)")
                 return out
         args = tuple(_map(a) for a in args)
+        if kind is not None:
+            with kind():
+                return func(*args, **kwargs)
         return func(*args, **kwargs)
 
     def _legacy_type(self, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:
@@ -224,6 +275,9 @@ class CudaOnMeta(TorchFunctionMode):
 
     def _to_device(self, t: torch.Tensor, options: dict) -> torch.Tensor:
         """``t`` (host, abstract or real) copied to the device: always a new device storage."""
+        if self.tracker.is_script_meta(t):
+            # as on a GPU (aten's copy from meta); Module.to adds its hint to use to_empty()
+            raise NotImplementedError("Cannot copy out of meta tensor; no data!")
         if t.device.type == CAPTURE_DEVICE and not self.tracker.is_host(t):
             dtype = options.get("dtype")
             return t if dtype is None or dtype == t.dtype else t.to(dtype)
@@ -416,6 +470,7 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
         stack.enter_context(_patched(torch, "load", _load_to_device(torch.load)))
         stack.enter_context(_patched(torch, "compile", _compile_eager(tracker)))
         stack.enter_context(_patched(torch.UntypedStorage, "resize_", _resize_recorded(tracker)))
+        stack.enter_context(_patched(torch_device_module.DeviceContext, "__torch_function__", _meta_context(tracker)))
         # torch's own record_stream refuses the capture's Stream objects before any mode sees the call
         stack.enter_context(_patched(torch.Tensor, "record_stream",
                                      lambda self, stream: tracker.record_stream(self, cuda_api.stream_number(stream))))
