@@ -196,6 +196,11 @@ GPUS: tuple[GpuModel, ...] = (
              "AMD-AGI/TraceLens @f0bb9f37 tests/traces/h100/*.json.gz; on driver 12.7 the same card reports "
              "'81106 MBytes (85045477376 bytes)', thamada/nvidia-smi @03fbe6e6 nvsim/H100SXMx8_deviceQuery.py "
              "(no PCIe or NVL recording: those are other cards)", sm_count=132),
+    # The card of torchtitan's benchmarks/llama3_h100_202412_torchtitan.md (Grand Teton, "H100 GPU is
+    # equipped with 96GB HBM2e"): no recording of what one reports to CUDA was found, so its label.
+    GpuModel("H100 96GB", ("H100-96GB", "H100 96GB HBM2e", "H100 96GB HBM3"), 96 * GiB, 90,
+             _SPEC + ", 96 GB (Grand Teton's H100, pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md)",
+             sm_count=132),
     GpuModel("H200", ("H200 141GB",), 141 * GiB, 90, _SPEC + ", 141 GB (read as GiB: cards report 139.8 GiB to CUDA)",
              150114475704,
              "PyTorch's out-of-memory message on 'NVIDIA H200' cards: 'GPU 0 has a total capacity of 139.81 GiB' "
