@@ -53,7 +53,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _device as torch_device_module
 from torch.utils._pytree import tree_map
 
-from . import accelerator, cuda_api, dataparallel, datadep, legacy, optimizers, sdpa
+from . import accelerator, backward_mode, cuda_api, dataparallel, datadep, legacy, optimizers, sdpa
 from .autocast import CudaAutocast
 from .tracker import CAPTURE_DEVICE, Recorder, StorageTracker
 
@@ -192,6 +192,9 @@ class CudaOnMeta(TorchFunctionMode):
                 return self._legacy_type(self_t, args, kwargs)
             elif on_meta and func is torch.Tensor.get_device:
                 return -1 if tracker.is_host(self_t) else 0
+        if func in backward_mode.ENTRY_POINTS:
+            # the engine recomputes checkpointed forwards: under this mode, as the forward ran
+            return backward_mode.run_backward(self, func, args, kwargs)
         if func is torch.device:
             # torch.device(0) names the current accelerator's device 0; a device object stays "cuda"
             return func(*((_cuda_index(args[0]),) + tuple(args[1:]) if args else args), **kwargs)
@@ -478,5 +481,6 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
         stack.enter_context(_patched(torch.Tensor, "is_pinned", lambda self, *a, **k: False))
         stack.enter_context(_patched(torch.Tensor, "is_cuda", property(tracker.is_device)))
         stack.enter_context(_patched(threading.Thread, "_bootstrap_inner", _threads_captured(modes)))
+        stack.callback(backward_mode.restore)
         stack.enter_context(modes.entered())
         yield autocast
