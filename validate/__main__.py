@@ -18,6 +18,7 @@ COMMANDS = {
     "milabench": "validate.milabench_cmd", # the GPU's own memory learned and checked on milabench's tables
     "addresses": "validate.addresses_cmd", # where the driver put cudaMalloc segments in real snapshots
     "corpus": "validate.corpus_cmd",       # public training scripts captured unchanged vs their model arithmetic
+    "torchtitan": "validate.torchtitan",   # torchtitan's Llama 3.1 benchmark rows captured per rank
 }
 
 
