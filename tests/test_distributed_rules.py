@@ -151,3 +151,22 @@ def test_a_manifest_too_large_or_not_ours_is_refused(tmp_path, monkeypatch):
     assert not os.path.exists(tmp_path / "missing" / MANIFEST)
     with pytest.raises(ValueError, match="no manifest.json"):
         Manifest.read(str(tmp_path / "missing"))
+
+
+def test_the_relay_hands_each_stage_what_the_earlier_stages_sent_and_never_lets_all_wait():
+    from allocsim.torch_capture.distributed.relay import Relay, question
+
+    relay = Relay([{"src_stage": 0, "dst_stage": 1, "payload": "from rank 0's capture"}])
+    first, second = 1, 2                                   # two captures running at once
+    relay.started()
+    relay.started()
+    assert relay.answer(question(0, 1, 0), first) == {"payload": "from rank 0's capture"}
+    assert relay.answer(question(1, 2, 0), second) == {"wait": True}    # the first one runs and may send it
+    relay.put(1, 2, "stage 1's outputs")      # it does: the second one runs again (it has its answer)...
+    assert relay.answer(question(0, 1, 1), first) == {"wait": True}     # ... so the first may wait for it
+    assert relay.answer(question(1, 2, 0), second) == {"payload": "stage 1's outputs"}
+    # both wait: no running capture can send, so the last to ask waits no longer
+    assert relay.answer(question(1, 2, 1), second) is None
+    relay.finished(second)
+    assert relay.answer(question(0, 1, 1), first) is None              # the last one running: nobody will send
+    assert relay.answer("pipeline_message:x", first) is None

@@ -12,6 +12,7 @@ through untouched.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -22,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from ..metrics.categories import CAPTURE_FILE, CAPTURE_PREFIX, CATEGORIES
 from ..policies.base import Policy
@@ -32,6 +33,7 @@ from ..trace.reading.frames import FrameTable
 from ..trace.schema import FRAME_DTYPES, STACK_DTYPES, frame_from_columns
 from . import FORMAT
 from .channel import ENV_CONFIG, ENV_FDS
+from .distributed.relay import QUESTION as RELAY_QUESTION
 from .distributed.roles import JobFacts
 
 EXIT_OK, EXIT_CANNOT_START, EXIT_SCRIPT_FAILED, EXIT_TIMEOUT, EXIT_INTERRUPTED = 0, 2, 3, 124, 130
@@ -120,7 +122,8 @@ class _AllocatorModel:
 class _Converter:
     """The child's messages, as they come, into a ``TraceBuilder`` and the allocator model."""
 
-    def __init__(self, out_path: str):
+    def __init__(self, out_path: str, relay: Any = None):
+        self.relay = relay              # pipeline messages shared with the job's other captures (relay.Relay)
         self.builder = TraceBuilder(out_path, FORMAT)
         self.frames = FrameTable(out_path)
         self.model = _AllocatorModel()
@@ -192,9 +195,16 @@ class _Converter:
         elif kind == "N":
             self.notes.append(str(message[1]))
         elif kind == "Q":
-            return self.model.answer(str(message[1]))
+            name = str(message[1])
+            if self.relay is not None and name.startswith(RELAY_QUESTION):
+                return self.relay.answer(name, id(self))
+            return self.model.answer(name)
         elif kind == "X":
+            kept = len(self.facts.messages)
             self.facts.add(message[1])
+            if self.relay is not None and len(self.facts.messages) > kept:
+                m = self.facts.messages[-1]
+                self.relay.put(m["src_stage"], m["dst_stage"], m["payload"])
         elif kind == "D":
             self.summary = dict(message[1])
         return None
@@ -336,7 +346,7 @@ class _Interrupts:
 def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str, Any] | None = None,
             timeout_s: float | None = None, write: bool = True, stdout: Any = None,
             stderr: Any = None, keep_writes: str | None = None, env_extra: dict[str, str] | None = None,
-            distributed: dict[str, Any] | None = None) -> tuple[CaptureResult, Any]:
+            distributed: dict[str, Any] | None = None, relay: Any = None) -> tuple[CaptureResult, Any]:
     """Run ``command`` (``[python, script, args...]``) under the capture; return the result and the ``Trace``.
 
     ``out_path`` is written (Parquet, or CSV for ``.csv``) unless ``write`` is False; the trace is
@@ -346,23 +356,37 @@ def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str,
     the end unless ``keep_writes`` names a new folder for them. ``env_extra``: variables the script
     gets beside this process's (a launcher's ``RANK``, ``WORLD_SIZE``...); ``distributed``: the
     rank's settings for the child (``allocsim.torch_capture.distributed.rank``). The summary carries
-    the job's ``facts`` and the request stream's ``fingerprint``.
+    the job's ``facts`` and the request stream's ``fingerprint``. ``relay``: the pipeline messages this
+    capture shares with the job's others running at the same time (``distributed.relay.Relay``).
     """
     from .scratch import scratch_folder  # noqa: PLC0415
 
     folder = scratch_folder(keep_writes)
     try:
         return _capture(command, out_path, steps, gpu, timeout_s, write, stdout, stderr, folder, keep_writes,
-                        env_extra, distributed)
+                        env_extra, distributed, relay)
     finally:
         if keep_writes is None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _running(relay: Any, converter: _Converter) -> Iterator[None]:
+    """The capture counts as running for the job's relay while its child runs (``distributed.relay``)."""
+    if relay is None:
+        yield
+        return
+    relay.started()
+    try:
+        yield
+    finally:
+        relay.finished(id(converter))
+
+
 def _capture(command: list[str], out_path: str, steps: int, gpu: dict[str, Any] | None, timeout_s: float | None,
              write: bool, stdout: Any, stderr: Any, folder: str, keep_writes: str | None,
              env_extra: dict[str, str] | None = None,
-             distributed: dict[str, Any] | None = None) -> tuple[CaptureResult, Any]:
+             distributed: dict[str, Any] | None = None, relay: Any = None) -> tuple[CaptureResult, Any]:
     from ..trace import write_trace  # noqa: PLC0415
     from .scratch import ScriptWrites  # noqa: PLC0415
 
@@ -374,7 +398,7 @@ def _capture(command: list[str], out_path: str, steps: int, gpu: dict[str, Any] 
     env.update(env_extra or {})
     env[ENV_CONFIG] = json.dumps({"steps": int(steps), "gpu": gpu or {}, "scratch": folder,
                                   "distributed": distributed or {}})
-    converter = _Converter(out_path)
+    converter = _Converter(out_path, relay)
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(child_command(command), env=env, pass_fds=(events_w, answers_r), stdout=stdout,
@@ -388,7 +412,7 @@ def _capture(command: list[str], out_path: str, steps: int, gpu: dict[str, Any] 
     reason = ""
     signalled_at = 0.0
     forwarded = False
-    with _Interrupts() as interrupts:
+    with _Interrupts() as interrupts, _running(relay, converter):
         pending = b""
         while True:
             now = time.monotonic()

@@ -146,6 +146,7 @@ class RankHooks:
         self.facts = Facts(tracker.channel.send)
         self.spawn_index = int(config.get("spawn_index") or 0)
         self.messages = [m for m in config.get("messages") or [] if isinstance(m, dict)]
+        self.relay = bool(config.get("relay"))     # other stages' shapes come from allocsim's process as sent
         self.asked_backend = "nccl"
         self.in_rank = False           # a started rank's function is running here: its own starts are real
         self.processes_started = 0
@@ -470,7 +471,7 @@ class RankHooks:
                               lambda: fsdp.group_patches() + self._fsdp_group_patches())
         patches.when_imported("torch.distributed.pipelining.stage", self._stage_patches)
         patches.when_imported("torch.distributed.pipelining.schedules",
-                              lambda: pipelining.patches(self, self.messages))
+                              lambda: pipelining.patches(self, self.messages, self.relay))
         patches.when_imported("torch.distributed.tensor._api", self._dtensor_patches)
         patches.when_imported("torch.distributed.tensor._sharding_prop", self._propagator_patches)
         try:
