@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from typing import Any, Iterator
 
@@ -113,9 +114,21 @@ def _meta_context(tracker: StorageTracker) -> Any:
     return __torch_function__
 
 
+#: Code that names the capture's device by its string: a device mesh's ``device_type`` is ``"meta"``
+#: inside a capture (``distributed.rank._mesh_on_meta``), so its ``device=mesh.device_type`` is CUDA's.
+_LIBRARY_MODULES = ("torch.distributed", "torch.nn.parallel")
+
+
 def _names_script_meta(value: Any) -> bool:
-    """``device="meta"`` written as a string: the script's own meta device (a device object may be a CUDA tensor's)."""
-    return isinstance(value, str) and (value == CAPTURE_DEVICE or value.startswith(CAPTURE_DEVICE + ":"))
+    """``device="meta"`` written as a string by the script's own code: its own meta device.
+
+    A device object may be a CUDA tensor's (``device=x.device``), and torch.distributed names a
+    mesh's device by its type string, ``"meta"`` in a capture: both stand for the GPU.
+    """
+    if not (isinstance(value, str) and (value == CAPTURE_DEVICE or value.startswith(CAPTURE_DEVICE + ":"))):
+        return False
+    caller = sys._getframe(2)         # the code that called the torch function (past __torch_function__)
+    return not str(caller.f_globals.get("__name__", "")).startswith(_LIBRARY_MODULES)
 
 
 def _is_cuda(value: Any) -> bool:
