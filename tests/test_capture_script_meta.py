@@ -8,7 +8,8 @@ refused (``Cannot copy out of meta tensor; no data!``). And the forward a non-re
 recomputes in the backward (torch/utils/checkpoint.py) takes the same CUDA kernels as the forward
 did: here scaled_dot_product_attention's memory-efficient kernel on an A100 (fp32, head size 32),
 whose log-sum-exp of ``batch x heads x ceil(L / 32) * 32`` float32 is requested once in the
-forward and once in the recomputation.
+forward and once in the recomputation, whether the backward is ``loss.backward()`` or
+``torch.autograd.backward(loss)`` (as ``torch.distributed.pipelining`` calls it).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def attention(x):
 
 x = torch.randn(B, L, H * D, device="cuda", requires_grad=True)
 checkpoint(attention, x, use_reentrant=False).sum().backward()
+torch.autograd.backward(checkpoint(attention, x, use_reentrant=False).sum())     # as pipeline stages call it
 '''
 LSE_BYTES = 2 * 4 * 96 * 4          # batch x heads x ceil(80 / 32) * 32 rows, float32
 
@@ -93,4 +95,4 @@ def test_meta_tensors_are_never_requested_and_to_empty_makes_each_parameter(capt
 
 
 def test_a_checkpointed_forward_is_recomputed_on_the_kernel_the_forward_took(captured):
-    assert _alloc_sizes(captured).count(LSE_BYTES) == 2
+    assert _alloc_sizes(captured).count(LSE_BYTES) == 2 * 2        # two steps: forward + recomputation each

@@ -26,6 +26,15 @@ _original_check = autograd_module.has_torch_function
 _local = threading.local()
 
 
+def is_entry_point(func: Any) -> bool:
+    """Whether ``func`` is one of them, or what ``torch.autograd.backward`` / ``grad`` name now.
+
+    ``torch.autograd.backward`` hands itself to the mode under its module's global name, so a wrapper
+    installed there (allocsim's ``roles`` names the backward's requests through one) reaches the mode.
+    """
+    return func in ENTRY_POINTS or func is autograd_module.backward or func is autograd_module.grad
+
+
 def _check(*args: Any, **kwargs: Any) -> bool:
     if getattr(_local, "depth", 0):
         return False

@@ -205,7 +205,7 @@ class CudaOnMeta(TorchFunctionMode):
                 return self._legacy_type(self_t, args, kwargs)
             elif on_meta and func is torch.Tensor.get_device:
                 return -1 if tracker.is_host(self_t) else 0
-        if func in backward_mode.ENTRY_POINTS:
+        if backward_mode.is_entry_point(func):
             # the engine recomputes checkpointed forwards: under this mode, as the forward ran
             return backward_mode.run_backward(self, func, args, kwargs)
         if func is torch.device:
