@@ -109,14 +109,22 @@ def run_row(root: str, row: tuple, work: str, flash_first: bool, steps: int) -> 
     captured = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
     if captured.returncode != 0:
         return {"row": name, "recorded_gib": recorded, "error": captured.stderr.strip().splitlines()[-1:]}
-    ran = subprocess.run([sys.executable, "-m", "allocsim", "run", out, "--policy", "pytorch", "--env-alloc-conf",
-                          "--gpu", "H100 96GB", "--json"], env=env, capture_output=True, text=True)
-    report = json.loads(ran.stdout)
-    limiting = next(r for r in report["ranks"] if report["limiting_rank"] in r["ranks"])
+
+    def replay(*settings: str) -> dict:
+        ran = subprocess.run([sys.executable, "-m", "allocsim", "run", out, "--policy", "pytorch", *settings,
+                              "--gpu", "H100 96GB", "--json"], env=env, capture_output=True, text=True)
+        report = json.loads(ran.stdout)
+        return next(r for r in report["ranks"] if report["limiting_rank"] in r["ranks"])
+
+    limiting = replay("--env-alloc-conf")            # the launch script's expandable_segments:True
     reserved = limiting["peak_reserved_bytes"] / 2**30
+    # multinode_trainer.slurm, torchtitan's other launch script, sets no PYTORCH_CUDA_ALLOC_CONF
+    default = replay()["peak_reserved_bytes"] / 2**30
     return {"row": name, "recorded_gib": recorded, "flash_first": flash_first,
             "peak_allocated_gib": round(limiting["peak_allocated_bytes"] / 2**30, 2),
-            "peak_reserved_gib": round(reserved, 2), "error_pct": round(100 * (reserved - recorded) / recorded, 2)}
+            "peak_reserved_gib": round(reserved, 2), "error_pct": round(100 * (reserved - recorded) / recorded, 2),
+            "peak_reserved_default_allocator_gib": round(default, 2),
+            "error_default_allocator_pct": round(100 * (default - recorded) / recorded, 2)}
 
 
 def _arguments(parser) -> None:
