@@ -33,6 +33,10 @@ vocabulary), ``RowwiseParallel(output_layouts=Shard(1))`` on w2, one forward and
 * ``loss_parallel`` (torch/distributed/tensor/parallel/loss.py) computes the loss on the vocabulary
   shards with three all-reduces of one float per token (the max and the sum of exponentials of
   ``_log_softmax``, the picked log-probabilities of the nll): nothing of the full logits is requested.
+
+Last, ``fully_shard`` over ``Linear`` layers built under ``with torch.device("meta")``: the forward of one
+never materialised is refused with FSDP's own message (``FSDPParamGroup._validate_no_meta_params``), one
+materialised with ``to_empty(device="cuda")`` trains (the fixture checks both).
 """
 
 from __future__ import annotations
@@ -117,6 +121,22 @@ SCRIPT = f"""
     logits = model(x)
     with loss_parallel():
         nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
+    torch.cuda.empty_cache()
+
+    # ---- FSDP2 over a model built on meta: refused until materialised, as on a GPU
+    from torch.distributed.fsdp import fully_shard
+    with torch.device("meta"):
+        forgotten, lazy = nn.Linear(64, 64), nn.Linear(64, 64)
+    fully_shard(forgotten, mesh=mesh)
+    try:
+        forgotten(torch.randn(2, 64, device="cuda"))
+        print("META_REFUSED False", flush=True)
+    except RuntimeError as exc:
+        print("META_REFUSED", "should be materialized from meta device" in str(exc), flush=True)
+    fully_shard(lazy, mesh=mesh)
+    lazy.to_empty(device="cuda")
+    lazy(torch.randn(2, 64, device="cuda")).sum().backward()
+    print("META_TRAINED", flush=True)
     """
 SCHEDULES = ("1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
 SAVED_BYTES = 4 * 96 * 4            # one microbatch's first-layer output, float32
@@ -155,7 +175,8 @@ def captured(tmp_path_factory):
             backward = any(f.startswith("autograd::engine") for f in frames)
             windows[-1].append((int(r.kind), int(r.size_bytes), int(r.alloc_id), frames[0], backward,
                                 frames[-1].removeprefix("category: ")))
-    assert len(windows) == TP_STEP + 1
+    assert len(windows) == TP_STEP + 2
+    assert "META_REFUSED True" in log.read_text() and "META_TRAINED" in log.read_text()
     return windows, orders
 
 

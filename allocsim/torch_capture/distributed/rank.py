@@ -468,7 +468,7 @@ class RankHooks:
         patches.when_imported("torch.nn.parallel.distributed", self._ddp_patches)
         patches.when_imported("torch.distributed.fsdp._fully_shard._fsdp_init", lambda: fsdp.patches(self.tracker))
         patches.when_imported("torch.distributed.fsdp._fully_shard._fsdp_param_group",
-                              lambda: fsdp.group_patches() + self._fsdp_group_patches())
+                              lambda: fsdp.group_patches(self.tracker) + self._fsdp_group_patches())
         patches.when_imported("torch.distributed.pipelining.stage", self._stage_patches)
         patches.when_imported("torch.distributed.pipelining.schedules",
                               lambda: pipelining.patches(self, self.messages, self.relay))
