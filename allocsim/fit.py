@@ -637,7 +637,7 @@ def check_command(command: Sequence[str], values: Sequence[int] = DEFAULT_VALUES
     """The knob of ``command`` once it names an interpreter and a script that can be run at every value
     of ``values`` (``session.check_script``; a script named ``cfg{B}.py`` is ``cfg4.py`` at 4: it is
     checked as each capture will run it); ValueError otherwise."""
-    from .torch_capture.distributed.launcher import parse_launch
+    from .torch_capture.distributed.launchers import parse_launch
     from .torch_capture.command_line import script_of
     from .torch_capture.session import check_script
 

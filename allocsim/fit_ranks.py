@@ -35,7 +35,7 @@ def _capture_jobs(command: list[str], knob: str, values: Sequence[int], reps: Se
                   timeout_s: float | None, workers: int, log: Callable[[str], None]) -> dict[tuple[str, int], Any]:
     from .torch_capture.distributed.capture_dir import capture_job
     from .torch_capture.distributed.folder_check import check_job_folder
-    from .torch_capture.distributed.launcher import parse_launch
+    from .torch_capture.distributed.launchers import parse_launch
 
     manifests = {}
     for gpu in reps:
@@ -69,7 +69,8 @@ def _same_roles(manifests: list[tuple[int, Any]], knob: str) -> None:
 
 def is_job(command: Sequence[str]) -> bool:
     """Whether ``command`` runs its script under a launcher (``torchrun ...``): ``fit_job`` answers it."""
-    from .torch_capture.distributed.launcher import LaunchError, parse_launch
+    from .torch_capture.distributed.launcher import LaunchError
+    from .torch_capture.distributed.launchers import parse_launch
 
     try:
         return bool(parse_launch(list(command)).launcher)

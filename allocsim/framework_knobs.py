@@ -192,7 +192,7 @@ def knob_advice(folder: Any, gpu: Any = None, capacity_bytes: int | None = None,
                 log: Callable[[str], None] = lambda m: None, timeout_s: float | None = None) -> dict[str, Any]:
     """Try the job's framework changes in order (module doc); the first that fits every role is the answer."""
     from .torch_capture.distributed.capture_dir import capture_job
-    from .torch_capture.distributed.launcher import parse_launch
+    from .torch_capture.distributed.launchers import parse_launch
 
     manifest = folder.manifest
     command = [str(a) for a in manifest.launcher.get("command") or []]

@@ -231,6 +231,11 @@ GPUS: tuple[GpuModel, ...] = (
     GpuModel("H20", ("NVIDIA H20",), 96 * GiB, 90,
              _SPEC + ", 96 GB (78 SMs; torch printouts 'total_memory=97285MB' were found in the code index without "
              "their repository, so they are not used)", sm_count=78),
+    # The card of torchtitan's benchmarks/llama3_h100_202412_torchtitan.md (Grand Teton, "H100 GPU is
+    # equipped with 96GB HBM2e"): no recording of what one reports to CUDA was found, so its label.
+    GpuModel("H100 96GB", ("H100-96GB", "H100 96GB HBM2e", "H100 96GB HBM3"), 96 * GiB, 90,
+             _SPEC + ", 96 GB (Grand Teton's H100, pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md)",
+             sm_count=132),
     GpuModel("H200", ("H200 141GB",), 141 * GiB, 90, _SPEC + ", 141 GB (read as GiB: cards report 139.8 GiB to CUDA)",
              150114475704,
              "PyTorch's out-of-memory message on 'NVIDIA H200' cards: 'GPU 0 has a total capacity of 139.81 GiB' "

@@ -113,7 +113,7 @@ def _partitions(world: int) -> list[int]:
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     from allocsim.torch_capture.distributed.capture_dir import capture_job
-    from allocsim.torch_capture.distributed.launcher import parse_launch
+    from allocsim.torch_capture.distributed.launchers import parse_launch
 
     folder = tmp_path_factory.mktemp("ds")
     (folder / "zero.py").write_text(textwrap.dedent(ZERO))
@@ -235,7 +235,7 @@ def test_advise_framework_finds_the_smallest_zero_stage_that_fits(tmp_path):
     import sys
 
     from allocsim.torch_capture.distributed.capture_dir import capture_job
-    from allocsim.torch_capture.distributed.launcher import parse_launch
+    from allocsim.torch_capture.distributed.launchers import parse_launch
 
     (tmp_path / "big.py").write_text(textwrap.dedent(KNOB))
     (tmp_path / "z1.json").write_text(json.dumps({

@@ -18,8 +18,8 @@ Every expected byte count follows from the PyTorch source that allocates it (flo
   padded shard; optimizer state follows the unpadded shard (the last ranks get fewer rows).
 * GPipe (torch/distributed/pipelining/schedules.py ``ScheduleGPipe``: all forwards, then all
   backwards) keeps every microbatch's saved tensors alive: on a stage of two ``Linear`` layers, the
-  first layer's output and the stage's output per microbatch; the next stage has one receive buffer
-  per microbatch (``_create_act_recv_info``).
+  first layer's output and the stage's output per microbatch; each later stage has one receive buffer
+  per microbatch (``_create_act_recv_info``), its shapes sent by the stage before it.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ else:
 
 from allocsim.torch_capture import session  # noqa: E402
 from allocsim.torch_capture.distributed.capture_dir import capture_job  # noqa: E402
-from allocsim.torch_capture.distributed.launcher import parse_launch  # noqa: E402
+from allocsim.torch_capture.distributed.launchers import parse_launch  # noqa: E402
 from allocsim.trace import read_trace  # noqa: E402
 from allocsim.trace.schema import EventKind  # noqa: E402
 
@@ -278,11 +278,16 @@ def test_run_answers_per_rank_and_names_the_limiting_rank(job8):
 def test_gpipe_keeps_every_microbatch_alive_and_the_next_stage_one_receive_buffer_each(folder):
     script = _write(folder, "pipeline.py", PIPELINE)
     out = folder / "pipe"
-    manifest = capture_job(parse_launch(["torchrun", "--nproc-per-node", "2", str(script)]), str(out))
-    assert manifest.status == 0 and [r.ranks for r in manifest.roles] == [[0], [1]]
+    # three stages, the last two captured at once: the third gets the second's shapes through the relay
+    manifest = capture_job(parse_launch(["torchrun", "--nproc-per-node", "3", str(script)]), str(out), workers=2)
+    assert manifest.status == 0 and [r.ranks for r in manifest.roles] == [[0], [1], [2]]
     microbatch = 8 * 1024 * 4
-    first, second = (read_trace(str(out / f"rank{r}.parquet")) for r in (0, 1))
-    assert _requests(second, None, "communication").count(microbatch) == 4          # one receive buffer each
+    first, second, third = (read_trace(str(out / f"rank{r}.parquet")) for r in (0, 1, 2))
+    # one receive buffer per microbatch for the activations (_create_act_recv_info), and in the middle
+    # stage one more for the gradients the last stage sends back (_create_grad_recv_info), same shape
+    assert _requests(third, None, "communication").count(microbatch) == 4
+    assert _requests(second, None, "communication").count(microbatch) == 4 + 4
+    assert not any("stand in" in note for note in third.meta.notes)          # stage 1's own shapes, not a guess
     live, peak = {}, 0
     stacks = _stacks(first)
     for r in first.events.itertuples():

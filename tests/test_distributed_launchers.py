@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from allocsim.torch_capture.distributed.launcher import LaunchError, parse_launch
+from allocsim.torch_capture.distributed.launcher import LaunchError
+from allocsim.torch_capture.distributed.launchers import parse_launch
 
 
 def test_the_deepspeed_launcher_is_read_as_its_runner_reads_it():
-    from allocsim.torch_capture.distributed.launcher import LaunchError, parse_launch
+    from allocsim.torch_capture.distributed.launcher import LaunchError
+    from allocsim.torch_capture.distributed.launchers import parse_launch
 
     launch = parse_launch(["deepspeed", "--num_gpus", "4", "--num_nodes", "2", "--master_port", "1234", "t.py", "--x"])
     assert launch.launcher == "deepspeed" and launch.world_size == 8

@@ -142,7 +142,7 @@ COMMS = """
 def job4(tmp_path_factory):
     pytest.importorskip("torch") if not os.environ.get("CI") else None
     from allocsim.torch_capture.distributed.capture_dir import capture_job
-    from allocsim.torch_capture.distributed.launcher import parse_launch
+    from allocsim.torch_capture.distributed.launchers import parse_launch
 
     folder = tmp_path_factory.mktemp("nccl")
     script = folder / "comms.py"

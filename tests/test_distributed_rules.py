@@ -13,7 +13,8 @@ import os
 
 import pytest
 
-from allocsim.torch_capture.distributed.launcher import LaunchError, parse_launch
+from allocsim.torch_capture.distributed.launcher import LaunchError
+from allocsim.torch_capture.distributed.launchers import parse_launch
 from allocsim.torch_capture.distributed.manifest import MANIFEST, SCHEMA, Manifest, RoleEntry
 from allocsim.torch_capture.distributed.roles import JobFacts, assign_roles, ranks_text, verification_rank
 
@@ -170,3 +171,22 @@ def test_a_rank_sees_its_nodes_gpus_and_selects_its_own(monkeypatch):
     for word in ("0", "-3", "eight", str(local_device.MAX_DEVICES + 1)):
         monkeypatch.setenv("LOCAL_WORLD_SIZE", word)          # an untrusted word is not a node
         assert local_device.count() == 1
+
+
+def test_the_relay_hands_each_stage_what_the_earlier_stages_sent_and_never_lets_all_wait():
+    from allocsim.torch_capture.distributed.relay import Relay, question
+
+    relay = Relay([{"src_stage": 0, "dst_stage": 1, "payload": "from rank 0's capture"}])
+    first, second = 1, 2                                   # two captures running at once
+    relay.started()
+    relay.started()
+    assert relay.answer(question(0, 1, 0), first) == {"payload": "from rank 0's capture"}
+    assert relay.answer(question(1, 2, 0), second) == {"wait": True}    # the first one runs and may send it
+    relay.put(1, 2, "stage 1's outputs")      # it does: the second one runs again (it has its answer)...
+    assert relay.answer(question(0, 1, 1), first) == {"wait": True}     # ... so the first may wait for it
+    assert relay.answer(question(1, 2, 0), second) == {"payload": "stage 1's outputs"}
+    # both wait: no running capture can send, so the last to ask waits no longer
+    assert relay.answer(question(1, 2, 1), second) is None
+    relay.finished(second)
+    assert relay.answer(question(0, 1, 1), first) is None              # the last one running: nobody will send
+    assert relay.answer("pipeline_message:x", first) is None

@@ -83,7 +83,7 @@ def _requests(trace):
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     from allocsim.torch_capture.distributed.capture_dir import capture_job
-    from allocsim.torch_capture.distributed.launcher import parse_launch
+    from allocsim.torch_capture.distributed.launchers import parse_launch
 
     folder = tmp_path_factory.mktemp("hf")
     (folder / "acc.py").write_text(textwrap.dedent(ACC))

@@ -20,6 +20,7 @@ COMMANDS = {
     "corpus": "validate.corpus_cmd",       # public training scripts captured unchanged vs their model arithmetic
     "torch-env": "validate.torch_env",     # a small venv with one torch release (for torch-matrix)
     "torch-matrix": "validate.torch_matrix", # the same scripts captured under several torch releases
+    "torchtitan": "validate.torchtitan",   # torchtitan's Llama 3.1 benchmark rows captured per rank
 }
 
 

@@ -128,7 +128,8 @@ def main(args: argparse.Namespace) -> int:
         return _usage(f"--steps must be >= 0, got {args.steps}")
     if args.timeout is not None and not args.timeout > 0:
         return _usage(f"--timeout must be a number of seconds > 0, got {args.timeout}")
-    from ..torch_capture.distributed.launcher import LaunchError, parse_launch
+    from ..torch_capture.distributed.launcher import LaunchError
+    from ..torch_capture.distributed.launchers import parse_launch
 
     try:
         launch = parse_launch(command)

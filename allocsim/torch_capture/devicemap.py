@@ -33,13 +33,20 @@ What the mapping does, each because the CUDA run does it:
 * ``torch.compile`` returns the model or function unchanged: the capture runs eager;
 * ``x.device`` of a device tensor is ``cuda:0`` and of a host one ``cpu`` (``x.is_cpu``, ``x.is_meta``,
   ``repr(x)`` follow), and the backward pass runs under the same mapping (``identity``);
-* a tensor the script makes on ``meta`` itself is taken for a CUDA tensor (and says ``cuda:0``).
+* a tensor the script makes on ``meta`` itself -- under ``with torch.device("meta"):`` or
+  ``torch.set_default_device("meta")``, or with ``device="meta"`` written as a string, as models
+  built without memory are (torchtitan's) -- is the script's own meta tensor: it holds no memory on a
+  GPU either, so it is never recorded (the tracker's *script meta* storages), nor is anything computed
+  from it alone; ``module.to_empty(device="cuda")`` and any operator given ``device="cuda"`` make
+  device tensors from it. A ``torch.device("meta")`` object passed as ``device=`` is taken for the
+  capture's device (``device=x.device`` of a CUDA tensor names ``meta`` during a capture).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from typing import Any, Iterator
 
@@ -83,6 +90,48 @@ def _default_is_cuda() -> bool:
     """Whether ``torch.set_default_device("cuda")`` or ``with torch.device("cuda"):`` is in force."""
     current = torch_device_module.CURRENT_DEVICE
     return current is not None and current.type == "cuda"
+
+
+def _default_is_meta() -> bool:
+    """Whether ``torch.set_default_device("meta")`` is in force below the capture's mode (the script's meta)."""
+    current = torch_device_module.CURRENT_DEVICE
+    return current is not None and current.type == CAPTURE_DEVICE
+
+
+def _meta_context(tracker: StorageTracker) -> Any:
+    """``DeviceContext.__torch_function__`` whose factories on ``meta`` are the script's meta tensors.
+
+    ``with torch.device("meta"):`` entered inside the capture pushes torch's ``DeviceContext`` above
+    the capture's mode: it hands each factory without a device ``device=torch.device("meta")`` before
+    the capture sees it, where a device object on ``meta`` is a CUDA tensor's. Its factories run with
+    the tracker's ``script_meta`` flag instead.
+    """
+    original = torch_device_module.DeviceContext.__torch_function__
+
+    def __torch_function__(self: Any, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        if (self.device.type == CAPTURE_DEVICE and (kwargs or {}).get("device") is None
+                and func in torch_device_module._device_constructors()):
+            with tracker.script_meta():
+                return original(self, func, types, args, kwargs)
+        return original(self, func, types, args, kwargs)
+    return __torch_function__
+
+
+#: Code that names the capture's device by its string: a device mesh's ``device_type`` is ``"meta"``
+#: inside a capture (``distributed.rank._mesh_on_meta``), so its ``device=mesh.device_type`` is CUDA's.
+_LIBRARY_MODULES = ("torch.distributed", "torch.nn.parallel")
+
+
+def _names_script_meta(value: Any) -> bool:
+    """``device="meta"`` written as a string by the script's own code: its own meta device.
+
+    A device object may be a CUDA tensor's (``device=x.device``), and torch.distributed names a
+    mesh's device by its type string, ``"meta"`` in a capture: both stand for the GPU.
+    """
+    if not (isinstance(value, str) and (value == CAPTURE_DEVICE or value.startswith(CAPTURE_DEVICE + ":"))):
+        return False
+    caller = sys._getframe(2)         # the code that called the torch function (past __torch_function__)
+    return not str(caller.f_globals.get("__name__", "")).startswith(_LIBRARY_MODULES)
 
 
 def _is_cuda(value: Any) -> bool:
@@ -145,7 +194,12 @@ class CudaOnMeta(TorchFunctionMode):
                 if _is_cuda(target):
                     return self._to_device(self_t, _to_options(args, kwargs))
                 if self_on_meta and target is not None and _is_cpu(target):
+                    if tracker.is_script_meta(self_t):
+                        raise NotImplementedError("Cannot copy out of meta tensor; no data!")
                     return self_t if tracker.is_host(self_t) else self._to_host(self_t, _to_options(args, kwargs))
+                if _names_script_meta(target):
+                    with tracker.script_meta():           # x.to("meta"): the script's own meta tensor
+                        return func(*args, **kwargs)
             elif func is torch.Tensor.cuda:
                 return self._to_device(self_t, _cuda_options(args, kwargs))
             elif self_on_meta and func is torch.Tensor.cpu:
@@ -180,8 +234,11 @@ class CudaOnMeta(TorchFunctionMode):
             # Module.to(0): the integer is a device; Module.to moves through Tensor.to above
             return func(*((_cuda_index(args[0]),) + tuple(args[1:]) if args else args), **kwargs)
         device_arg = kwargs.get("device")
-        if device_arg is None and _default_is_cuda() and func in torch_device_module._device_constructors():
-            device_arg = kwargs["device"] = "cuda"      # torch.set_default_device("cuda")
+        if device_arg is None and func in torch_device_module._device_constructors():
+            if _default_is_cuda():
+                device_arg = kwargs["device"] = "cuda"      # torch.set_default_device("cuda")
+            elif _default_is_meta():
+                device_arg = kwargs["device"] = CAPTURE_DEVICE      # with torch.device("meta"): the script's meta
         if func in _FACTORIES and _is_cpu(device_arg):
             return self._host_factory(func, args, kwargs)
         if func is torch.tensor and args and isinstance(args[0], (list, tuple)) and _has_device_tensor(args[0]):
@@ -193,9 +250,14 @@ class CudaOnMeta(TorchFunctionMode):
             host = func(*args, **dict(kwargs, device="cpu", pin_memory=False))
             if _nbytes(host) < HOST_ABSTRACT_BYTES:
                 return self._to_device(host, {})
+        kind = None
         if device_arg is not None:
-            # ``device=x.device`` of a CUDA tensor names ``meta`` here: a tensor made on ``meta`` is a CUDA one
+            # ``device=x.device`` of a CUDA tensor names ``meta`` here: a device object on ``meta`` is a CUDA one
             kwargs["device"] = _map(device_arg)
+            if _is_cuda(device_arg):
+                kind = tracker.to_device          # empty_like(meta_or_host, device="cuda"): a device tensor
+            elif _names_script_meta(device_arg):
+                kind = tracker.script_meta
         if func is F.dropout and args and _dropout_fused(args, kwargs):
             return _native_dropout(args, kwargs)
         if cudnn_rnn.is_rnn(func) and cudnn_rnn.acceptable(func, args, tracker.is_device):
@@ -213,6 +275,9 @@ class CudaOnMeta(TorchFunctionMode):
                                  f"{torch.__version__.split('+')[0]} (allocsim.torch_capture.sdpa)")
                 return out
         args = tuple(_map(a) for a in args)
+        if kind is not None:
+            with kind():
+                return func(*args, **kwargs)
         return func(*args, **kwargs)
 
     def _legacy_type(self, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:
@@ -262,6 +327,9 @@ class CudaOnMeta(TorchFunctionMode):
         A device tensor stays itself unless the call changes its dtype or memory format or asks
         for ``copy=True`` (``GradScaler`` copies its scale per device that way), as on the GPU.
         """
+        if self.tracker.is_script_meta(t):
+            # as on a GPU (aten's copy from meta); Module.to adds its hint to use to_empty()
+            raise NotImplementedError("Cannot copy out of meta tensor; no data!")
         if t.device.type == CAPTURE_DEVICE and not self.tracker.is_host(t):
             return torch.Tensor.to(t, _META, dtype=options.get("dtype"),
                                    non_blocking=bool(options.get("non_blocking", False)),
@@ -561,5 +629,6 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
         # small CPU parameters abstract: model.to("cuda") keeps the Parameter objects, as on a GPU
         stack.enter_context(_patched(torch.nn.Parameter, "__new__",
                                      _parameters_abstract(tracker, torch.nn.Parameter.__new__)))
+        stack.enter_context(_patched(torch_device_module.DeviceContext, "__torch_function__", _meta_context(tracker)))
         stack.enter_context(modes.entered())
         yield autocast

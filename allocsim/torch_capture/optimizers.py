@@ -151,6 +151,12 @@ def shims(is_device: Any) -> dict[tuple[Any, str], Any]:
         for module in _optimizer_modules():
             if getattr(module, name, None) is original:
                 table[(module, name)] = patched
+    import torch.utils._foreach_utils as foreach_utils  # noqa: PLC0415
+
+    # clip_grad_norm_(foreach=True) and the other torch.nn.utils helpers ask torch.utils._foreach_utils
+    original = getattr(foreach_utils, "_get_foreach_kernels_supported_devices", None)
+    if original is not None:
+        table[(foreach_utils, "_get_foreach_kernels_supported_devices")] = _with_meta(original)
     for name in ("_accelerator_graph_capture_health_check", "_cuda_graph_capture_health_check"):
         if hasattr(torch.optim.Optimizer, name):   # asks the driver whether a graph is being captured
             table[(torch.optim.Optimizer, name)] = lambda self: None

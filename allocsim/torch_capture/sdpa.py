@@ -36,6 +36,8 @@ torch), the FA3 kernels (off unless ``torch.backends.cuda.enable_fa3_sdp``), ROC
 
 from __future__ import annotations
 
+import os
+
 import math
 from typing import Any, NamedTuple
 
@@ -102,7 +104,13 @@ def installed_rules(version: tuple[int, int]) -> Rules:
 
 
 def _prefer_cudnn(rules: Rules, capability: tuple[int, int]) -> bool:
-    """``check_prefer_cudnn_attention``: whether cuDNN goes first for this GPU (TORCH_CUDNN_SDPA_DEPRIORITIZED unset)."""
+    """``check_prefer_cudnn_attention``: whether cuDNN goes first for this GPU.
+
+    ``TORCH_CUDNN_SDPA_DEPRIORITIZED=1`` in the script's environment says it never does
+    (``c10::utils::check_env(...) != true`` in sdp_utils.cpp; check_env reads "1" as true).
+    """
+    if os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED") == "1":
+        return False
     major, minor = capability
     if rules.cudnn_first == "sm90":
         return capability == (9, 0)

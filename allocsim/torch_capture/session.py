@@ -23,6 +23,7 @@ script's stdout and stderr pass through untouched.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -38,9 +39,9 @@ import subprocess
 import tempfile
 import time
 from array import array
-from typing import Any
+from typing import Any, Iterator
 
-from ..errors import InvalidFree, OutOfMemory
+from ..errors import OutOfMemory
 from ..metrics.categories import CAPTURE_FILE, CAPTURE_PREFIX, CATEGORIES
 from ..policies.base import Policy
 from ..trace.inference.completeness import short_reason
@@ -50,6 +51,7 @@ from ..trace.schema import FRAME_DTYPES, STACK_DTYPES, frame_from_columns
 from . import FORMAT
 from .channel import ENV_CONFIG, ENV_FDS, TAIL_BYTES, FrameReader
 from .command_line import child_command, script_of, script_problem, split_command  # noqa: F401  (this module's API)
+from .distributed.relay import QUESTION as RELAY_QUESTION
 from .distributed.roles import JobFacts
 from .oom import oom_message
 from .records import Refused, checked, plain, request_size
@@ -181,7 +183,8 @@ class _Converter:
     sets ``refused`` (the reason) and nothing after it is applied: the capture ends there.
     """
 
-    def __init__(self, out_path: str, model: _AllocatorModel | None = None):
+    def __init__(self, out_path: str, model: _AllocatorModel | None = None, relay: Any = None):
+        self.relay = relay              # pipeline messages shared with the job's other captures (relay.Relay)
         self.builder = TraceBuilder(out_path, FORMAT)
         self.frames = FrameTable(out_path)
         self.model = model or _AllocatorModel()
@@ -293,8 +296,14 @@ class _Converter:
         elif kind == "Z":
             self.ended = m[1]
         elif kind == "X":
+            kept = len(self.facts.messages)
             self.facts.add(m[1])
+            if self.relay is not None and len(self.facts.messages) > kept:
+                sent = self.facts.messages[-1]
+                self.relay.put(sent["src_stage"], sent["dst_stage"], sent["payload"])
         elif kind == "Q":
+            if self.relay is not None and m[2].startswith(RELAY_QUESTION):
+                return [m[1], self.relay.answer(m[2], id(self))]
             return [m[1], self.model.answer(m[2])]
         elif kind == "H":
             self.header = plain(m[1])
@@ -560,7 +569,7 @@ def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str,
             memory_bytes: int | None = None, timeout_s: float | None = None, write: bool = True,
             stdout: Any = None, stderr: Any = None, keep_writes: str | None = None,
             env_extra: dict[str, str] | None = None,
-            distributed: dict[str, Any] | None = None) -> tuple[CaptureResult, Any]:
+            distributed: dict[str, Any] | None = None, relay: Any = None) -> tuple[CaptureResult, Any]:
     """Run ``command`` (``[python, script, args...]``) under the capture; return the result and the ``Trace``.
 
     ``out_path`` is written (Parquet, or CSV for ``.csv``) unless ``write`` is False; the trace is
@@ -573,13 +582,14 @@ def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str,
     ``env_extra``: variables the script gets beside this process's (a launcher's ``RANK``,
     ``WORLD_SIZE``...); ``distributed``: the rank's settings for the child
     (``allocsim.torch_capture.distributed.rank``). The summary carries the job's ``facts`` and the
-    request stream's ``fingerprint``.
+    request stream's ``fingerprint``. ``relay``: the pipeline messages this capture shares with the
+    job's others running at the same time (``distributed.relay.Relay``).
     """
     from .scratch import scratch_folder  # noqa: PLC0415
 
     secret = secrets.token_hex(16).encode("ascii")
     total_bytes = int((gpu or {}).get("total_bytes") or 0) or memory_bytes
-    converter = _Converter(out_path, _AllocatorModel(memory_bytes, total_bytes))
+    converter = _Converter(out_path, _AllocatorModel(memory_bytes, total_bytes), relay)
     converter.gpu = dict(gpu or {})
     folder = scratch_folder(keep_writes)
     outside_dir = tempfile.mkdtemp(prefix="allocsim-capture-")
@@ -596,6 +606,19 @@ def capture(command: list[str], out_path: str, *, steps: int = 0, gpu: dict[str,
         shutil.rmtree(outside_dir, ignore_errors=True)
         if keep_writes is None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _running(relay: Any, converter: _Converter) -> Iterator[None]:
+    """The capture counts as running for the job's relay while its child runs (``distributed.relay``)."""
+    if relay is None:
+        yield
+        return
+    relay.started()
+    try:
+        yield
+    finally:
+        relay.finished(id(converter))
 
 
 def _run(command: list[str], out_path: str, converter: _Converter, secret: bytes, tail: Any, tail_fd: int,
@@ -631,7 +654,7 @@ def _run(command: list[str], out_path: str, converter: _Converter, secret: bytes
     signalled_at = 0.0
     forwarded = killed = eof = False
     code: int | None = None
-    with _Signals() as signals:
+    with _Signals() as signals, _running(converter.relay, converter):
         while True:
             now = time.monotonic()
             code = proc.poll()

@@ -9,12 +9,17 @@ itself, so a weak reference's callback is the moment the CUDA run would hand the
 storage that an ``out=`` or ``resize_`` operator grows is a free of the old block followed by a
 request for the new size, as the CUDA resize does.
 
-Two kinds of ``meta`` storage live side by side (see ``devicemap``): *device* storages, which a CUDA
-run would hold in GPU memory (recorded), and *host* storages, the abstract stand-ins for large CPU
+Three kinds of ``meta`` storage live side by side (see ``devicemap``): *device* storages, which a
+CUDA run would hold in GPU memory (recorded); *host* storages, the abstract stand-ins for large CPU
 tensors a script builds before moving them to ``cuda`` (never recorded: they cost the capture no
-memory, and the GPU run holds them on the host). An operator's outputs are host storages when it
-runs under ``host()`` (a CPU factory, ``.cpu()``) or when every meta tensor it reads is one; a copy
-under ``to_device()`` is always a device request.
+memory, and the GPU run holds them on the host); and *script meta* storages, the tensors the script
+itself makes on ``meta`` (``with torch.device("meta"):``, ``device="meta"``: a model built without
+memory, as torchtitan builds its models), which the CUDA run holds nowhere (never recorded).
+An operator's outputs are host storages when it runs under ``host()`` (a CPU factory, ``.cpu()``),
+script meta under ``script_meta()`` (a factory the script sent to ``meta``), else they take the kind
+of the meta tensors it reads: device when any is a device storage, else script meta when any is one,
+else host. A copy under ``to_device()`` (``.to("cuda")``, ``to_empty(device="cuda")``, any
+operator given ``device="cuda"``) is always a device request.
 
 Beside the operators' own outputs the tracker inserts the requests CUDA libraries make through the
 caching allocator: cuDNN convolution workspaces (``cudnn``), one cuBLAS workspace per (handle,
@@ -136,6 +141,7 @@ class _HostRef(weakref.ref):
 
 class _ThreadFlags(threading.local):
     host = 0            # > 0: outputs are host storages (a CPU factory, .cpu())
+    script_meta = 0     # > 0: outputs are the script's own meta storages (a factory given device="meta")
     device_copy = 0     # > 0: outputs are device storages whatever the inputs (host -> cuda copies)
     optimizer = 0       # > 0: inside an optimizer's step
     category = ""       # the category of requests made now, when the code that makes them says it
@@ -164,6 +170,9 @@ class StorageTracker:
         self._host: dict[int, _HostRef] = {}
         self._on_release = lambda block: self._released(block.key)        # one callback for every block
         self._on_host_release = lambda ref: self._host.pop(ref.key, None)
+        # id(storage) -> weak reference of the script's own meta storages (no memory on a GPU either)
+        self._script_meta: dict[int, _HostRef] = {}
+        self._on_script_meta_release = lambda ref: self._script_meta.pop(ref.key, None)
         self._stacks: dict[tuple, int] = {}
         self.flags = _ThreadFlags()
         self.active = True
@@ -420,7 +429,7 @@ class StorageTracker:
             if not self.active:
                 return
             key = id(storage)
-            if key in self._host:
+            if key in self._host or key in self._script_meta:
                 return
             block = self._live.get(key)
             if block is not None and block() is storage:
@@ -450,15 +459,29 @@ class StorageTracker:
         """Whether ``t`` is an abstract host tensor (a large CPU tensor the capture keeps on meta)."""
         return on_meta(t) and id(t.untyped_storage()) in self._host
 
+    def is_script_meta(self, t: Any) -> bool:
+        """Whether ``t`` is a tensor the script made on ``meta`` itself (no memory on a GPU either)."""
+        return on_meta(t) and id(t.untyped_storage()) in self._script_meta
+
     def is_device(self, t: Any) -> bool:
         """Whether ``t`` stands for a CUDA tensor."""
-        return on_meta(t) and id(t.untyped_storage()) not in self._host
+        if not on_meta(t):
+            return False
+        key = id(t.untyped_storage())
+        return key not in self._host and key not in self._script_meta
 
     def mark_host(self, t: Any) -> None:
         storage = t.untyped_storage()
         key = id(storage)
         if key not in self._host:
             ref = self._host[key] = _HostRef(storage, self._on_host_release)
+            ref.key = key
+
+    def mark_script_meta(self, t: Any) -> None:
+        storage = t.untyped_storage()
+        key = id(storage)
+        if key not in self._script_meta:
+            ref = self._script_meta[key] = _HostRef(storage, self._on_script_meta_release)
             ref.key = key
 
     @contextlib.contextmanager
@@ -477,6 +500,10 @@ class StorageTracker:
         """Outputs made inside the block are device storages (a copy of a host tensor to ``cuda``)."""
         return self._raised("device_copy")
 
+    def script_meta(self) -> Any:
+        """Outputs made inside the block are the script's own meta storages (not recorded)."""
+        return self._raised("script_meta")
+
     @contextlib.contextmanager
     def named(self, category: str) -> Iterator[None]:
         """Requests made inside the block (this thread) are ``category`` (``communication``, ``parameter``...)."""
@@ -487,18 +514,26 @@ class StorageTracker:
         finally:
             self.flags.category = before
 
-    def _outputs_on_host(self, args: tuple, kwargs: dict) -> bool:
-        if self.flags.device_copy:
-            return False
-        if self.flags.host:
-            return True
-        seen_meta = False
+    def _abstract_outputs(self, args: tuple, kwargs: dict) -> dict[int, _HostRef] | None:
+        """Where an operator's meta outputs go when they are not device storages: ``_host``, ``_script_meta``; None: device."""
+        flags = self.flags
+        if flags.device_copy:
+            return None
+        if flags.host:
+            return self._host
+        if flags.script_meta:
+            return self._script_meta
+        kind = None
         for t in _tensors(args, kwargs):
             if t.device.type == CAPTURE_DEVICE:
-                if id(t.untyped_storage()) not in self._host:
-                    return False
-                seen_meta = True
-        return seen_meta
+                key = id(t.untyped_storage())
+                if key in self._script_meta:
+                    kind = self._script_meta
+                elif key in self._host:
+                    kind = kind or self._host
+                else:
+                    return None
+        return kind
 
     # ----------------------------------------------------------------- operators
     def on_operator(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
@@ -508,10 +543,12 @@ class StorageTracker:
         with self._lock:
             if not self.active:
                 return
-            if self._outputs_on_host(args, kwargs):
+            abstract = self._abstract_outputs(args, kwargs)
+            if abstract is not None:
+                mark = self.mark_host if abstract is self._host else self.mark_script_meta
                 for t in _output_tensors(out):
                     if on_meta(t):
-                        self.mark_host(t)
+                        mark(t)
                 return
             self._settle()
             if func in _IN_PLACE_ON_CUDA and torch._C._current_graph_task_id() != -1:
@@ -624,7 +661,7 @@ class StorageTracker:
                 continue
             storage = t.untyped_storage()
             key = id(storage)
-            if key in self._host:
+            if key in self._host or key in self._script_meta:
                 continue
             size_bytes = int(storage.nbytes())
             block = self._live.get(key)

@@ -11,7 +11,7 @@ not touch are read where they are. What is redirected:
   ``rename`` / ``replace`` / ``truncate`` / ``mkfifo`` / ``mknod``, ``shutil.rmtree``; ``chmod``,
   ``chown``, ``utime`` and extended attributes apply to the script's own copies and are skipped on
   the user's files; ``symlink`` and ``link`` make a copy in the overlay (a link there could point
-  out of it). ``os.stat``, ``lstat``, ``access``, ``listdir``, ``scandir``, ``chdir`` and ``getcwd``
+  out of it). ``os.stat``, ``lstat``, ``statvfs``, ``access``, ``listdir``, ``scandir``, ``chdir`` and ``getcwd``
   show the overlay, so ``os.path.exists``, ``glob``, ``pathlib`` and ``shutil.copy*`` / ``move``
   (built on these) see what the script did. A real file the script appends to or renames is copied
   into the overlay first (at most ``COPY_LIMIT_BYTES`` in all).
@@ -494,7 +494,7 @@ class WriteGuard:
         sys.dont_write_bytecode = True                # no __pycache__ beside the user's modules
         for name in ("open", "stat", "lstat", "access", "listdir", "scandir", "mkdir", "remove", "unlink", "rmdir",
                      "rename", "replace", "truncate", "chmod", "chown", "lchown", "utime", "symlink", "link",
-                     "mkfifo", "mknod", "chdir", "getcwd", "setxattr", "removexattr", "listxattr", "getxattr"):
+                     "mkfifo", "mknod", "chdir", "getcwd", "setxattr", "removexattr", "listxattr", "getxattr", "statvfs"):
             if hasattr(os, name):
                 self._orig[name] = getattr(os, name)
         self._orig["rmtree"] = shutil.rmtree
@@ -718,7 +718,7 @@ def _patch_python_api(guard: WriteGuard) -> None:
     for name in ("chmod", "chown", "lchown", "utime", "setxattr", "removexattr"):
         if name in orig:
             patches[(os, name)] = metadata(name)
-    for name in ("listxattr", "getxattr"):
+    for name in ("listxattr", "getxattr", "statvfs"):     # statvfs: Hugging Face datasets' lock files
         if name in orig:
             patches[(os, name)] = reader(name)
     for (owner, name), fn in patches.items():

@@ -5,7 +5,8 @@ The steps (``roles`` has the rule and why it holds):
 1. rank 0 is captured first, with the environment its launcher gives it (``launcher``), and reports
    what it learned of the job (``facts``);
 2. the ranks are grouped into roles from those facts (``roles.assign_roles``); each other role's
-   lowest rank is captured, ``workers`` at a time;
+   lowest rank is captured, ``workers`` at a time, started in pipeline order (pipeline stages share a
+   ``relay.Relay``: each gets the shapes the stage before it sends as they are sent);
 3. where a role stands for several ranks, its highest rank is captured too and the two request
    streams' fingerprints compared (``verify``): equal, the role is verified; different, the role is
    split (``roles`` module doc);
@@ -26,7 +27,8 @@ from typing import Any, Callable
 
 from .folder_check import LOG_HEADER
 from .launcher import Launch
-from .manifest import MANIFEST, Manifest, RoleEntry, trace_name
+from .manifest import Manifest, RoleEntry, trace_name
+from .relay import Relay
 from .roles import JobFacts, Role, assign_roles, ranks_text, verification_rank
 
 
@@ -46,23 +48,23 @@ class RankCapture:
 def _capture_rank(launch: Launch, rank: int, out_dir: str, steps: int, gpu: dict[str, Any],
                   timeout_s: float | None, to_terminal: bool,
                   messages: list[dict[str, Any]] | None = None,
-                  broadcasts: list[dict[str, Any]] | None = None) -> RankCapture:
+                  broadcasts: list[dict[str, Any]] | None = None, relay: Relay | None = None) -> RankCapture:
     from ..session import capture
 
     path = os.path.join(out_dir, trace_name(rank))
     log_path = None if to_terminal else os.path.join(out_dir, f"rank{rank}.log")
     env = launch.rank_env(rank)
     settings = {"spawn_index": rank, "messages": _bounded(messages or []),
-                "broadcasts": _bounded_broadcasts(broadcasts or [])}
+                "broadcasts": _bounded_broadcasts(broadcasts or []), "relay": relay is not None}
     if log_path is None:
         result, _trace = capture(launch.rank_command(rank), path, steps=steps, gpu=gpu, timeout_s=timeout_s,
-                                 env_extra=env, distributed=settings)
+                                 env_extra=env, distributed=settings, relay=relay)
     else:
         with open(log_path, "w", encoding="utf-8") as fh:
             fh.write(f"{LOG_HEADER}{rank} (`{' '.join(launch.command)}`)\n")
             fh.flush()
             result, _trace = capture(launch.rank_command(rank), path, steps=steps, gpu=gpu, timeout_s=timeout_s,
-                                     stdout=fh, stderr=fh, env_extra=env, distributed=settings)
+                                     stdout=fh, stderr=fh, env_extra=env, distributed=settings, relay=relay)
     return RankCapture(rank, result.status, os.path.basename(result.trace_path) if result.trace_path else None,
                        os.path.basename(log_path) if log_path else None, result.seconds, result.message,
                        dict(result.summary or {}))
@@ -157,23 +159,17 @@ def capture_job(launch: Launch, out_dir: str, *, steps: int = 0, gpu: dict[str, 
         todo.append(check[1])
     log(f"{len(roles)} role(s) in a world of {world}: capturing rank(s) {ranks_text(todo) or '-'}"
         + (f" (rank {check[1]} checks role {check[0]})" if check else ""))
-    if facts.stages:
-        # pipeline positions in order: each capture gets the shapes the earlier stages sent it
-        messages = list(facts.messages)
-        for rank in todo:
-            run = _capture_rank(launch, rank, out_dir, steps, gpu, timeout_s, False, messages, facts.broadcasts)
-            runs[rank] = run
-            messages += _facts_of(run).messages
+    # pipeline positions start in order, ``workers`` at a time, and share one relay: each stage's capture
+    # gets the shapes the earlier stages send it as they are sent (``relay``), so they run side by side
+    relay = Relay(facts.messages) if facts.stages else None
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo) or 1))) as pool:
+        futures = {pool.submit(_capture_rank, launch, rank, out_dir, steps, gpu, timeout_s, False, None,
+                                   facts.broadcasts, relay): rank
+                   for rank in todo}
+        for future in concurrent.futures.as_completed(futures):
+            run = future.result()
+            runs[run.rank] = run
             log(f"captured rank {run.rank} ({run.seconds:.1f} s, exit {run.status})")
-    else:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo) or 1))) as pool:
-            futures = {pool.submit(_capture_rank, launch, rank, out_dir, steps, gpu, timeout_s, False, None,
-                                   facts.broadcasts): rank
-                       for rank in todo}
-            for future in concurrent.futures.as_completed(futures):
-                run = future.result()
-                runs[run.rank] = run
-                log(f"captured rank {run.rank} ({run.seconds:.1f} s, exit {run.status})")
     entries = [_entry(role, runs[role.representative], i) for i, role in enumerate(roles)]
     if check is not None:
         entries = _verified(entries, roles, check, runs[check[1]], manifest)

@@ -76,13 +76,36 @@ def patches(tracker: Any) -> list[tuple[Any, str, Any]]:
     return out
 
 
-def group_patches() -> list[tuple[Any, str, Any]]:
+def _validate_no_meta_params(tracker: Any, original: Any) -> Any:
+    """FSDP's check that no parameter was left on ``meta``, for the script's own meta tensors only.
+
+    Every device tensor of a capture is on ``meta``, so FSDP's own check (``FSDPParamGroup.lazy_init``)
+    would refuse them all; a parameter the script built on ``meta`` and never materialised
+    (``to_empty``) is refused as on a GPU, with FSDP's message.
+    """
+    def validate(group: Any) -> None:
+        left = [p for p in group.fsdp_params if _script_meta(tracker, p.sharded_param)]
+        if left:
+            saved = group.fsdp_params
+            group.fsdp_params = left
+            try:
+                original(group)
+            finally:
+                group.fsdp_params = saved
+    return validate
+
+
+def _script_meta(tracker: Any, param: Any) -> bool:
+    local = getattr(param, "_local_tensor", param)          # a DTensor's shard holds the storage
+    return tracker.is_script_meta(local)
+
+
+def group_patches(tracker: Any) -> list[tuple[Any, str, Any]]:
     """``(owner, name, replacement)`` for ``FSDPParamGroup`` (``_fsdp_param_group``)."""
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup  # noqa: PLC0415
 
     out = []
     if hasattr(FSDPParamGroup, "_validate_no_meta_params"):
-        # every device tensor of a capture is on meta: the check that none was left uninitialised
-        # there (FSDPParamGroup.lazy_init) would refuse them all
-        out.append((FSDPParamGroup, "_validate_no_meta_params", lambda self: None))
+        out.append((FSDPParamGroup, "_validate_no_meta_params",
+                    _validate_no_meta_params(tracker, FSDPParamGroup._validate_no_meta_params)))
     return out

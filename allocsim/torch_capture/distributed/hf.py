@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
 
 def parse_accelerate(command: list[str]) -> Any:
     """The job ``accelerate launch ...`` starts, as accelerate's own code computes it (``LaunchError`` when refused)."""
-    from .launcher import Launch, LaunchError, _interpreter_of, _torchrun  # noqa: PLC0415
+    from .launcher import LaunchError, _interpreter_of, _torchrun  # noqa: PLC0415
 
     if len(command) < 2 or command[1] != "launch":
         raise LaunchError("accelerate: only `accelerate launch ...` starts a training job")

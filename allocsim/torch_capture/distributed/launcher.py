@@ -1,4 +1,4 @@
-"""The launcher in front of a script: ``parse_launch(["torchrun", "--nproc-per-node", "8", "train.py"])``.
+"""The launcher in front of a script: ``parse_torch_launch(["torchrun", "--nproc-per-node", "8", "train.py"])``.
 
 ``allocsim capture -- torchrun ...`` (or ``python -m torch.distributed.run ...``) starts no
 launcher: it reads the launcher's options as ``torch.distributed.run`` parses them (its
@@ -224,25 +224,26 @@ def _torchrun(command: list[str], python: str, note: str, args: list[str]) -> La
     return Launch(list(command), "torchrun", python, script, nproc, nnodes, options, notes)
 
 
-def parse_launch(command: list[str]) -> Launch:
-    """The launch ``command`` describes (``LaunchError`` for a launcher a capture cannot follow).
+def is_torchrun(command: list[str]) -> bool:
+    """Whether ``command`` starts with the ``torchrun`` program."""
+    return bool(command) and os.path.basename(command[0]) in ("torchrun", "torchrun.exe")
+
+
+def parse_torch_launch(command: list[str]) -> Launch:
+    """The launch ``command`` describes when it is torch's own (``LaunchError`` for a launcher a capture cannot follow).
 
     ``torchrun OPTS SCRIPT ARGS``, ``python -m torch.distributed.run OPTS SCRIPT ARGS``; anything else
     is a script run by its interpreter (``python SCRIPT ARGS``, ``python -m MODULE ARGS``,
-    ``SCRIPT.py ARGS``), which may start its own ranks (``torch.multiprocessing.spawn``).
+    ``SCRIPT.py ARGS``), which may start its own ranks (``torch.multiprocessing.spawn``). Frameworks'
+    launchers (DeepSpeed, accelerate, tune) are read by ``launchers.parse_launch``, which falls back here.
     """
     command = list(command)
     if not command:
         raise LaunchError("give the command that runs the script after --")
     program = os.path.basename(command[0])
-    if program in ("torchrun", "torchrun.exe"):
+    if is_torchrun(command):
         python, note = _interpreter_of(command[0])
         return _torchrun(command, python, note, command[1:])
-    from .launchers import other_launcher  # noqa: PLC0415  (DeepSpeed's and other frameworks' launchers)
-
-    framework = other_launcher(command)
-    if framework is not None:
-        return framework
     if program in NOT_YET:
         raise LaunchError(f"{NOT_YET[program]} is not supported by allocsim capture yet; launch the script with "
                           "torchrun")

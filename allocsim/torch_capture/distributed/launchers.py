@@ -23,7 +23,8 @@ import argparse
 import os
 from typing import Any
 
-from .launcher import DEFAULT_MASTER_PORT, MAX_WORLD_SIZE, Launch, LaunchError, _interpreter_of
+from .launcher import (DEFAULT_MASTER_PORT, MAX_WORLD_SIZE, Launch, LaunchError, _interpreter_of, is_torchrun,
+                       parse_torch_launch)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -158,4 +159,19 @@ def other_launcher(command: list[str]) -> Launch | None:
     return parse(command) if parse is not None else None
 
 
-__all__ = ["DeepSpeedLaunch", "PARSERS", "other_launcher", "parse_deepspeed"]
+def parse_launch(command: list[str]) -> Launch:
+    """The launch ``command`` describes (``LaunchError`` for a launcher a capture cannot follow).
+
+    ``torchrun ...`` and ``python -m torch.distributed.run ...`` as torch reads them, ``deepspeed``,
+    ``accelerate launch`` and ``tune run`` as their own code reads them, else a script run by its
+    interpreter (``launcher.parse_torch_launch``).
+    """
+    command = list(command)
+    if command and not is_torchrun(command):
+        framework = other_launcher(command)
+        if framework is not None:
+            return framework
+    return parse_torch_launch(command)
+
+
+__all__ = ["DeepSpeedLaunch", "PARSERS", "other_launcher", "parse_deepspeed", "parse_launch"]

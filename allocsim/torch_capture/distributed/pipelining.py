@@ -13,7 +13,8 @@ neighbours, so:
 * **forward metadata** a stage receives from the previous stage (``_StageForwardMeta``: that
   stage's outputs) is what the previous stage's capture sent: every stage's sends are facts
   (``message``), and ``allocsim capture`` captures pipeline positions in order, handing each the
-  messages the earlier ones sent (``config["messages"]``). Where none was recorded (the last
+  messages the earlier ones sent (``config["messages"]``), or captures them at once and relays each
+  message as it is sent (``relay``: the stage asks allocsim's process and waits for it). Where none was recorded (the last
   stage's output feeding rank 0's second virtual stage in an interleaved schedule), the outputs of
   the nearest earlier stage this rank holds stand in, and the trace says so.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import pickle
+import time
 from typing import Any
 
 #: Largest pickled metadata message kept as a fact.
@@ -55,13 +57,29 @@ def decode(text: str) -> Any:
     return pickle.loads(base64.b64decode(text.encode("ascii")))  # noqa: S301  (our own capture's message)
 
 
-def patches(hooks: Any, messages: list[dict[str, Any]]) -> list[tuple[Any, str, Any]]:
+def _relayed(hooks: Any, src_stage: int, dst_stage: int, index: int) -> Any:
+    """The ``index``-th message from ``src_stage`` to ``dst_stage`` another capture of the job sent, waiting for it; None if none will come."""
+    from .relay import question  # noqa: PLC0415
+
+    delay = 0.01
+    while True:
+        answer = hooks.tracker.channel.ask(question(src_stage, dst_stage, index))
+        if isinstance(answer, dict) and isinstance(answer.get("payload"), str):
+            return decode(answer["payload"])
+        if not (isinstance(answer, dict) and answer.get("wait")):
+            return None
+        time.sleep(delay)                  # the stage before this one has not reached its warm-up yet
+        delay = min(0.25, delay * 2)
+
+
+def patches(hooks: Any, messages: list[dict[str, Any]], relay: bool = False) -> list[tuple[Any, str, Any]]:
     """``(owner, name, replacement)`` for the stage's metadata exchange and the schedule's vote."""
     from torch.distributed.pipelining import schedules  # noqa: PLC0415
     from torch.distributed.pipelining._utils import InferenceMode, _StageBackwardMeta  # noqa: PLC0415
     from torch.distributed.pipelining.stage import PipelineStage  # noqa: PLC0415
 
     received: dict[tuple[int, int], list[str]] = {}
+    relayed: dict[tuple[int, int], int] = {}   # messages taken from the relay per (src, dst)
     for m in messages:
         received.setdefault((int(m["src_stage"]), int(m["dst_stage"])), []).append(str(m["payload"]))
     outputs_of: dict[int, Any] = {}            # stage index -> its output metas, as this rank computed them
@@ -78,9 +96,15 @@ def patches(hooks: Any, messages: list[dict[str, Any]]) -> list[tuple[Any, str, 
         if src_stage > stage.stage_index:      # from the next stage: the gradients of this stage's outputs
             outputs = stage._stage_meta.outputs or ()
             return _StageBackwardMeta(backward_metas=tuple(_grad_meta(m) for m in outputs))
-        queue = received.get((int(src_stage), int(stage.stage_index)))
+        edge = (int(src_stage), int(stage.stage_index))
+        queue = received.get(edge)
         if queue:
             return decode(queue.pop(0))
+        if relay:
+            meta = _relayed(hooks, edge[0], edge[1], relayed.get(edge, 0))
+            if meta is not None:
+                relayed[edge] = relayed.get(edge, 0) + 1
+                return meta
         earlier = [s for s in outputs_of if s < stage.stage_index]
         if earlier:
             from torch.distributed.pipelining._utils import _StageForwardMeta  # noqa: PLC0415

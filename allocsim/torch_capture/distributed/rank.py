@@ -121,6 +121,7 @@ class RankHooks:
         self.spawn_index = int(config.get("spawn_index") or 0)
         self.messages = [m for m in config.get("messages") or [] if isinstance(m, dict)]
         self.broadcasts_given = [m for m in config.get("broadcasts") or [] if isinstance(m, dict)]
+        self.relay = bool(config.get("relay"))     # other stages' shapes come from allocsim's process as sent
         self.asked_backend = "nccl"
         self.in_rank = False           # a started rank's function is running here: its own starts are real
         self.processes_started = 0
@@ -512,10 +513,10 @@ class RankHooks:
         patches.when_imported("torch.nn.parallel.distributed", self._ddp_patches)
         patches.when_imported("torch.distributed.fsdp._fully_shard._fsdp_init", lambda: fsdp.patches(self.tracker))
         patches.when_imported("torch.distributed.fsdp._fully_shard._fsdp_param_group",
-                              lambda: fsdp.group_patches() + self._fsdp_group_patches())
+                              lambda: fsdp.group_patches(self.tracker) + self._fsdp_group_patches())
         patches.when_imported("torch.distributed.pipelining.stage", self._stage_patches)
         patches.when_imported("torch.distributed.pipelining.schedules",
-                              lambda: pipelining.patches(self, self.messages))
+                              lambda: pipelining.patches(self, self.messages, self.relay))
         patches.when_imported("torch.distributed.tensor._api", self._dtensor_patches)
         patches.when_imported("deepspeed.ops.op_builder.builder", deepspeed.patches)
         patches.when_imported("deepspeed.runtime.zero.utils", deepspeed.zero_utils_patches)
