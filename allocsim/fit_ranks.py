@@ -6,7 +6,8 @@ role, ``torch_capture.distributed.capture_dir``), each role's traces are scaled 
 single script's are, and the job's answer on a GPU is the smallest of its roles' answers: every
 rank runs the same ``{B}``, so the role that stops first limits the job. Its lowest rank is the
 **limiting rank**. The roles must be the same at every value captured (they are for a job whose
-layout does not depend on the batch).
+layout does not depend on the batch). Where a role's two captures straddle a kernel switch, the job is
+captured once more above them, as ``fit`` does for one process (``fit._choose_inputs``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import time
 from fractions import Fraction
 from typing import Any, Callable, Sequence
 
-from .fit import (CaptureRun, FitResult, GpuAnswer, ScriptFailed, _answer, _slug, check_command, group_gpus,
-                  scale_name_for, with_value)
+from .fit import (CaptureRun, FitResult, GpuAnswer, ScriptFailed, _answer, _slug, check_command, extra_values,
+                  group_gpus, scale_name_for, with_value)
 from .gpus import allocator_capacity, find_gpu
 from .nccl_estimate import add_nccl_ends, role_nccl_ends
 
@@ -67,6 +68,42 @@ def _same_roles(manifests: list[tuple[int, Any]], knob: str) -> None:
                              "same ranks doing the same work at every value")
 
 
+@dataclasses.dataclass
+class _RoleRun:
+    """One role's trace at one value (what ``fit._choose_inputs`` reads of a capture)."""
+
+    value: int
+    path: str
+
+
+def _role_inputs(mine: list[tuple[int, Any]], scale_name: str, knob: str, final: bool) -> tuple[list | None, str]:
+    """Per role: ``(role, scaler, in_trace, kinds, [(path, value)...], note, metas)``; ``(None, why)`` when a role's
+    captures straddle a kernel switch and another capture should be made (``fit._choose_inputs``)."""
+    from .fit import _choose_inputs, _refused
+    from .gpu_ranges import is_capture, runs_cudnn
+    from .scale import load_input
+    from .scale.consistency import MixedInputs
+    from .trace.inference.workspaces import cublas_workspaces_in_trace
+
+    roles = mine[0][1][1].roles
+    per_role = []
+    for index, role in enumerate(roles):
+        runs = [_RoleRun(v, os.path.join(path, manifest.roles[index].trace)) for v, (path, manifest) in mine]
+        loaded = {run.path: load_input(run.path, Fraction(run.value)) for run in runs}
+        try:
+            choice, why = _choose_inputs(runs, loaded, scale_name, knob, final)
+        except MixedInputs as exc:
+            raise _refused(exc, runs, knob) from None
+        if choice is None:
+            return None, f"ranks {role.to_dict()['ranks_text']}: {why}"
+        inputs = [loaded[run.path] for run in choice.runs]
+        in_trace = all(cublas_workspaces_in_trace(item.trace.meta) for item in inputs)
+        kinds = (any(runs_cudnn(item.trace) for item in inputs), all(is_capture(item.trace) for item in inputs))
+        per_role.append((role, choice.scaler, in_trace, kinds, [(run.path, run.value) for run in choice.runs],
+                         choice.note, [item.trace.meta for item in inputs]))
+    return per_role, ""
+
+
 def is_job(command: Sequence[str]) -> bool:
     """Whether ``command`` runs its script under a launcher (``torchrun ...``): ``fit_job`` answers it."""
     from .torch_capture.distributed.launcher import LaunchError
@@ -88,13 +125,9 @@ def fit_job(command: Sequence[str], gpus: Sequence[str] | None = None, *, values
     job's roles must all be whole to be compared.
     """
     from .fit import DEFAULT_GPUS
-    from .gpu_ranges import is_capture, runs_cudnn
     from .torch_release import check_target, inputs_check
-    from .scale import load_input
-    from .scale.build import Scaler
     from .scale.findmax import find_max
     from .sweep.executors import make_executor
-    from .trace.inference.workspaces import cublas_workspaces_in_trace
 
     command = list(command)
     knob = check_command(command)
@@ -132,23 +165,31 @@ def fit_job(command: Sequence[str], gpus: Sequence[str] | None = None, *, values
         executor = make_executor(workers=workers) if advise else None
         with executor if executor is not None else contextlib.nullcontext():
             for rep, members in groups:
-                mine = [(v, manifests[(rep.name, v)]) for v in values]
-                _same_roles([(v, m) for v, (_p, m) in mine], knob)
-                roles = mine[0][1][1].roles
-                per_role = []
-                for index, role in enumerate(roles):
-                    inputs = [load_input(os.path.join(path, manifest.roles[index].trace), Fraction(v))
-                              for v, (path, manifest) in mine]
-                    torch = torch or inputs_check([item.trace.meta for item in inputs], target_torch)
-                    scaler = Scaler(inputs, scale_name)
-                    in_trace = all(cublas_workspaces_in_trace(item.trace.meta) for item in inputs)
-                    kinds = (any(runs_cudnn(item.trace) for item in inputs),
-                             all(is_capture(item.trace) for item in inputs))
-                    per_role.append((role, scaler, in_trace, kinds,
-                                     [os.path.join(p, m.roles[index].trace) for _v, (p, m) in mine]))
+                rep_values = list(values)
+                extra = extra_values(values)
+                while True:
+                    mine = [(v, manifests[(rep.name, v)]) for v in rep_values]
+                    _same_roles([(v, m) for v, (_p, m) in mine], knob)
+                    per_role, wanted = _role_inputs(mine, scale_name, knob, final=not extra)
+                    if per_role is not None:
+                        break
+                    # the captures straddle a kernel switch for some role: one more, above them (as fit does)
+                    value = extra.pop(0)
+                    log(f"the captures disagree, a kernel switch between them? ({wanted}): capturing the job at "
+                        f"{knob} = {value}")
+                    manifests.update(_capture_jobs(command, knob, [value], [rep], folder, steps, timeout_s,
+                                                   n_workers, log))
+                    path, manifest = manifests[(rep.name, value)]
+                    captures.append(CaptureRun(value, rep.name, path, None, manifest.seconds,
+                                               sum(r.allocs for r in manifest.roles),
+                                               max(r.peak_reserved_bytes for r in manifest.roles)))
+                    rep_values.append(value)
+                for item in per_role:
+                    torch = torch or inputs_check(item[-1], target_torch)
+                per_role = [item[:-1] for item in per_role]
                 for gpu in members:
                     role_answers = []
-                    for role, scaler, in_trace, (cudnn, capture), paths in per_role:
+                    for role, scaler, in_trace, (cudnn, capture), paths, note in per_role:
                         log(f"searching the largest {knob} that fits {gpu.name} for ranks "
                             f"{role.to_dict()['ranks_text']}")
                         # FITS only at the high end of the unknown terms (gpu_ranges), as for one process;
@@ -162,6 +203,8 @@ def fit_job(command: Sequence[str], gpus: Sequence[str] | None = None, *, values
                         answer = _answer(gpu, rep, found, scaler, capacity, in_trace, multiple, found.max_value,
                                          cudnn, point, capture)
                         add_nccl_ends(answer.estimate, nccl_low, nccl, nccl_high)
+                        answer.inputs_note = note
+                        answer.fitted_from = [v for _p, v in paths]
                         role_answers.append((role, answer, paths))
                     limit_role, answer, paths = min(role_answers, key=lambda ra: (
                         -1 if ra[1].value is None else ra[1].value, ra[0].representative))
@@ -171,7 +214,7 @@ def fit_job(command: Sequence[str], gpus: Sequence[str] | None = None, *, values
                                                             "range_high": a.range_high}
                                                            for r, a, _p in role_answers])
                     answers.append(answer)
-                    replay.append(shlex.join(["allocsim", "scale", *(f"{p}@{v}" for p, v in zip(paths, values)),
+                    replay.append(shlex.join(["allocsim", "scale", *(f"{p}@{v}" for p, v in paths),
                                               "--name", scale_name, "--gpu", gpu.name, "--find-max"]))
         t2 = time.monotonic()
     finally:
@@ -182,5 +225,6 @@ def fit_job(command: Sequence[str], gpus: Sequence[str] | None = None, *, values
         replay = []
     order = {m.name: i for i, m in enumerate(models)}
     answers.sort(key=lambda a: order[a.gpu.name])
+    values = sorted({value for _name, value in manifests})       # with those captured past a kernel switch
     return FitResult(command, knob, scale_name, values, steps, captures, answers, t1 - t0, t2 - t1, out_dir, replay,
                      torch=torch)

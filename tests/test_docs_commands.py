@@ -22,6 +22,10 @@ from .conftest import ROOT, SHARED_DIR, doc_pages
 
 #: Commands run elsewhere: command as the docs write it -> (the test or fixture that runs it, why not here).
 COVERED: dict[str, tuple[str, str]] = {
+    "python -m validate corpus --repos repos --extract-from clones --python corpus-venv/bin/python --work corpus-work": (
+        "tests/test_validate_corpus.py::test_a_script_of_a_pinned_tree_is_captured_and_matches_its_arithmetic",
+        "needs clones of eight public repositories and a venv of their libraries, and an hour; the test runs a "
+        "pinned tree's script through the same path"),
     "python -m pytest -q": (
         "tests/test_docs_commands.py::test_ci_runs_the_readme_test_command", "the suite itself: .ci/run runs it"),
     "python -m pytest -q -m full": (

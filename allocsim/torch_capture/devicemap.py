@@ -56,8 +56,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _device as torch_device_module
 from torch.utils._pytree import tree_map
 
-from . import (accelerator, cuda_api, cudnn_rnn, dataparallel, datadep, identity, legacy, meta_kernels,
-               optimizers, sdpa)
+from . import (accelerator, cuda_api, cudnn_rnn, dataparallel, datadep, identity, legacy, local_device,
+               meta_kernels, optimizers, sdpa)
 from .autocast import CudaAutocast
 from .signatures import conform
 from .tracker import CAPTURE_DEVICE, Recorder, StorageTracker, on_meta
@@ -183,7 +183,8 @@ class CudaOnMeta(TorchFunctionMode):
         if _is_index(kwargs.get("device")):
             kwargs["device"] = _cuda_index(kwargs["device"])
         self_t = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        self_on_meta = self_t is not None and on_meta(self_t)
+        # the script's own meta tensors are meta on a GPU too: torch answers for them as it would there
+        self_on_meta = self_t is not None and on_meta(self_t) and not tracker.is_script_meta(self_t)
         if self_t is not None:
             prop = identity.property_of(func)
             if prop is not None:
@@ -194,8 +195,6 @@ class CudaOnMeta(TorchFunctionMode):
                 if _is_cuda(target):
                     return self._to_device(self_t, _to_options(args, kwargs))
                 if self_on_meta and target is not None and _is_cpu(target):
-                    if tracker.is_script_meta(self_t):
-                        raise NotImplementedError("Cannot copy out of meta tensor; no data!")
                     return self_t if tracker.is_host(self_t) else self._to_host(self_t, _to_options(args, kwargs))
                 if _names_script_meta(target):
                     with tracker.script_meta():           # x.to("meta"): the script's own meta tensor
@@ -220,7 +219,7 @@ class CudaOnMeta(TorchFunctionMode):
             elif func is torch.Tensor.type:
                 return self._legacy_type(self_t, args, kwargs)
             elif self_on_meta and func is torch.Tensor.get_device:
-                return -1 if tracker.is_host(self_t) else 0
+                return -1 if tracker.is_host(self_t) else local_device.current()
             elif self_on_meta and func is torch.Tensor.data_ptr:
                 return self.addresses.data_ptr(self_t)
             elif identity.is_data_set(func) and identity.crosses(self_t, args[1]):

@@ -461,7 +461,8 @@ class StorageTracker:
 
     def is_script_meta(self, t: Any) -> bool:
         """Whether ``t`` is a tensor the script made on ``meta`` itself (no memory on a GPU either)."""
-        return on_meta(t) and id(t.untyped_storage()) in self._script_meta
+        local = getattr(t, "_local_tensor", t)        # a DTensor is where its shard is
+        return on_meta(local) and id(local.untyped_storage()) in self._script_meta
 
     def is_device(self, t: Any) -> bool:
         """Whether ``t`` stands for a CUDA tensor."""
