@@ -32,7 +32,7 @@ from allocsim.torch_capture.tracker import StorageTracker  # noqa: E402
 #: Originals whose signature Python cannot read (C builtins and C types): compared by hand in the
 #: capture's own tests instead (tests/test_capture_paths.py, test_capture_device_identity.py).
 NO_SIGNATURE = {"pin_memory", "is_pinned", "clear_autocast_cache", "has_torch_function", "record_stream",
-                "_use_cudnn_rnn_flatten_weight", "resize_", "_get_accelerator",   # C builtins: no signature to read
+                "_use_cudnn_rnn_flatten_weight", "resize_", "_get_accelerator", "_make_wrapper_subclass",   # C builtins: no signature to read
                 "Stream", "Event"} | {f"{kind}Tensor" for kind in (
                     "Float", "Double", "Half", "BFloat16", "Byte", "Char", "Short", "Int", "Long", "Bool")}
 

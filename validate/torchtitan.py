@@ -64,8 +64,8 @@ ROWS = [
 ]
 
 
-def make_assets(root: str) -> None:
-    """The tokenizer stand-in and the c4_test stand-in (module doc), and the data set's cache."""
+def make_assets(root: str, python: str = sys.executable) -> None:
+    """The tokenizer stand-in and the c4_test stand-in (module doc), and the data set's cache (built by ``python``)."""
     ranks: dict[bytes, int] = {}
     with open(os.path.join(root, "tests/assets/test_tiktoken.model"), "rb") as fh:
         for line in fh:
@@ -91,24 +91,32 @@ def make_assets(root: str) -> None:
         with open(data, "w", encoding="utf-8") as fh:
             for _ in range(2000):
                 fh.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(2000))}) + "\n")
-    subprocess.run([sys.executable, "-c", "from datasets import load_dataset; load_dataset('tests/assets/c4_test', "
+    subprocess.run([python, "-c", "from datasets import load_dataset; load_dataset('tests/assets/c4_test', "
                     "split='train')"], cwd=root, check=True)
 
 
-def run_row(root: str, row: tuple, work: str, flash_first: bool, steps: int) -> dict:
-    """Capture one row and replay it; the limiting rank's peaks in GiB."""
+def launch_command(python: str | None, nodes: int) -> list[str]:
+    """``torchrun`` of the launch script, or ``PYTHON -m torch.distributed.run``: the ranks run under that interpreter."""
+    launcher = ["torchrun"] if python is None else [python, "-m", "torch.distributed.run"]
+    return launcher + (["--nnodes", str(nodes)] if nodes > 1 else []) + LAUNCH[1:]
+
+
+def run_row(root: str, row: tuple, work: str, flash_first: bool, steps: int, python: str | None = None) -> dict:
+    """Capture one row (its ranks under ``python``, default the ``torchrun`` on PATH) and replay it; the
+    limiting rank's peaks in GiB."""
     name, recorded, nodes, config, overrides, _why = row
     out = os.path.join(work, f"{config.split('.')[0]}{'-flash' if flash_first else ''}") + os.sep
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
     if flash_first:
         env["TORCH_CUDNN_SDPA_DEPRIORITIZED"] = "1"
-    launch = LAUNCH[:1] + (["--nnodes", str(nodes)] if nodes > 1 else []) + LAUNCH[1:]
+    launch = launch_command(python, nodes)
     command = [sys.executable, "-m", "allocsim", "capture", "--no-verify", "--gpu", "H100 96GB", "-o", out, "--",
                *launch, "train.py", "--job.config_file", f"./train_configs/{config}", *overrides,
                "--training.dataset", "c4_test", "--training.steps", str(steps)]
     captured = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
     if captured.returncode != 0:
-        return {"row": name, "recorded_gib": recorded, "error": captured.stderr.strip().splitlines()[-1:]}
+        return {"row": name, "recorded_gib": recorded, "flash_first": flash_first,
+                "error": captured.stderr.strip().splitlines()[-1:]}
 
     def replay(*settings: str) -> dict:
         ran = subprocess.run([sys.executable, "-m", "allocsim", "run", out, "--policy", "pytorch", *settings,
@@ -132,6 +140,9 @@ def _arguments(parser) -> None:
     parser.add_argument("--work", default=None, metavar="DIR", help="where the capture folders go (default: a temporary one)")
     parser.add_argument("--rows", default="8B", help="comma-separated row names' first words (8B,70B,405B)")
     parser.add_argument("--steps", type=int, default=3, help="training steps captured (default 3)")
+    parser.add_argument("--python", default=None, metavar="PYTHON",
+                        help="the interpreter of torchtitan's environment (its torch, torchao and requirements): the "
+                        "ranks run as PYTHON -m torch.distributed.run (default: the torchrun on PATH)")
 
 
 def register(subparsers) -> None:
@@ -152,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     root = os.path.abspath(args.torchtitan)
-    make_assets(root)
+    make_assets(root, args.python or sys.executable)
     work = args.work or tempfile.mkdtemp(prefix="torchtitan-rows-")
     os.makedirs(work, exist_ok=True)
     wanted = {w.strip() for w in args.rows.split(",")}
@@ -160,7 +171,7 @@ def _run(args) -> int:
         if row[0].split()[0] not in wanted:
             continue
         for flash_first in (True, False):
-            print(json.dumps(run_row(root, row, work, flash_first, args.steps)), flush=True)
+            print(json.dumps(run_row(root, row, work, flash_first, args.steps, args.python)), flush=True)
     return 0
 
 

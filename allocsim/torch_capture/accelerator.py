@@ -74,6 +74,11 @@ def _device_module(original: Any) -> Any:
     return get_device_module
 
 
+def _one_positional_device(device: int, /) -> int:
+    """The arguments of torch._C's ``_cuda_exchangeDevice`` (one object, by position: ``METH_O``)."""
+    raise AssertionError("a signature only")
+
+
 def shims(cuda_table: dict[tuple[Any, str], Any]) -> dict[tuple[Any, str], Any]:
     """``{(owner, attribute): replacement}`` for ``torch.accelerator`` and the device contexts, reusing ``cuda_table``'s answers.
 
@@ -122,12 +127,17 @@ def shims(cuda_table: dict[tuple[Any, str], Any]) -> dict[tuple[Any, str], Any]:
             answers[(accelerator, name)] = fn
             if memory is not None:
                 answers[(memory, name)] = fn
+    # torch's CPU build defines these in Python (``def _exchange_device(device: int) -> int``); its CUDA
+    # build -- PyPI's wheel, which a capture runs without a GPU -- binds them to torch._C's
+    # _cuda_exchangeDevice / _cuda_maybeExchangeDevice, builtins of one positional argument and no signature
+    builtins: dict[tuple[Any, str], Any] = {}
     for name in ("_exchange_device", "_maybe_exchange_device"):
         answers[(cuda, name)] = lambda device: 0
+        builtins[(cuda, name)] = _one_positional_device
     if hasattr(torch, "get_device_module"):
         answers[(torch, "get_device_module")] = _device_module(torch.get_device_module)
     table: dict[tuple[Any, str], Any] = {
-        (owner, name): conform(getattr(owner, name), fn)
+        (owner, name): conform(getattr(owner, name), fn, builtins.get((owner, name)))
         for (owner, name), fn in answers.items() if hasattr(owner, name)}
     # classes: contexts the script enters, a stream and an event it makes
     if accelerator is not None and hasattr(accelerator, "device_index"):

@@ -116,10 +116,24 @@ def install() -> None:
     if _library is not None:
         return
     _library = torch.library.Library("aten", "IMPL")
-    _library.impl("_cudnn_rnn", _cudnn_rnn_meta, "Meta")
-    _library.impl("_cudnn_rnn_backward", _cudnn_rnn_backward_meta, "Meta")
-    _library.impl("_cudnn_rnn_flatten_weight", _flatten_meta, "Meta")
-    _library.impl("_cudnn_init_dropout_state", _dropout_state_meta, "Meta")
+    for name, kernel in (("_cudnn_rnn", _cudnn_rnn_meta), ("_cudnn_rnn_backward", _cudnn_rnn_backward_meta),
+                         ("_cudnn_rnn_flatten_weight", _flatten_meta),
+                         ("_cudnn_init_dropout_state", _dropout_state_meta)):
+        override_meta(_library, name, kernel)
+
+
+def override_meta(library: Any, name: str, kernel: Any) -> None:
+    """``library.impl(name, kernel, "Meta")`` over a Meta kernel torch registered from Python.
+
+    ``Library.impl`` overrides one by default from the release that gave it ``allow_override``; before
+    (torch 2.6's refuses: "there's already a kernel registered from python overriding _cudnn_rnn's
+    behavior for Meta") the key is taken off torch's list of Python registrations first, which is what
+    that flag skips: the dispatcher then takes the newer kernel, as it does in later releases.
+    """
+    import inspect                                              # noqa: PLC0415
+    if "allow_override" not in inspect.signature(torch.library.Library.impl).parameters:
+        getattr(torch.library, "_impls", set()).discard(f"{library.ns}/{name}/Meta")
+    library.impl(name, kernel, "Meta")
 
 
 # ----------------------------------------------------------------------------- flatten_parameters

@@ -606,8 +606,49 @@ def shim_table(tracker: StorageTracker, gpu: dict[str, Any], autocast: CudaAutoc
         (torch.Tensor, "__reduce_ex__"): identity.reduce_ex(torch.Tensor.__reduce_ex__, CudaOnMeta),
         (hooks, "__init__"): identity.hooks_init(hooks.__init__, modes.function_mode),
         (threading.Thread, "_bootstrap_inner"): _threads_captured(modes),
+        (torch.Tensor, "_make_wrapper_subclass"): staticmethod(_wrapper_on_meta(torch.Tensor._make_wrapper_subclass)),
+        (torch.utils, "swap_tensors"): conform(torch.utils.swap_tensors,
+                                               _swap_forgetting(torch.utils.swap_tensors, modes, autocast)),
     })
     return table
+
+
+def _wrapper_on_meta(original: Any) -> Any:
+    """``Tensor._make_wrapper_subclass`` with a ``cuda`` device made on ``meta``, where the device tensors are.
+
+    A wrapper subclass written in Python passes ``device=inner.device`` (torch 2.6's ``DTensor.__new__``,
+    torchao's ``Float8Tensor``), which the capture's mode answers ``cuda:N``: ATen would then hold a CUDA
+    wrapper around a ``meta`` tensor, and the autograd engine refuses its gradient for a ``meta`` parameter
+    ("attempting to assign a gradient with device type 'cuda' to a tensor with device type 'meta'").
+    torch 2.13's ``DTensor.__new__`` is C++ and reads the inner tensor's own device (``meta``).
+    """
+    def make_wrapper_subclass(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == "cuda":
+            kwargs["device"] = torch.device(CAPTURE_DEVICE)
+        return original(cls, *args, **kwargs)
+    return make_wrapper_subclass
+
+
+def _swap_forgetting(original: Any, modes: ThreadModes, autocast: CudaAutocast) -> Any:
+    """``torch.utils.swap_tensors`` with the capture's own weak references to the two tensors let go first.
+
+    torch refuses to swap a tensor that has a weak reference ("Cannot swap t1 because it has weakref
+    associated with it"); ``nn.Module._apply`` swaps every DTensor parameter (FSDP2's ``to_empty``,
+    torch 2.6), and the capture holds one where it keeps a small tensor's values (``datadep.Values``)
+    or an autocast cast. A swap changes both tensors' contents, so both are forgotten, as the GPU run
+    has no such entries to keep.
+    """
+    import weakref  # noqa: PLC0415
+
+    def swap_tensors(t1: Any, t2: Any) -> Any:
+        for t in (t1, t2):
+            if isinstance(t, torch.Tensor):
+                modes.values.discard(t)
+        if any(weakref.getweakrefs(t) for t in (t1, t2)):
+            autocast.clear_cache()
+        return original(t1, t2)
+    return swap_tensors
 
 
 @contextlib.contextmanager

@@ -45,14 +45,13 @@ class Roles:
 
     def __init__(self, tracker: StorageTracker):
         self.tracker = tracker
-        self.parameters = _WeakIdSet()
+        # parameters are found through their modules and optimizers, never held: a weak reference on a
+        # tensor makes torch.utils.swap_tensors refuse it (torch 2.6's FSDPModule.to_empty swaps DTensor parameters)
         self.modules = _WeakIdSet()
         self.optimizers = _WeakIdSet()
 
     def _on_parameter(self, module: Any, name: str, param: Any) -> None:
         self.modules.add(module)
-        if isinstance(param, torch.Tensor):
-            self.parameters.add(param)
 
     def _on_buffer(self, module: Any, name: str, buffer: Any) -> None:
         self.modules.add(module)
@@ -60,7 +59,7 @@ class Roles:
     def checkpoint(self) -> None:
         """Name the storages of every known parameter, buffer, gradient and optimizer state as they are now."""
         categorize = self.tracker.categorize
-        params: dict[int, Any] = {id(p): p for p in self.parameters}
+        params: dict[int, Any] = {}
         for module in self.modules:
             for param in list(getattr(module, "_parameters", {}).values()):
                 if isinstance(param, torch.Tensor):
@@ -68,6 +67,11 @@ class Roles:
             for buffer in list(getattr(module, "_buffers", {}).values()):
                 if isinstance(buffer, torch.Tensor):
                     categorize(buffer, "parameter")
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                for param in group.get("params", ()):
+                    if isinstance(param, torch.Tensor):
+                        params.setdefault(id(param), param)
         for param in params.values():
             categorize(param, "parameter")
             if param.grad is not None:
@@ -80,9 +84,6 @@ class Roles:
 
     def _before_step(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         self.optimizers.add(optimizer)
-        for group in optimizer.param_groups:
-            for param in group.get("params", ()):
-                self.parameters.add(param)
         self.checkpoint()
         self.tracker.flags.optimizer += 1
 

@@ -34,9 +34,16 @@ def signature_of(original: Any) -> inspect.Signature | None:
         return None
 
 
-def conform(original: Any, impl: Callable[..., Any]) -> Callable[..., Any]:
-    """``impl`` behind ``original``'s signature: calls are bound to it, defaults applied, and passed on as bound."""
+def conform(original: Any, impl: Callable[..., Any], builtin: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """``impl`` behind ``original``'s signature: calls are bound to it, defaults applied, and passed on as bound.
+
+    ``builtin``: the signature to bind to where ``original`` is a C builtin without one (a function
+    that torch's CPU build writes in Python and its CUDA build takes from ``torch._C``, such as
+    ``torch.cuda._exchange_device``); without it such an original is a ``TypeError``.
+    """
     signature = signature_of(original)
+    if signature is None and builtin is not None:
+        signature = signature_of(builtin)
     if signature is None:
         raise TypeError(f"{original!r} has no signature to conform to")
 

@@ -30,8 +30,9 @@ def _abstract(tracker: Any, t: torch.Tensor) -> torch.Tensor:
 
 
 def _get_managed_states(tracker: Any, original: Any) -> Any:
-    def get_managed_states(modules: list, ignored_params: Any = None) -> Any:
-        ignored = ignored_params or set()
+    # torch 2.6's takes the modules alone; ignored_params came later
+    def get_managed_states(modules: list, *ignored_params: Any) -> Any:
+        ignored = (ignored_params[0] if ignored_params else None) or set()
         replaced: dict[int, Any] = {}
         for module in modules:
             for name, param in list(module._parameters.items()):
@@ -49,7 +50,7 @@ def _get_managed_states(tracker: Any, original: Any) -> Any:
                 if new is None:
                     new = replaced[id(buffer)] = _abstract(tracker, buffer)
                 module._buffers[name] = new
-        return original(modules, ignored_params)
+        return original(modules, *ignored_params)
     return get_managed_states
 
 

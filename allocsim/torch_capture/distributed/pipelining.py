@@ -74,9 +74,12 @@ def _relayed(hooks: Any, src_stage: int, dst_stage: int, index: int) -> Any:
 
 def patches(hooks: Any, messages: list[dict[str, Any]], relay: bool = False) -> list[tuple[Any, str, Any]]:
     """``(owner, name, replacement)`` for the stage's metadata exchange and the schedule's vote."""
-    from torch.distributed.pipelining import schedules  # noqa: PLC0415
-    from torch.distributed.pipelining._utils import InferenceMode, _StageBackwardMeta  # noqa: PLC0415
+    from torch.distributed.pipelining import _utils, schedules  # noqa: PLC0415
     from torch.distributed.pipelining.stage import PipelineStage  # noqa: PLC0415
+
+    if not hasattr(_utils, "InferenceMode"):   # before the metadata exchange of 2.13 (torch 2.6: _shape_inference)
+        return shape_inference_patches(hooks, messages, relay)
+    InferenceMode, _StageBackwardMeta = _utils.InferenceMode, _utils._StageBackwardMeta  # noqa: N806
 
     received: dict[tuple[int, int], list[str]] = {}
     relayed: dict[tuple[int, int], int] = {}   # messages taken from the relay per (src, dst)
@@ -135,3 +138,64 @@ def patches(hooks: Any, messages: list[dict[str, Any]], relay: bool = False) -> 
     return [(PipelineStage, "_send_meta", send_meta), (PipelineStage, "_recv_meta", recv_meta),
             (PipelineStage, "_prepare_forward_infra", prepare_forward_infra),
             (schedules._PipelineSchedule, "_warmup_p2p", warmup_p2p)]
+
+
+def shape_inference_patches(hooks: Any, messages: list[dict[str, Any]], relay: bool = False) -> list[tuple[Any, str, Any]]:
+    """Releases whose ``PipelineStage._shape_inference`` (torch 2.6) sends its outputs' metadata to the next
+    stage with ``dist.send_object_list`` and receives its inputs' from the previous one with
+    ``dist.recv_object_list``: what it sends is a fact, as with 2.13's ``_send_meta``, and what it
+    receives is what the previous stage's capture sent (handed on, relayed, or this rank's nearest earlier
+    stage's outputs), as 2.13's ``_recv_meta`` above."""
+    import torch.distributed as dist  # noqa: PLC0415
+    from torch.distributed.pipelining.stage import PipelineStage  # noqa: PLC0415
+
+    received: dict[tuple[int, int], list[str]] = {}
+    relayed: dict[tuple[int, int], int] = {}
+    for m in messages:
+        received.setdefault((int(m["src_stage"]), int(m["dst_stage"])), []).append(str(m["payload"]))
+    outputs_of: dict[int, Any] = {}
+    original = PipelineStage._shape_inference
+
+    def inputs_from(stage: Any) -> Any:
+        edge = (int(stage.stage_index) - 1, int(stage.stage_index))
+        queue = received.get(edge)
+        if queue:
+            return decode(queue.pop(0))
+        if relay:
+            meta = _relayed(hooks, edge[0], edge[1], relayed.get(edge, 0))
+            if meta is not None:
+                relayed[edge] = relayed.get(edge, 0) + 1
+                return meta
+        earlier = [s for s in outputs_of if s < stage.stage_index]
+        if earlier:
+            nearest = max(earlier)
+            hooks.tracker.note(f"pipeline stage {stage.stage_index}'s input shapes were not recorded from stage "
+                               f"{edge[0]}'s capture: the outputs of stage {nearest} (this rank's) stand in")
+            return outputs_of[nearest]
+        raise RuntimeError(f"allocsim capture: pipeline stage {stage.stage_index} needs the shapes stage {edge[0]} "
+                           "sends it, and no capture recorded them; give the stage its input_args")
+
+    def shape_inference(stage: Any, args: Any, kwargs: Any = None) -> Any:
+        send_objects, recv_objects = dist.send_object_list, dist.recv_object_list
+
+        def send(object_list: list, *a: Any, **k: Any) -> Any:
+            payload = encode(object_list[0])
+            if payload is not None:
+                hooks.facts.send("message", src_stage=int(stage.stage_index), dst_stage=int(stage.stage_index) + 1,
+                                 payload=payload)
+            return send_objects(object_list, *a, **k)
+
+        def recv(object_list: list, *a: Any, **k: Any) -> Any:
+            object_list[0] = inputs_from(stage)
+            return None
+
+        dist.send_object_list, dist.recv_object_list = send, recv
+        try:
+            out = original(stage, args, kwargs)
+        finally:
+            dist.send_object_list, dist.recv_object_list = send_objects, recv_objects
+        if getattr(stage, "_outputs_meta", None) is not None:
+            outputs_of[int(stage.stage_index)] = tuple(stage._outputs_meta)
+        return out
+
+    return [(PipelineStage, "_shape_inference", shape_inference)]
