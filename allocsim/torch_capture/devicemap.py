@@ -119,7 +119,11 @@ def _meta_context(tracker: StorageTracker) -> Any:
 
 #: Code that names the capture's device by its string: a device mesh's ``device_type`` is ``"meta"``
 #: inside a capture (``distributed.rank._mesh_on_meta``), so its ``device=mesh.device_type`` is CUDA's.
-_LIBRARY_MODULES = ("torch.distributed", "torch.nn.parallel")
+# torch's own code that writes "meta" for a tensor it did not make on the script's meta device: a mesh's
+# device type, and the pickling paths (torch.save / torch.load / copy.deepcopy rebuild a capture's device
+# tensors from storages whose location reads "meta" here, "cuda:N" on a GPU)
+_LIBRARY_MODULES = ("torch.distributed", "torch.nn.parallel", "torch.serialization", "torch._utils", "torch.storage",
+                    "torch._tensor", "torch.multiprocessing")
 
 
 def _names_script_meta(value: Any) -> bool:
