@@ -123,7 +123,7 @@ def shims(cuda_table: dict[tuple[Any, str], Any]) -> dict[tuple[Any, str], Any]:
             if memory is not None:
                 answers[(memory, name)] = fn
     for name in ("_exchange_device", "_maybe_exchange_device"):
-        answers[(cuda, name)] = lambda device: 0
+        answers[(cuda, name)] = lambda device, /: 0     # torch 2.14: the C function itself (one positional)
     if hasattr(torch, "get_device_module"):
         answers[(torch, "get_device_module")] = _device_module(torch.get_device_module)
     table: dict[tuple[Any, str], Any] = {

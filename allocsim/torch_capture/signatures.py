@@ -8,7 +8,8 @@ it refuses. ``conform`` reads the installed torch's signature of the function it
 kinds, defaults), binds every call to it (the same ``TypeError`` for a wrong call) and passes
 ``impl`` the bound arguments with torch's defaults filled in, positionally where torch's are
 positional. The stand-in's ``inspect.signature`` is torch's, so the capture's tests compare every
-stand-in with the function it replaces.
+stand-in with the function it replaces. Where torch's function is a C builtin Python cannot read a
+signature from, the stand-in's own signature (written to match the builtin) takes its place.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ def conform(original: Any, impl: Callable[..., Any]) -> Callable[..., Any]:
     """``impl`` behind ``original``'s signature: calls are bound to it, defaults applied, and passed on as bound."""
     signature = signature_of(original)
     if signature is None:
-        raise TypeError(f"{original!r} has no signature to conform to")
+        # A C builtin without a text signature (torch 2.14's ``torch.cuda._exchange_device`` is
+        # ``torch._C._cuda_exchangeDevice`` itself, where 2.13 wraps it in Python): the stand-in's
+        # own signature, written as the builtin takes its arguments, is the one calls are bound to.
+        signature = inspect.signature(impl)
 
     def shim(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(*args, **kwargs)
