@@ -132,3 +132,27 @@ def test_conform_binds_defaults_and_positions():
     assert inspect.signature(shim) == inspect.signature(original)
     with pytest.raises(TypeError):
         shim(1, b=2)
+
+
+def test_a_builtin_without_a_signature_takes_the_stand_ins_own(monkeypatch):
+    """torch 2.14 binds ``torch.cuda._exchange_device`` to the C function ``torch._C._cuda_exchangeDevice``
+    (2.13 wraps it in Python): Python reads no signature from it, and building the capture's table
+    raised ``TypeError: ... has no signature to conform to`` before any script line ran (every
+    configuration of the corpus, docs/corpus.md). The builtin's signature is given as written for it."""
+    from allocsim.torch_capture import accelerator
+
+    builtin = torch._C._get_accelerator                  # a C builtin without a text signature
+    assert signatures.signature_of(builtin) is None
+    shim = signatures.conform(builtin, lambda device: 0, accelerator._one_positional_device)
+    assert shim(3) == 0
+    with pytest.raises(TypeError):
+        shim(device=3)                                   # positional only, as a METH_O builtin
+    # the whole table builds where torch.cuda's device exchange is a builtin, as in torch 2.14
+    for name in ("_exchange_device", "_maybe_exchange_device"):
+        monkeypatch.setattr(torch.cuda, name, builtin, raising=False)
+    tracker = StorageTracker(NullChannel(), {"name": "A100 80GB", "major": 8, "minor": 0})
+    autocast = CudaAutocast(tracker.is_device)
+    table = devicemap.shim_table(tracker, {"name": "A100 80GB", "major": 8, "minor": 0}, autocast,
+                                 devicemap.ThreadModes(tracker, autocast))
+    assert table[(torch.cuda, "_exchange_device")](1) == 0
+    assert table[(torch.cuda, "_maybe_exchange_device")](1) == 0

@@ -177,3 +177,88 @@ def test_a_child_that_sent_nothing_is_listed_from_the_folder(tmp_path):
     writes = ScriptWrites.read(None, str(tmp_path), kept=False)
     assert writes.files == {"/home/u/ckpt.pt": 0}
     assert "/home/u/ckpt.pt (5 B)" in writes.line("/elsewhere") and "sent no account" in writes.line("/elsewhere")
+
+
+PYARROW_SCRIPT = r'''
+import json, os, sys
+from allocsim.torch_capture.writeguard import WriteGuard
+guard = WriteGuard(sys.argv[1]).install()
+os.chdir(sys.argv[2])
+import pyarrow as pa                                   # after the guard, as a script imports it (datasets)
+seen = {}
+table = pa.table({"x": list(range(5))})
+with open("cache.arrow", "wb") as fh:                  # Python's open: into the overlay
+    writer = pa.ipc.new_stream(fh, table.schema)
+    writer.write_table(table)
+    writer.close()
+seen["memory_map"] = pa.ipc.open_stream(pa.memory_map("cache.arrow")).read_all().num_rows
+seen["input_stream"] = pa.ipc.open_stream(pa.input_stream("cache.arrow")).read_all().num_rows
+with pa.OSFile("keep.txt", "wb") as f:                 # C++ writers: into the overlay too
+    f.write(b"clobbered")
+with pa.output_stream("new.bin") as f:
+    f.write(b"new")
+seen["osfile"] = pa.OSFile("keep.txt").read().decode()
+seen["osfile_is_native"] = isinstance(pa.OSFile("keep.txt"), pa.NativeFile)
+seen["user_keep"] = pa.memory_map("untouched.txt").read().decode()
+print(json.dumps(seen))
+'''
+
+
+def test_pyarrow_reads_and_writes_go_through_the_overlay(tmp_path):
+    """Hugging Face ``datasets`` writes its Arrow cache with Python's ``open`` (redirected to the overlay)
+    and reads it back with ``pyarrow.memory_map``, which opens the path in C++: every Hugging Face
+    Trainer and accelerate script of the corpus stopped with ``FileNotFoundError: Failed to open local
+    file ... text-train.arrow`` (docs/corpus.md). pyarrow's path functions now see the overlay, and
+    its C++ writers write there, not over the user's files."""
+    pytest.importorskip("pyarrow")
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "keep.txt").write_text("precious\n")
+    (user / "untouched.txt").write_text("untouched\n")
+    before = _digest(user)
+    (tmp_path / "s.py").write_text(textwrap.dedent(PYARROW_SCRIPT))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    done = subprocess.run([sys.executable, str(tmp_path / "s.py"), str(scratch), str(user)], capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"memory_map": 5, "input_stream": 5, "osfile": "clobbered", "osfile_is_native": True,
+                    "user_keep": "untouched\n"}
+    assert _digest(user) == before                     # no new.bin, no cache.arrow, keep.txt as it was
+    assert (scratch / "files" / str(user / "new.bin").lstrip("/")).is_file()
+
+
+OPENER_SCRIPT = r'''
+import json, os, sys, tempfile
+from allocsim.torch_capture.writeguard import WriteGuard
+guard = WriteGuard(sys.argv[1]).install()
+os.chdir(sys.argv[2])
+with tempfile.NamedTemporaryFile("wb", dir="cache", delete=False) as tmp:   # datasets' map() cache
+    tmp.write(b"abc")
+name = tmp.name
+with open("o.txt", "w", opener=lambda path, flags: os.open(path, flags, 0o644)) as fh:
+    fh.write("hi")
+print(json.dumps({"in_cache": os.path.dirname(name) == os.path.abspath("cache"), "read": open(name).read(),
+                  "listing": os.listdir("cache") == [os.path.basename(name)], "o": open("o.txt").read(),
+                  "o_name": fh.name}))
+'''
+
+
+def test_open_with_an_opener_writes_through_the_overlay(tmp_path):
+    """``tempfile.NamedTemporaryFile(dir=D)`` calls ``io.open(D, "wb", opener=...)`` with the folder as the
+    path and makes the file in the opener: the overlay took the folder for the file (``IsADirectoryError``,
+    every Hugging Face script's ``datasets.map``). The opener now opens the file, through the overlay."""
+    user = tmp_path / "user"
+    (user / "cache").mkdir(parents=True)
+    (user / "o.txt").write_text("precious\n")
+    before = _digest(user)
+    (tmp_path / "s.py").write_text(textwrap.dedent(OPENER_SCRIPT))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    done = subprocess.run([sys.executable, str(tmp_path / "s.py"), str(scratch), str(user)], capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"in_cache": True, "read": "abc", "listing": True, "o": "hi", "o_name": "o.txt"}
+    assert _digest(user) == before

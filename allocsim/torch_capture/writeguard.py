@@ -17,8 +17,11 @@ not touch are read where they are. What is redirected:
   into the overlay first (at most ``COPY_LIMIT_BYTES`` in all).
 * Native writers that open files themselves: torch's zip writer (``torch._C.PyTorchFileWriter``, what
   ``torch.save`` and ``torch.package`` use), ``torch.load`` (its memory-mapped read opens the path in
-  C++), and safetensors' Rust ``serialize_file`` / ``safe_open`` (``save_file``, ``save_model``,
-  ``load_file``) when safetensors is installed.
+  C++), safetensors' Rust ``serialize_file`` / ``safe_open`` (``save_file``, ``save_model``,
+  ``load_file``) when safetensors is installed, and pyarrow's ``memory_map``, ``create_memory_map``,
+  ``input_stream``, ``output_stream`` and ``OSFile`` once the script imports pyarrow (Hugging Face
+  ``datasets`` writes its Arrow cache with ``open`` and memory-maps it back). pyarrow's filesystem
+  layer (``pyarrow.fs``, ``pyarrow.parquet`` / ``pyarrow.dataset`` by path) is not redirected.
 * The backstop: a ``sys.addaudithook`` hook refuses, with ``PermissionError``, every audited write,
   removal, rename, link, permission or attribute change whose path is outside the scratch folder
   (what the redirect did not catch: ``posix.open``, ``io.FileIO``, a ``rmtree`` bound before the
@@ -43,6 +46,8 @@ import stat as stat_mod
 import sys
 import threading
 from typing import Any, Callable
+
+from .distributed.lazy import Patches
 
 #: Copies of the user's files into the overlay (appending to a real log, renaming a real file) stop here.
 COPY_LIMIT_BYTES = 4 << 30
@@ -639,11 +644,35 @@ def _patch_python_api(guard: WriteGuard) -> None:
     def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
         if isinstance(file, int):
             return orig["io_open"](file, mode, *args, **kwargs)
+        opener = kwargs.get("opener", args[5] if len(args) > 5 else None)
+        if opener is not None and _is_write_mode(mode):
+            return _open_with_opener(file, mode, opener, args, kwargs)
         if _is_write_mode(mode):
             target = guard.for_write(file, truncate="w" in mode, create="r" not in mode, exclusive="x" in mode)
         else:
             target = guard.for_read(file)
         return orig["io_open"](target, mode, *args, **kwargs)
+
+    def _open_with_opener(file: Any, mode: str, opener: Any, args: tuple, kwargs: dict) -> Any:
+        # The opener opens the file, through the patched os.open (tempfile.NamedTemporaryFile's makes a
+        # file in its dir=, which io.open is given as the path): the opener gets the script's path, io.open's
+        # own audit event a path in the scratch folder, and the file object keeps the script's name.
+        def through(_path: Any, flags: int) -> int:
+            return opener(file, flags)
+
+        if "opener" in kwargs:
+            kwargs = dict(kwargs, opener=through)
+        else:
+            args = args[:5] + (through,) + args[6:]
+        handle = orig["io_open"](guard.tmp, mode, *args, **kwargs)
+        raw = handle
+        while hasattr(raw, "buffer") or hasattr(raw, "raw"):
+            raw = getattr(raw, "buffer", None) or raw.raw
+        try:
+            raw.name = file
+        except (AttributeError, TypeError):
+            pass
+        return handle
 
     def os_open(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
         if flags & _WRITE_FLAGS:
@@ -755,6 +784,7 @@ def _patch_native_writers(guard: WriteGuard) -> None:
 
         guarded_load.__wrapped__ = load                # type: ignore[attr-defined]
         torch.load = guarded_load
+    _PYARROW_HOOK.when_imported("pyarrow", lambda: _pyarrow_patches(guard))
     try:
         import safetensors  # noqa: PLC0415
         import safetensors.torch as safetensors_torch  # noqa: PLC0415
@@ -775,6 +805,55 @@ def _patch_native_writers(guard: WriteGuard) -> None:
             module.serialize_file = guarded_serialize_file
         if hasattr(module, "safe_open"):
             module.safe_open = guarded_safe_open
+
+
+#: pyarrow is patched when the script imports it (Hugging Face ``datasets`` does), never imported here.
+_PYARROW_HOOK = Patches()
+
+
+def _pyarrow_patches(guard: WriteGuard) -> list[tuple[Any, str, Any]]:
+    """pyarrow's file functions open a path in C++: the overlay's path instead (``datasets`` writes its cache
+    through Python's ``open``, redirected, then memory-maps it with ``pyarrow.memory_map``)."""
+    pa = sys.modules["pyarrow"]
+    patches: list[tuple[Any, str, Any]] = []
+
+    def is_path(value: Any) -> bool:
+        return isinstance(value, (str, bytes, os.PathLike))
+
+    def wrap(name: str, where: Callable[..., Any]) -> None:
+        original = getattr(pa, name, None)
+        if original is None:
+            return
+
+        def call(path: Any, *args: Any, **kwargs: Any) -> Any:
+            return original(where(path, *args, **kwargs) if is_path(path) else path, *args, **kwargs)
+
+        call.__name__ = call.__qualname__ = name
+        call.__doc__ = getattr(original, "__doc__", None)
+        call.__wrapped__ = original                    # type: ignore[attr-defined]
+        patches.append((pa, name, call))
+
+    def memory_map_path(path: Any, mode: str = "r", *_: Any, **__: Any) -> Any:
+        return guard.for_read(path) if mode == "r" else guard.for_write(path, truncate=False, create=False)
+
+    wrap("memory_map", memory_map_path)
+    wrap("create_memory_map", lambda path, *_, **__: guard.for_write(path, truncate=True))
+    wrap("input_stream", lambda path, *_, **__: guard.for_read(path))
+    wrap("output_stream", lambda path, *_, **__: guard.for_write(path, truncate=True))
+    os_file = getattr(pa, "OSFile", None)
+    if isinstance(os_file, type):
+        try:
+            class GuardedOSFile(os_file):              # type: ignore[misc,valid-type]
+                def __new__(cls, path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+                    if is_path(path):                  # its __cinit__ opens the path it is made with
+                        path = guard.for_read(path) if mode == "r" else guard.for_write(path, truncate=mode != "a")
+                    return super().__new__(cls, path, mode, *args, **kwargs)
+        except TypeError:                              # a final extension type: left as it is
+            return patches
+        GuardedOSFile.__name__ = GuardedOSFile.__qualname__ = os_file.__name__
+        GuardedOSFile.__module__ = os_file.__module__
+        patches.append((pa, "OSFile", GuardedOSFile))
+    return patches
 
 
 __all__ = ["COPY_LIMIT_BYTES", "JOURNAL_ITEMS", "MAX_NODES", "PASS_THROUGH", "WriteGuard"]
