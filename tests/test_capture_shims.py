@@ -33,6 +33,7 @@ from allocsim.torch_capture.tracker import StorageTracker  # noqa: E402
 #: capture's own tests instead (tests/test_capture_paths.py, test_capture_device_identity.py).
 NO_SIGNATURE = {"pin_memory", "is_pinned", "clear_autocast_cache", "has_torch_function", "record_stream",
                 "_use_cudnn_rnn_flatten_weight", "resize_", "_get_accelerator",   # C builtins: no signature to read
+                "_exchange_device", "_maybe_exchange_device",   # torch._C._cuda_exchangeDevice on CUDA builds
                 "Stream", "Event"} | {f"{kind}Tensor" for kind in (
                     "Float", "Double", "Half", "BFloat16", "Byte", "Char", "Short", "Int", "Long", "Bool")}
 
@@ -132,3 +133,19 @@ def test_conform_binds_defaults_and_positions():
     assert inspect.signature(shim) == inspect.signature(original)
     with pytest.raises(TypeError):
         shim(1, b=2)
+
+
+def test_a_cuda_build_s_builtin_exchange_device_gets_a_stand_in(monkeypatch):
+    # On CUDA builds torch.cuda._exchange_device is torch._C._cuda_exchangeDevice, a builtin with no
+    # signature; building the table raised "has no signature to conform to" for every capture with a
+    # CUDA-build interpreter (torch 2.14.1+cu130: milabench's resnet152-ddp-gpus script)
+    builtin = torch._C._get_tracing_state
+    assert signatures.signature_of(builtin) is None
+    for name in ("_exchange_device", "_maybe_exchange_device"):
+        monkeypatch.setattr(torch.cuda, name, builtin)
+    tracker = StorageTracker(NullChannel(), {"name": "A100 80GB", "major": 8, "minor": 0})
+    autocast = CudaAutocast(tracker.is_device)
+    built = devicemap.shim_table(tracker, {"name": "A100 80GB", "major": 8, "minor": 0}, autocast,
+                                 devicemap.ThreadModes(tracker, autocast))
+    assert built[(torch.cuda, "_exchange_device")](3) == 0
+    assert built[(torch.cuda, "_maybe_exchange_device")](device=1) == 0

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from . import local_device
-from .signatures import conform, noop
+from .signatures import conform, noop, signature_of
 from .tracker import CAPTURE_DEVICE
 
 
@@ -122,13 +122,18 @@ def shims(cuda_table: dict[tuple[Any, str], Any]) -> dict[tuple[Any, str], Any]:
             answers[(accelerator, name)] = fn
             if memory is not None:
                 answers[(memory, name)] = fn
-    for name in ("_exchange_device", "_maybe_exchange_device"):
-        answers[(cuda, name)] = lambda device: 0
+    # On CUDA builds these are torch._C's builtins (_cuda_exchangeDevice), which have no signature to
+    # read: the stand-in keeps the Python fallback's (device: int) -> int that CPU builds define.
+    exchange = {name: lambda device: 0 for name in ("_exchange_device", "_maybe_exchange_device")}
     if hasattr(torch, "get_device_module"):
         answers[(torch, "get_device_module")] = _device_module(torch.get_device_module)
     table: dict[tuple[Any, str], Any] = {
         (owner, name): conform(getattr(owner, name), fn)
         for (owner, name), fn in answers.items() if hasattr(owner, name)}
+    for name, fn in exchange.items():
+        if hasattr(cuda, name):
+            original = getattr(cuda, name)
+            table[(cuda, name)] = conform(original, fn) if signature_of(original) is not None else fn
     # classes: contexts the script enters, a stream and an event it makes
     if accelerator is not None and hasattr(accelerator, "device_index"):
         table[(accelerator, "device_index")] = DeviceIndex
