@@ -580,18 +580,22 @@ def job_from_manifest(folder: str, *, gpu: str | None = None, interconnect: str 
 
 
 def job_from_manifest_data(data: Any, *, gpu: str | None = None, interconnect: str = "nvswitch",
-                           env: Mapping[str, str] | None = None) -> NcclJob:
-    """``job_from_manifest`` for a manifest already parsed (a dict)."""
+                           env: Mapping[str, str] | None = None, torch_version: str | None = None) -> NcclJob:
+    """``job_from_manifest`` for a manifest already parsed (a dict); ``torch_version``: the torch the GPU run
+    uses (``run --torch``), whose NCCL is priced, instead of the capture's."""
     if not isinstance(data, dict):
         raise NcclInputError("manifest: not a JSON object")
     world = _int_field(data.get("world_size"), "world_size", 1, MAX_WORLD_SIZE)
     launcher = data.get("launcher") if isinstance(data.get("launcher"), dict) else {}
     per_node = launcher.get("nproc_per_node", world)
     per_node = _int_field(per_node, "launcher.nproc_per_node", 1, MAX_WORLD_SIZE) if per_node is not None else world
+    if "launcher" in launcher and not launcher["launcher"] and "spawn" in (data.get("facts") or {}):
+        # no launcher: the script started its ranks itself (torch.multiprocessing.spawn), all on its own node
+        per_node = world
     facts = data.get("facts") if isinstance(data.get("facts"), dict) else {}
     card = gpu or str(data.get("gpu") or "H100")[:100]
     return NcclJob(world_size=world, communicators=tuple(_communicators_of(facts, world, per_node)), gpu=card,
-                   interconnect=interconnect, nccl_version=nccl_version_for_torch(str(data.get("torch", ""))[:60]),
+                   interconnect=interconnect, nccl_version=nccl_version_for_torch(str(torch_version or data.get("torch", ""))[:60]),
                    env=env)
 
 

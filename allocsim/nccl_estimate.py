@@ -25,15 +25,17 @@ def interconnect_of(gpu_name: str) -> str:
     return "nvswitch" if gpu_name in NVLINKS else "pcie"
 
 
-def role_nccl_term(manifest: Any, role: Any, gpu_name: str) -> tuple[int, int, int, list[dict[str, Any]]]:
-    """``nccl_term`` of ``role``'s ranks in the job ``manifest`` describes (``NcclInputError`` on a bad manifest)."""
+def role_nccl_term(manifest: Any, role: Any, gpu_name: str,
+                   torch_version: str | None = None) -> tuple[int, int, int, list[dict[str, Any]]]:
+    """``nccl_term`` of ``role``'s ranks in the job ``manifest`` describes (``NcclInputError`` on a bad manifest);
+    ``torch_version``: the GPU run's torch (``run --torch``), whose NCCL release is priced, else the capture's."""
     from .nccl import job_from_manifest_data, nccl_term
 
     data = manifest.to_dict()
     communicators = getattr(role, "communicators", None)
     if isinstance(communicators, list):
         data["facts"] = {**data.get("facts", {}), "communicators": communicators}
-    job = job_from_manifest_data(data, gpu=gpu_name, interconnect=interconnect_of(gpu_name))
+    job = job_from_manifest_data(data, gpu=gpu_name, interconnect=interconnect_of(gpu_name), torch_version=torch_version)
     return nccl_term(job)
 
 
@@ -73,7 +75,7 @@ def role_nccl_bytes(manifest: Any, role: Any, gpu: Any) -> int:
 NCCL_LABEL = "NCCL communicators' buffers"
 
 
-def add_nccl_term(summary: dict[str, Any], manifest: Any, role: Any, gpu: Any) -> None:
+def add_nccl_term(summary: dict[str, Any], manifest: Any, role: Any, gpu: Any, torch_version: str | None = None) -> None:
     """Add NCCL's term to ``summary["gpu_estimate"]`` (made by ``run --gpu``) and judge the fit again with it.
 
     NCCL is one more unknown term with a low, point and high end (``gpu_ranges.Term``): the totals
@@ -88,7 +90,7 @@ def add_nccl_term(summary: dict[str, Any], manifest: Any, role: Any, gpu: Any) -
     if not isinstance(estimate, dict):
         return
     try:
-        low, point, high, parts = role_nccl_term(manifest, role, gpu.name)
+        low, point, high, parts = role_nccl_term(manifest, role, gpu.name, torch_version)
     except NcclInputError as exc:
         estimate["nccl_bytes"] = 0
         estimate.setdefault("sources", {})["nccl_bytes"] = f"not counted: {exc}"

@@ -315,6 +315,32 @@ def test_a_script_that_spawns_its_ranks_is_captured_rank_by_rank(folder):
     assert ev[ev["kind"] == int(EventKind.ALLOC)]["size_bytes"].tolist() == [full, shard, full, square, square]
 
 
+SPAWN_SET_DEVICE = """
+    import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+    def run(rank, world):
+        dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29998", rank=rank, world_size=world)
+        torch.cuda.set_device(rank)                          # milabench's torchvision_ddp ddp_setup
+        x = torch.empty(1024, device=torch.device("cuda", rank))
+        assert x.device == torch.device("cuda", rank)
+
+    if __name__ == "__main__":
+        mp.spawn(run, args=(3,), nprocs=3)
+    """
+
+
+def test_a_spawned_rank_sees_one_gpu_per_process_the_script_started(folder, monkeypatch):
+    # rank 2's capture (the check of the role) calls set_device(2): its node has the 3 GPUs the script
+    # started processes for, as on the machine, not the single GPU of a plain script
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    script = _write(folder, "spawn_set_device.py", SPAWN_SET_DEVICE)
+    out = folder / "spawned_set_device"
+    manifest = capture_job(parse_launch([sys.executable, str(script)]), str(out), verify=True)
+    assert manifest.status == 0, [(r.ranks, r.message) for r in manifest.roles]
+    assert manifest.world_size == 3 and not manifest.notes, manifest.notes
+    assert manifest.roles[0].ranks == [0, 1, 2] and manifest.roles[0].verified_by["equal"] is True
+
+
 def test_record_stream_holds_the_block_until_the_host_knows_the_other_stream_is_done(folder):
     script = _write(folder, "record.py", """
         import torch

@@ -161,6 +161,20 @@ def test_job_from_manifest(tmp_path):
     assert [(c.ranks, c.count, c.nodes) for c in job.communicators] == [(8, 2, 1)]
 
 
+def test_a_spawned_job_is_one_node_and_the_gpu_run_s_torch_picks_nccl():
+    # a script that started its 8 ranks itself (milabench's torchvision_ddp: torch.multiprocessing.spawn)
+    # runs them on its own node; the manifest's launcher is null and its nproc_per_node 1
+    manifest = {"schema": "allocsim-capture-dir/1", "world_size": 8, "gpu": "H100", "torch": "2.14.1+cu130",
+                "launcher": {"launcher": None, "nproc_per_node": 1, "nnodes": 1},
+                "facts": {"spawn": {"nprocs": 8, "index": 0, "how": "torch.multiprocessing.spawn"}}}
+    job = job_from_manifest_data(manifest, env={})
+    assert [(c.ranks, c.nodes) for c in job.communicators] == [(8, 1)]
+    assert "nvls" in {p["term"] for p in nccl_term(job)[3]}          # NVSwitch on one node: NVLS
+    # run --torch 2.6.0: the GPU run's NCCL (2.21.5), not the capture's
+    assert job_from_manifest_data(manifest, env={}, torch_version="2.6.0+cu126").nccl_version == (2, 21, 5)
+    assert job.nccl_version != (2, 21, 5)
+
+
 @pytest.mark.parametrize("data", [
     [], {"world_size": -1}, {"world_size": 8, "launcher": {"nproc_per_node": 0}},
     {"world_size": 8, "facts": {"group_sizes": [9]}}, {"world_size": 8, "facts": {"group_sizes": "8"}},

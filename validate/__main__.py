@@ -16,6 +16,7 @@ COMMANDS = {
     "xmem": "validate.xmem_cmd",           # CPU capture + GPU model vs xMem's published ground truth
     "snapshots": "validate.snapshots_cmd", # CPU captures of public scripts vs the GPU snapshots they wrote
     "milabench": "validate.milabench_cmd", # the GPU's own memory learned and checked on milabench's tables
+    "milabench-multigpu": "validate.milabench_multigpu", # milabench's several-GPU rows captured per rank
     "addresses": "validate.addresses_cmd", # where the driver put cudaMalloc segments in real snapshots
     "corpus": "validate.corpus_cmd",       # public training scripts captured unchanged vs their model arithmetic
     "torch-env": "validate.torch_env",     # a small venv with one torch release (for torch-matrix)

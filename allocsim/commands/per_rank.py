@@ -107,7 +107,7 @@ def run_folder(args: argparse.Namespace, execute: Any, check_args: Any, exit_oom
         for role in roles:
             result = execute(_role_args(args, folder, role))
             if gpu is not None:
-                add_nccl_term(result.summary, folder.manifest, role, gpu)
+                add_nccl_term(result.summary, folder.manifest, role, gpu, getattr(args, "target_torch", None))
             if args.out_dir:
                 os.makedirs(args.out_dir, exist_ok=True)
                 result.save(os.path.join(args.out_dir, f"rank{role.representative}"))

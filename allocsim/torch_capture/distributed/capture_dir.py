@@ -48,12 +48,17 @@ class RankCapture:
 def _capture_rank(launch: Launch, rank: int, out_dir: str, steps: int, gpu: dict[str, Any],
                   timeout_s: float | None, to_terminal: bool,
                   messages: list[dict[str, Any]] | None = None,
-                  broadcasts: list[dict[str, Any]] | None = None, relay: Relay | None = None) -> RankCapture:
+                  broadcasts: list[dict[str, Any]] | None = None, relay: Relay | None = None,
+                  spawn_nprocs: int = 0) -> RankCapture:
     from ..session import capture
 
     path = os.path.join(out_dir, trace_name(rank))
     log_path = None if to_terminal else os.path.join(out_dir, f"rank{rank}.log")
     env = launch.rank_env(rank)
+    if not launch.launcher and spawn_nprocs > 1 and "LOCAL_WORLD_SIZE" not in os.environ:
+        # the script started its ranks itself on one node: rank R's process sees that node's GPUs (at
+        # least one per process it started), so ``torch.cuda.set_device(R)`` works as on the GPUs
+        env = {**env, "LOCAL_WORLD_SIZE": str(spawn_nprocs)}
     settings = {"spawn_index": rank, "messages": _bounded(messages or []),
                 "broadcasts": _bounded_broadcasts(broadcasts or []), "relay": relay is not None}
     if log_path is None:
@@ -163,8 +168,9 @@ def capture_job(launch: Launch, out_dir: str, *, steps: int = 0, gpu: dict[str, 
     # gets the shapes the earlier stages send it as they are sent (``relay``), so they run side by side
     relay = Relay(facts.messages) if facts.stages else None
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo) or 1))) as pool:
+        spawned = int(facts.spawn["nprocs"]) if facts.spawn else 0
         futures = {pool.submit(_capture_rank, launch, rank, out_dir, steps, gpu, timeout_s, False, None,
-                                   facts.broadcasts, relay): rank
+                                   facts.broadcasts, relay, spawned): rank
                    for rank in todo}
         for future in concurrent.futures.as_completed(futures):
             run = future.result()
