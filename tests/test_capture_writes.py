@@ -49,6 +49,12 @@ if importlib.util.find_spec("safetensors") is not None:
     from safetensors.torch import load_file, save_file
     save_file({"w": torch.arange(4.0)}, "weights.safetensors")
     print("safetensors", load_file("weights.safetensors")["w"].tolist(), flush=True)
+    # device tensors, one of 1 MiB whose host copy holds no bytes in a capture (accelerate's save_state)
+    big, small = torch.ones(1 << 18, device="cuda"), torch.arange(4.0, device="cuda")
+    save_file({"big": big, "small": small}, "device.safetensors", metadata={"format": "pt"})
+    back = load_file("device.safetensors")
+    print("device safetensors", back["small"].tolist(), tuple(back["big"].shape), str(back["big"].dtype),
+          os.path.getsize("device.safetensors"), flush=True)
 """
 
 USER_FILES = {"out/model.pt": b"TRAINED WEIGHTS", "train.log": b"epoch 0 done\n", "old.txt": b"old",
@@ -111,3 +117,17 @@ def test_the_trace_notes_it(captured):
     meta = read_trace(str(base / "t.parquet")).meta
     assert any(note.startswith("the script's writes went to a scratch folder") for note in meta.notes)
     assert meta.version_hints["script_writes"]["removed"] == [str(base / "user" / "old.txt")]
+
+
+def test_device_tensors_save_with_safetensors_and_load_back(captured):
+    """safetensors' writer reads each host copy's bytes; a capture's copy of a 1 MiB device tensor has none
+    (the corpus's accelerate checkpointing stopped with "Bad address"): the file is written in safetensors'
+    format, the small tensor with its values, and safetensors reads it back."""
+    pytest.importorskip("safetensors")
+    _before, _after, done, _ = captured
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stdout.splitlines() if x.startswith("device safetensors"))
+    header = len('{"__metadata__":{"format":"pt"},"big":{"dtype":"F32","shape":[262144],"data_offsets":[0,1048576]},'
+                 '"small":{"dtype":"F32","shape":[4],"data_offsets":[1048576,1048592]}}')
+    size = 8 + header + (-header % 8) + (1 << 20) + 16
+    assert line == f"device safetensors [0.0, 1.0, 2.0, 3.0] (262144,) torch.float32 {size}"

@@ -57,7 +57,8 @@ from torch.utils import _device as torch_device_module
 from torch.utils._pytree import tree_map
 
 from . import (accelerator, cuda_api, cudnn_rnn, dataparallel, datadep, identity, legacy, local_device,
-               meta_kernels, optimizers, sdpa)
+               meta_kernels, optimizers, safetensors_save, sdpa)
+from .distributed.lazy import Patches
 from .autocast import CudaAutocast
 from .signatures import conform
 from .tracker import CAPTURE_DEVICE, Recorder, StorageTracker, on_meta
@@ -674,5 +675,9 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
         stack.enter_context(_patched(torch.nn.Parameter, "__new__",
                                      _parameters_abstract(tracker, torch.nn.Parameter.__new__)))
         stack.enter_context(_patched(torch_device_module.DeviceContext, "__torch_function__", _meta_context(tracker)))
+        # safetensors' save_file of capture tensors (its writer reads host copies' bytes; abstract ones have none)
+        later = Patches()
+        later.when_imported("safetensors.torch", lambda: safetensors_save.patches(tracker))
+        stack.callback(later.undo)
         stack.enter_context(modes.entered())
         yield autocast
