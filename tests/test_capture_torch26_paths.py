@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 import weakref
 
 import pytest
@@ -115,3 +116,80 @@ def test_roles_hold_no_weak_reference_on_a_parameter():
     with roles.installed():
         layer = torch.nn.Linear(2, 2)
     assert not weakref.getweakrefs(layer.weight)        # nn.Module._apply may swap it (swap_tensors)
+
+
+class _Torch26Scalars(torch.utils._python_dispatch.TorchDispatchMode):
+    """torch 2.6's conversion of a mode's ``_local_scalar_dense`` answer: a ``uint64`` as an ``int64``."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten._local_scalar_dense.default and isinstance(out, int) and out >= 2**63:
+            raise RuntimeError("value cannot be converted to type int64_t without overflow")
+        return out
+
+
+@pytest.mark.skipif(not hasattr(torch, "uint64"), reason="torch without uint64")
+def test_a_uint64_read_back_above_int64_passes_a_mode_as_torch_26_converts_it():
+    # torchtitan's set_determinism: torch.get_rng_state()[:8].to(device) ... .view(torch.uint64).item()
+    big = torch.tensor([2**63 + 5, 7], dtype=torch.uint64)
+    with _Torch26Scalars():
+        with pytest.raises(RuntimeError, match="int64_t"):
+            big[0].item()                                   # what a capture under 2.6 raised
+        assert devicemap._host_readback(torch.Tensor.item, big[0]) == 2**63 + 5
+        assert devicemap._host_readback(torch.Tensor.__int__, big[0]) == 2**63 + 5
+        assert devicemap._host_readback(torch.Tensor.__float__, big[0]) == float(2**63 + 5)
+        assert devicemap._host_readback(torch.Tensor.tolist, big) == [2**63 + 5, 7]
+        assert devicemap._host_readback(torch.Tensor.__bool__, big[1]) is True
+        values = datadep.Values(1 << 20)
+        device = torch.empty(2, dtype=torch.uint64, device="meta")
+        values.set(device, big)                             # a device tensor whose values the capture has
+        assert devicemap._readback(torch.Tensor.tolist, device, (device,), {}, values) == [2**63 + 5, 7]
+        assert devicemap._host_readback(torch.Tensor.item, torch.tensor(-3)) == -3
+
+
+class _FailingDriver:
+    """triton 3.2's ``LazyProxy(_create_driver)`` where no ``libcuda.so`` is: any attribute creates the driver."""
+
+    def __getattr__(self, name):
+        raise AssertionError("libcuda.so cannot found!")
+
+
+def test_triton_32s_autotune_gets_its_benchmarker_without_a_cuda_driver(monkeypatch):
+    import types
+
+    from allocsim.torch_capture import triton_driver
+    from allocsim.torch_capture.channel import NullChannel
+    from allocsim.torch_capture.tracker import StorageTracker
+
+    config = types.SimpleNamespace(active=_FailingDriver())
+    module = types.ModuleType(triton_driver.MODULE)
+    module.driver = config
+    monkeypatch.setitem(sys.modules, triton_driver.MODULE, module)
+    testing = types.ModuleType("triton.testing")
+    testing.do_bench = lambda *a, **k: 0.0
+    monkeypatch.setitem(sys.modules, "triton.testing", testing)
+    monkeypatch.setitem(sys.modules, "triton", types.ModuleType("triton"))
+    sys.modules["triton"].testing = testing
+    real = config.active
+    tracker = StorageTracker(NullChannel(), {"name": "H100 80GB", "major": 9, "minor": 0})
+    with devicemap.cuda_on_meta(tracker, {"name": "H100 80GB", "major": 9, "minor": 0}):
+        # Autotuner.__init__ of triton 3.2: self.do_bench = driver.active.get_benchmarker()
+        assert config.active.get_benchmarker() is testing.do_bench
+        with pytest.raises(AssertionError, match="libcuda"):
+            config.active.get_current_device()          # the rest is triton's own driver's
+    assert config.active is real
+    with pytest.raises(AssertionError):
+        config.active.get_benchmarker()
+
+
+def test_torch_26s_batch_isend_irecv_coalesces_on_the_captures_group():
+    # torch 2.6: `if device.type == "cuda": with _coalescing_manager(group, device, async_ops=True)` on any group
+    import torch.distributed as dist
+
+    from allocsim.torch_capture.distributed.process_group import AnsweringGroup
+
+    group = AnsweringGroup(0, 2)
+    with dist.distributed_c10d._coalescing_manager(group, torch.device("cuda", 0), async_ops=True) as cm:
+        group.send([torch.empty(4, device="meta")], 1).wait()
+    assert len(cm.works) == 1
+    cm.wait()

@@ -57,9 +57,9 @@ from torch.utils import _device as torch_device_module
 from torch.utils._pytree import tree_map
 
 from . import (accelerator, cuda_api, cudnn_rnn, dataparallel, datadep, identity, legacy, local_device,
-               meta_kernels, optimizers, safetensors_save, sdpa)
-from .distributed.lazy import Patches
+               meta_kernels, optimizers, safetensors_save, sdpa, triton_driver)
 from .autocast import CudaAutocast
+from .distributed.lazy import Patches
 from .signatures import conform
 from .tracker import CAPTURE_DEVICE, Recorder, StorageTracker, on_meta
 
@@ -70,6 +70,9 @@ HOST_ABSTRACT_BYTES = 1 << 20
 _READBACK = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__float__, torch.Tensor.__int__,
              torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.__array__}
 _PARSE_TO = torch._C._nn._parse_to
+#: Tensors of no subclass but a Parameter (a wrapper subclass reads back through its own dispatch).
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_UINT64 = getattr(torch, "uint64", None)
 #: Functions that make a tensor from a size, on ``device`` (or the CPU when none is given).
 _FACTORIES = {getattr(torch, name) for name in (
     "empty", "zeros", "ones", "full", "rand", "randn", "randint", "randperm", "arange", "range", "linspace",
@@ -164,7 +167,31 @@ def _host_zeros(t: torch.Tensor) -> torch.Tensor:
 def _readback(func: Any, t: torch.Tensor, args: tuple, kwargs: dict, values: datadep.Values) -> Any:
     known = values.get(t)
     host = known if known is not None else _host_zeros(t)
-    return func(host, *args[1:], **kwargs)
+    return _host_readback(func, host, *args[1:], **kwargs)
+
+
+def _host_readback(func: Any, host: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """A read-back of a real host tensor, whose ``uint64`` values above 2**63 - 1 torch 2.6 cannot pass through a mode.
+
+    Below a Python dispatch mode (the capture's) ``aten._local_scalar_dense`` returns a Python number
+    that torch converts back to a C++ scalar, and torch 2.6 converts a ``uint64`` as an ``int64``:
+    ``RuntimeError: value cannot be converted to type int64_t without overflow``, which its GPU run,
+    under no mode, does not raise (torchtitan's ``set_determinism`` reads torch's random 64-bit CPU
+    seed as ``seed_tensor.view(torch.uint64).item()``: half the runs). A ``uint64`` tensor is read as
+    its ``int64`` view and the numbers are taken modulo 2**64, so any dispatch mode still sees the read.
+    """
+    if host.dtype != _UINT64 or func in (torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.__bool__):
+        return func(host, *args, **kwargs)
+    signed = host.view(torch.int64)
+    if func is torch.Tensor.__float__:
+        return float(signed.item() % 2**64)
+    return _unsigned(func(signed, *args, **kwargs))
+
+
+def _unsigned(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_unsigned(v) for v in value]
+    return value % 2**64 if isinstance(value, int) else value
 
 
 def _nbytes(t: Any) -> int:
@@ -211,6 +238,8 @@ class CudaOnMeta(TorchFunctionMode):
             elif self_on_meta and func in _READBACK:
                 tracker.host_waits()
                 return _readback(func, self_t, args, kwargs, self.values)
+            elif func in _READBACK and type(self_t) in _PLAIN and self_t.device.type == "cpu":
+                return _host_readback(func, *args, **kwargs)     # a real CPU tensor's (uint64: _host_readback)
             elif self_on_meta and func is torch.Tensor.__repr__:
                 text = identity.tensor_repr(self_t, self.values.get(self_t), self, kwargs.get("tensor_contents"))
                 if text is not None:
@@ -675,9 +704,11 @@ def cuda_on_meta(tracker: StorageTracker, gpu: dict[str, Any] | None = None) -> 
         stack.enter_context(_patched(torch.nn.Parameter, "__new__",
                                      _parameters_abstract(tracker, torch.nn.Parameter.__new__)))
         stack.enter_context(_patched(torch_device_module.DeviceContext, "__torch_function__", _meta_context(tracker)))
-        # safetensors' save_file of capture tensors (its writer reads host copies' bytes; abstract ones have none)
-        later = Patches()
-        later.when_imported("safetensors.torch", lambda: safetensors_save.patches(tracker))
-        stack.callback(later.undo)
+        # modules the script may import: patched when it does (triton's driver: triton_driver; safetensors'
+        # save_file of capture tensors, whose Rust writer reads host copies' bytes: safetensors_save)
+        lazy = Patches()
+        stack.callback(lazy.undo)
+        lazy.when_imported(triton_driver.MODULE, triton_driver.patches)
+        lazy.when_imported("safetensors.torch", lambda: safetensors_save.patches(tracker))
         stack.enter_context(modes.entered())
         yield autocast

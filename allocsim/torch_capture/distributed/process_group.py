@@ -234,6 +234,16 @@ class AnsweringGroup(dist.ProcessGroup):
     def recv_anysource(self, tensors, tag=0):
         return _done(list(tensors))
 
+    # torch <= 2.6's batch_isend_irecv coalesces on any group when the tensors are on cuda ("NCCL style":
+    # _coalescing_manager(group, device) calls these around the sends; 2.13 only on a C++ ProcessGroup whose
+    # backend supports coalescing), and c10d's own look for a backend this Python group never registers
+    # ("No backend type associated with device type cuda"). The sends inside answer one by one.
+    def _start_coalescing(self, device):
+        return None
+
+    def _end_coalescing(self, device):
+        return _done([])
+
     def __repr__(self) -> str:
         return f"AnsweringGroup(rank={self._rank}, size={self._size}, allocsim capture)"
 
