@@ -72,6 +72,30 @@ def _relayed(hooks: Any, src_stage: int, dst_stage: int, index: int) -> Any:
         delay = min(0.25, delay * 2)
 
 
+def _incoming(hooks: Any, edge: tuple[int, int], received: dict, relayed: dict, relay: bool,
+              outputs_of: dict[int, Any]) -> tuple[Any, bool]:
+    """What stage ``edge[1]`` receives from stage ``edge[0]``: ``(message, False)`` as an earlier capture recorded
+    it or the relay hands it over, else ``(outputs, True)`` of the nearest earlier stage this rank runs (noted);
+    ``RuntimeError`` when there is neither."""
+    src, dst = edge
+    queue = received.get(edge)
+    if queue:
+        return decode(queue.pop(0)), False
+    if relay:
+        meta = _relayed(hooks, src, dst, relayed.get(edge, 0))
+        if meta is not None:
+            relayed[edge] = relayed.get(edge, 0) + 1
+            return meta, False
+    earlier = [s for s in outputs_of if s < dst]
+    if earlier:
+        nearest = max(earlier)
+        hooks.tracker.note(f"pipeline stage {dst}'s input shapes were not recorded from stage {src}'s capture: "
+                           f"the outputs of stage {nearest} (this rank's) stand in")
+        return outputs_of[nearest], True
+    raise RuntimeError(f"allocsim capture: pipeline stage {dst} needs the shapes stage {src} sends it, and no "
+                       "capture recorded them; give the stage its input_args")
+
+
 def patches(hooks: Any, messages: list[dict[str, Any]], relay: bool = False) -> list[tuple[Any, str, Any]]:
     """``(owner, name, replacement)`` for the stage's metadata exchange and the schedule's vote."""
     from torch.distributed.pipelining import _utils, schedules  # noqa: PLC0415
@@ -99,25 +123,12 @@ def patches(hooks: Any, messages: list[dict[str, Any]], relay: bool = False) -> 
         if src_stage > stage.stage_index:      # from the next stage: the gradients of this stage's outputs
             outputs = stage._stage_meta.outputs or ()
             return _StageBackwardMeta(backward_metas=tuple(_grad_meta(m) for m in outputs))
-        edge = (int(src_stage), int(stage.stage_index))
-        queue = received.get(edge)
-        if queue:
-            return decode(queue.pop(0))
-        if relay:
-            meta = _relayed(hooks, edge[0], edge[1], relayed.get(edge, 0))
-            if meta is not None:
-                relayed[edge] = relayed.get(edge, 0) + 1
-                return meta
-        earlier = [s for s in outputs_of if s < stage.stage_index]
-        if earlier:
+        value, own = _incoming(hooks, (int(src_stage), int(stage.stage_index)), received, relayed, relay, outputs_of)
+        if own:
             from torch.distributed.pipelining._utils import _StageForwardMeta  # noqa: PLC0415
 
-            nearest = max(earlier)
-            hooks.tracker.note(f"pipeline stage {stage.stage_index}'s input shapes were not recorded from stage "
-                               f"{src_stage}'s capture: the outputs of stage {nearest} (this rank's) stand in")
-            return _StageForwardMeta(forward_metas=outputs_of[nearest])
-        raise RuntimeError(f"allocsim capture: pipeline stage {stage.stage_index} needs the shapes stage {src_stage} "
-                           "sends it, and no capture recorded them; give the stage its input_args")
+            return _StageForwardMeta(forward_metas=value)
+        return value
 
     def prepare_forward_infra(stage: Any, *args: Any, **kwargs: Any) -> Any:
         out = original_prepare(stage, *args, **kwargs)
@@ -157,23 +168,8 @@ def shape_inference_patches(hooks: Any, messages: list[dict[str, Any]], relay: b
     original = PipelineStage._shape_inference
 
     def inputs_from(stage: Any) -> Any:
-        edge = (int(stage.stage_index) - 1, int(stage.stage_index))
-        queue = received.get(edge)
-        if queue:
-            return decode(queue.pop(0))
-        if relay:
-            meta = _relayed(hooks, edge[0], edge[1], relayed.get(edge, 0))
-            if meta is not None:
-                relayed[edge] = relayed.get(edge, 0) + 1
-                return meta
-        earlier = [s for s in outputs_of if s < stage.stage_index]
-        if earlier:
-            nearest = max(earlier)
-            hooks.tracker.note(f"pipeline stage {stage.stage_index}'s input shapes were not recorded from stage "
-                               f"{edge[0]}'s capture: the outputs of stage {nearest} (this rank's) stand in")
-            return outputs_of[nearest]
-        raise RuntimeError(f"allocsim capture: pipeline stage {stage.stage_index} needs the shapes stage {edge[0]} "
-                           "sends it, and no capture recorded them; give the stage its input_args")
+        return _incoming(hooks, (int(stage.stage_index) - 1, int(stage.stage_index)), received, relayed, relay,
+                         outputs_of)[0]
 
     def shape_inference(stage: Any, args: Any, kwargs: Any = None) -> Any:
         send_objects, recv_objects = dist.send_object_list, dist.recv_object_list
