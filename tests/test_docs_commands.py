@@ -22,10 +22,14 @@ from .conftest import ROOT, SHARED_DIR, doc_pages
 
 #: Commands run elsewhere: command as the docs write it -> (the test or fixture that runs it, why not here).
 COVERED: dict[str, tuple[str, str]] = {
-    "python -m validate corpus --repos repos --extract-from clones --python corpus-venv/bin/python --work corpus-work": (
+    **{command: (
         "tests/test_validate_corpus.py::test_a_script_of_a_pinned_tree_is_captured_and_matches_its_arithmetic",
         "needs clones of eight public repositories and a venv of their libraries, and an hour; the test runs a "
-        "pinned tree's script through the same path"),
+        "pinned tree's script through the same path")
+       for command in ("python -m validate corpus --repos repos --extract-from clones --python corpus-venv/bin/python "
+                       "--work corpus-work",
+                       "python -m validate corpus --repos repos --python corpus-venv/bin/python --work corpus-work "
+                       "--jobs 1 --fresh --json")},
     "python -m pytest -q": (
         "tests/test_docs_commands.py::test_ci_runs_the_readme_test_command", "the suite itself: .ci/run runs it"),
     "python -m pytest -q -m full": (
