@@ -442,3 +442,44 @@ def test_processes_the_script_starts_run_here_only_for_the_rank_captured():
     assert ran == [2]
     spawned = [m[1] for m in sent if m[1]["fact"] == "spawn"]
     assert [f["nprocs"] for f in spawned] == [1, 2, 3, 3]      # ranks started so far; spawn's nprocs
+
+
+META_INIT_RANDOM = """
+    import os, torch, torch.nn as nn, torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(1024, 1024, bias=False), nn.Linear(1024, 32, bias=False))
+    fully_shard(model)
+    model.to_empty(device="cuda")
+    nn.init.kaiming_uniform_(model[0].weight)       # random initialisers on sharded parameters (DTensors)
+    nn.init.normal_(model[1].weight)
+    opt = torch.optim.AdamW(model.parameters())
+    for _ in range(2):
+        model(torch.randn(8, 1024, device="cuda")).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    """
+
+
+def test_random_initialisers_on_fsdp2_shards_built_on_meta_run(folder):
+    """``nn.init.*_`` on parameters sharded by ``fully_shard`` after ``to_empty`` (torchtune's LoRA, torchtitan).
+
+    Regression: DTensor's sharding propagation built its fake tensors on the mesh's ``cuda``
+    (``_rebuild_tensor_from_dtensor_meta``) and its RNG tracker moved the generator state to ``cuda``
+    inside its dispatch; both stopped the capture before the first step.
+    """
+    script = _write(folder, "meta_init_random.py", META_INIT_RANDOM)
+    out = folder / "meta_init_random"
+    manifest = capture_job(parse_launch(["torchrun", "--nproc-per-node", "2", str(script)]), str(out), workers=1)
+    assert manifest.status == 0
+    trace = read_trace(str(out / "rank0.parquet"))
+    shard = (1024 * 1024 + 32 * 1024) * 4 // 2
+    cats: dict[str, list[int]] = {}
+    stacks = _stacks(trace)
+    for r in trace.events[trace.events["kind"] == int(EventKind.ALLOC)].itertuples():
+        cats.setdefault(stacks.get(int(r.stack_id), [""])[-1], []).append(int(r.size_bytes))
+    shards = [1024 * 1024 * 4 // 2, 32 * 1024 * 4 // 2]       # each weight's shard at 2 ranks, float32
+    assert cats["category: parameter"][:2] == shards          # to_empty makes the shards on the device
+    assert sorted(cats["category: optimizer_state"]) == sorted(shards * 2)    # AdamW: exp_avg, exp_avg_sq

@@ -33,3 +33,37 @@ def test_the_deepspeed_launcher_is_read_as_its_runner_reads_it():
                                                                 "t.py"], "autotuning")):
         with pytest.raises(LaunchError, match=says):
             parse_launch(bad)
+
+
+def test_tune_and_accelerate_parsers_run_in_an_interpreter_without_allocsim(tmp_path, monkeypatch):
+    """``tune run`` / ``accelerate launch`` are read in the launcher's own interpreter, which need not have allocsim.
+
+    Regression: the helpers ran as ``python -m allocsim.torch_capture.distributed.<helper>`` there, so a ``tune`` from
+    another virtual environment (the torchtune one) stopped at ``No module named 'allocsim'`` before torchtune's parser
+    ran. The helper now runs by its file path; here the interpreter has no site-packages at all (``-S``), so the
+    helper itself runs and answers with the framework it cannot import.
+    """
+    import sys
+
+    from allocsim.torch_capture.distributed.hf import parse_accelerate
+    from allocsim.torch_capture.distributed.tune_launch import parse_tune
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python = bin_dir / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    python.chmod(0o755)
+    for name in ("tune", "accelerate"):
+        (bin_dir / name).write_text(f"#!{python}\nraise SystemExit('the launcher itself is never run')\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.chdir(tmp_path)                  # not the repository: ``allocsim`` is not importable from the cwd
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    with pytest.raises(LaunchError) as tune_err:
+        parse_tune([str(bin_dir / "tune"), "run", "--nproc_per_node", "2", "full_finetune_distributed",
+                    "--config", "qwen2_5/0.5B_full"])
+    assert "allocsim" not in str(tune_err.value)
+    assert "No module named 'torch" in str(tune_err.value)          # torchtune's parser was reached
+    with pytest.raises(LaunchError) as acc_err:
+        parse_accelerate([str(bin_dir / "accelerate"), "launch", "--num_processes", "2", "train.py"])
+    assert "allocsim" not in str(acc_err.value)
+    assert "No module named 'accelerate" in str(acc_err.value)

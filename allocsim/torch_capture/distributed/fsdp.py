@@ -110,3 +110,57 @@ def group_patches(tracker: Any) -> list[tuple[Any, str, Any]]:
         out.append((FSDPParamGroup, "_validate_no_meta_params",
                     _validate_no_meta_params(tracker, FSDPParamGroup._validate_no_meta_params)))
     return out
+
+
+def _rebuild_tensor_from_dtensor_meta(original: Any) -> Any:
+    """DTensor's fake tensor for sharding propagation, on ``meta`` where its mesh is a CUDA one.
+
+    DTensor derives an operator's output shape by running it on fake tensors it builds on
+    ``arg.mesh.device_type`` (``_rebuild_tensor_from_dtensor_meta``, torch/distributed/tensor/_op_schema.py).
+    A random initialiser on a sharded parameter (``nn.init.kaiming_uniform_`` after ``fully_shard``, as
+    torchtune's LoRA adapters and torchtitan's ``init_weights`` do) decomposes to a ``prims`` factory
+    on that fake tensor's device, which on a CPU build or without a driver cannot be CUDA. Only the
+    shape, strides and dtype are read back (``TensorMeta``), so the fake tensor is made on ``meta``
+    -- the script's own kind of meta tensor, which records nothing.
+    """
+    def rebuild(arg: Any) -> Any:
+        mesh = getattr(arg, "mesh", None)
+        meta = getattr(arg, "tensor_meta", None)
+        if meta is None or getattr(mesh, "device_type", None) != "cuda":
+            return original(arg)
+        return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device="meta")
+    return rebuild
+
+
+def op_schema_patches() -> list[tuple[Any, str, Any]]:
+    """``(owner, name, replacement)`` for DTensor's sharding propagation (``_op_schema``)."""
+    from torch.distributed.tensor import _op_schema  # noqa: PLC0415
+
+    if not hasattr(_op_schema, "_rebuild_tensor_from_dtensor_meta"):
+        return []
+    return [(_op_schema, "_rebuild_tensor_from_dtensor_meta",
+             _rebuild_tensor_from_dtensor_meta(_op_schema._rebuild_tensor_from_dtensor_meta))]
+
+
+def random_patches() -> list[tuple[Any, str, Any]]:
+    """DTensor's RNG tracker (``OffsetBasedRNGTracker``, torch/distributed/tensor/_random.py) with its state on the CPU.
+
+    The tracker, made by the first random operator on a DTensor, reads the generator's state
+    (``torch.cuda.get_rng_state()``, a CPU tensor the capture answers) and moves it to
+    ``self._device`` to broadcast it from rank 0, inside DTensor's dispatch where no ``cuda`` argument
+    is mapped to the capture's device, so the move asks a CUDA kernel the CPU run has not. Every
+    rank's capture state is the same (``cuda_api``), so the broadcast is kept on the CPU state; the
+    GPU run's 16-byte device copy of the state is not recorded.
+    """
+    from torch.distributed.tensor import _random  # noqa: PLC0415
+
+    tracker_cls = getattr(_random, "OffsetBasedRNGTracker", None)
+    if tracker_cls is None or not hasattr(tracker_cls, "_get_device_state"):
+        return []
+    original = tracker_cls._get_device_state
+
+    def get_device_state(self: Any) -> torch.Tensor:
+        if getattr(getattr(self, "_device", None), "type", None) != "cuda":
+            return original(self)
+        return self._device_handle.get_rng_state()
+    return [(tracker_cls, "_get_device_state", get_device_state)]

@@ -82,13 +82,13 @@ def main(argv: list[str]) -> int:
 
 def parse_accelerate(command: list[str]) -> Any:
     """The job ``accelerate launch ...`` starts, as accelerate's own code computes it (``LaunchError`` when refused)."""
-    from .launcher import LaunchError, _interpreter_of, _torchrun  # noqa: PLC0415
+    from .launcher import LaunchError, _interpreter_of, _torchrun, helper_argv  # noqa: PLC0415
 
     if len(command) < 2 or command[1] != "launch":
         raise LaunchError("accelerate: only `accelerate launch ...` starts a training job")
     python, note = _interpreter_of(command[0])
     try:
-        done = subprocess.run([python, "-m", "allocsim.torch_capture.distributed.hf", "--", *command[2:]],
+        done = subprocess.run(helper_argv(python, __file__, command[2:]),
                               capture_output=True, text=True, timeout=HELPER_TIMEOUT_S, check=False,
                               env={**os.environ, "ACCELERATE_DISABLE_RICH": "1"})
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -137,7 +137,9 @@ def _accelerate_launch_class() -> Any:
     return _AccelerateLaunch
 
 
-AccelerateLaunch = _accelerate_launch_class()
+# Built where this module is imported from allocsim's package; run by its path in accelerate's interpreter
+# (``launcher.helper_argv``), only ``main`` runs and nothing of allocsim is imported there.
+AccelerateLaunch = _accelerate_launch_class() if __package__ else None
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))

@@ -184,6 +184,22 @@ def _nnodes(text: str) -> int:
     return _count(low, "--nnodes", "give a whole number of nodes")
 
 
+#: Runs one of allocsim's launcher helpers (``hf.py``, ``tune_launch.py``: standard library at import, then the
+#: launcher's own package) by its file path in the launcher's interpreter, which need not have allocsim installed
+#: (``python -m allocsim...`` there stops at ``No module named 'allocsim'``); the helper's ``main`` answers.
+_HELPER_RUNNER = ("import importlib.util, sys\n"
+                  "spec = importlib.util.spec_from_file_location('_allocsim_launch_helper', sys.argv[1])\n"
+                  "module = importlib.util.module_from_spec(spec)\n"
+                  "sys.modules[spec.name] = module\n"
+                  "spec.loader.exec_module(module)\n"
+                  "raise SystemExit(module.main(sys.argv[2:]))\n")
+
+
+def helper_argv(python: str, helper_file: str, args: list[str]) -> list[str]:
+    """``python`` running the helper module at ``helper_file`` with ``args``, without importing allocsim there."""
+    return [python, "-c", _HELPER_RUNNER, os.path.abspath(helper_file), "--", *args]
+
+
 def _interpreter_of(program: str) -> tuple[str, str]:
     """The Python a console script such as ``torchrun`` runs under (its ``#!`` line), and a note when guessed."""
     path = shutil.which(program) or program

@@ -517,6 +517,8 @@ class RankHooks:
         patches.when_imported("torch.distributed.pipelining.stage", self._stage_patches)
         patches.when_imported("torch.distributed.pipelining.schedules",
                               lambda: pipelining.patches(self, self.messages, self.relay))
+        patches.when_imported("torch.distributed.tensor._op_schema", fsdp.op_schema_patches)
+        patches.when_imported("torch.distributed.tensor._random", fsdp.random_patches)
         patches.when_imported("torch.distributed.tensor._api", self._dtensor_patches)
         patches.when_imported("deepspeed.ops.op_builder.builder", deepspeed.patches)
         patches.when_imported("deepspeed.runtime.zero.utils", deepspeed.zero_utils_patches)

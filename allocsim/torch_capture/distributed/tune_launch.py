@@ -75,13 +75,13 @@ def main(argv: list[str]) -> int:
 
 def parse_tune(command: list[str]) -> Any:
     """The job ``tune run ...`` starts, as torchtune's own code resolves it (``LaunchError`` when refused)."""
-    from .launcher import Launch, LaunchError, _interpreter_of, _torchrun  # noqa: PLC0415
+    from .launcher import Launch, LaunchError, _interpreter_of, _torchrun, helper_argv  # noqa: PLC0415
 
     if len(command) < 2 or command[1] != "run":
         raise LaunchError("tune: only `tune run ...` starts a training job")
     python, note = _interpreter_of(command[0])
     try:
-        done = subprocess.run([python, "-m", "allocsim.torch_capture.distributed.tune_launch", "--", *command[2:]],
+        done = subprocess.run(helper_argv(python, __file__, command[2:]),
                               capture_output=True, text=True, timeout=HELPER_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise LaunchError(f"tune run: could not run torchtune's parser with {python}: {exc}") from None
