@@ -483,3 +483,37 @@ def test_random_initialisers_on_fsdp2_shards_built_on_meta_run(folder):
     shards = [1024 * 1024 * 4 // 2, 32 * 1024 * 4 // 2]       # each weight's shard at 2 ranks, float32
     assert cats["category: parameter"][:2] == shards          # to_empty makes the shards on the device
     assert sorted(cats["category: optimizer_state"]) == sorted(shards * 2)    # AdamW: exp_avg, exp_avg_sq
+
+
+DTENSOR_CPU = """
+    import torch, torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+    dist.init_process_group("nccl")
+    mesh = init_device_mesh("cuda", (2,))
+    for rows in (1024, 8):                # a 2 MiB shard (its host copy abstract in a capture) and a small one
+        d = distribute_tensor(torch.ones(rows, 1024, device="cuda"), mesh, [Shard(0)])
+        h = d.cpu()
+        p = torch.nn.Parameter(d.to("cpu"))
+        print("CPU_DTENSOR", rows, type(h).__name__, h.device, h.to_local().device, tuple(h.to_local().shape),
+              h.placements == d.placements, type(p.data).__name__, flush=True)
+    """
+
+
+def test_a_dtensor_moved_to_the_cpu_stays_a_dtensor_with_a_host_shard(folder):
+    """``dtensor.cpu()`` / ``.to("cpu")`` is a DTensor on the same mesh whose shard is on the host, as DTensor's
+    dispatch makes it on a GPU (torchtune's ``fsdp_cpu_offload`` loads its shards so). Regression: the capture
+    returned a plain host tensor, and ``load_state_dict(assign=True)`` failed in FSDP2's ``reset_sharded_param``."""
+    script = _write(folder, "dtensor_cpu.py", DTENSOR_CPU)
+    log = folder / "dtensor_cpu.txt"
+    launch = parse_launch(["torchrun", "--nproc-per-node", "2", str(script)])
+    with open(log, "w", encoding="utf-8") as fh:
+        result, _trace = session.capture(launch.child_command(), str(folder / "dtensor_cpu.parquet"),
+                                         env_extra=launch.rank_env(0), distributed={"spawn_index": 0},
+                                         stdout=fh, stderr=fh)
+    text = log.read_text()
+    assert result.status == 0, result.message + text[-2000:]
+    lines = [line for line in text.splitlines() if line.startswith("CPU_DTENSOR")]
+    assert lines == ["CPU_DTENSOR 1024 DTensor cpu cpu (512, 1024) True DTensor",
+                     "CPU_DTENSOR 8 DTensor cpu cpu (4, 1024) True DTensor"]
+

@@ -130,6 +130,12 @@ _LIBRARY_MODULES = ("torch.distributed", "torch.nn.parallel", "torch.serializati
                     "torch._tensor", "torch.multiprocessing")
 
 
+def _is_dtensor(t: Any) -> bool:
+    """Whether ``t`` is a DTensor (without importing torch.distributed: only a script that made one has it)."""
+    dtensor = sys.modules.get("torch.distributed.tensor._api")
+    return dtensor is not None and isinstance(t, dtensor.DTensor)
+
+
 def _names_script_meta(value: Any) -> bool:
     """``device="meta"`` written as a string by the script's own code: its own meta device.
 
@@ -227,6 +233,8 @@ class CudaOnMeta(TorchFunctionMode):
                 if _is_cuda(target):
                     return self._to_device(self_t, _to_options(args, kwargs))
                 if self_on_meta and target is not None and _is_cpu(target):
+                    if _is_dtensor(self_t):
+                        return self._dtensor_to_host(self_t, _to_options(args, kwargs))
                     return self_t if tracker.is_host(self_t) else self._to_host(self_t, _to_options(args, kwargs))
                 if _names_script_meta(target):
                     with tracker.script_meta():           # x.to("meta"): the script's own meta tensor
@@ -234,6 +242,8 @@ class CudaOnMeta(TorchFunctionMode):
             elif func is torch.Tensor.cuda:
                 return self._to_device(self_t, _cuda_options(args, kwargs))
             elif self_on_meta and func is torch.Tensor.cpu:
+                if _is_dtensor(self_t):
+                    return self._dtensor_to_host(self_t, {})
                 return self_t if tracker.is_host(self_t) else self._to_host(self_t, {})
             elif self_on_meta and func in _READBACK:
                 tracker.host_waits()
@@ -372,6 +382,13 @@ class CudaOnMeta(TorchFunctionMode):
             return torch.ops.aten._to_copy.default(
                 t, dtype=options.get("dtype"), device=_META, non_blocking=bool(options.get("non_blocking", False)),
                 memory_format=options.get("memory_format", torch.preserve_format))
+
+    def _dtensor_to_host(self, t: torch.Tensor, options: dict) -> torch.Tensor:
+        """``dtensor.cpu()``: a DTensor whose shard is the host copy, on the same mesh and placements, as
+        DTensor's dispatch of ``aten._to_copy`` makes it on a GPU (torchtune's CPU offload keeps such shards)."""
+        local = t._local_tensor
+        host = local if self.tracker.is_host(local) or not on_meta(local) else self._to_host(local, options)
+        return type(t)(host, t._spec, requires_grad=t.requires_grad)
 
     def _to_host(self, t: torch.Tensor, options: dict) -> torch.Tensor:
         """A device tensor brought to the CPU: its values when the capture has them, else abstract when large, zeros when small."""

@@ -457,7 +457,8 @@ class StorageTracker:
     # ----------------------------------------------------------------- host and device storages
     def is_host(self, t: Any) -> bool:
         """Whether ``t`` is an abstract host tensor (a large CPU tensor the capture keeps on meta)."""
-        return on_meta(t) and id(t.untyped_storage()) in self._host
+        local = getattr(t, "_local_tensor", t)        # a DTensor is where its shard is
+        return on_meta(local) and id(local.untyped_storage()) in self._host
 
     def is_script_meta(self, t: Any) -> bool:
         """Whether ``t`` is a tensor the script made on ``meta`` itself (no memory on a GPU either)."""
@@ -466,9 +467,10 @@ class StorageTracker:
 
     def is_device(self, t: Any) -> bool:
         """Whether ``t`` stands for a CUDA tensor."""
-        if not on_meta(t):
+        local = getattr(t, "_local_tensor", t)        # a DTensor is where its shard is
+        if not on_meta(local):
             return False
-        key = id(t.untyped_storage())
+        key = id(local.untyped_storage())
         return key not in self._host and key not in self._script_meta
 
     def mark_host(self, t: Any) -> None:
