@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
 import sys
 
@@ -90,6 +91,8 @@ def test_expected_bytes_follow_the_optimizer():
 
 
 def test_helper_counts_distinct_tensors_of_the_script_s_own_classes(tmp_path):
+    if not os.environ.get("CI"):              # the helper builds the model on meta: it needs torch (CI has it)
+        pytest.importorskip("torch")
     (tmp_path / "train.py").write_text(
         "import torch\nfrom torch import nn\n"
         "class Net(nn.Module):\n"
