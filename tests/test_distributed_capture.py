@@ -272,6 +272,11 @@ def test_run_answers_per_rank_and_names_the_limiting_rank(job8):
     tight = subprocess.run([sys.executable, "-m", "allocsim", "run", str(out), "--policy", "pytorch", "--capacity",
                             "20MiB", "--json"], capture_output=True, text=True, check=False)
     assert tight.returncode == 3 and json.loads(tight.stdout)["fits"] is False
+    # as the README writes it, without --policy: a folder of captures implies pytorch (was a traceback)
+    bare = subprocess.run([sys.executable, "-m", "allocsim", "run", str(out), "--gpu", "H100", "--json"],
+                          capture_output=True, text=True, check=False)
+    assert bare.returncode == 0 and "--policy pytorch" in bare.stderr and "Traceback" not in bare.stderr
+    assert json.loads(bare.stdout)["limiting_rank"] == data["limiting_rank"]
 
 
 # ------------------------------------------------------------------------------------------ pipeline

@@ -91,6 +91,12 @@ def run_folder(args: argparse.Namespace, execute: Any, check_args: Any, exit_oom
     from .common import incomplete_status, print_json
 
     try:
+        if args.policy is None:
+            # a capture folder holds allocsim captures only: they record PyTorch's caching allocator's
+            # requests, so its policy is implied, as for one capture (run.default_policy)
+            args.policy = "pytorch"
+            print("allocsim run: --policy pytorch (the folder holds allocsim captures: PyTorch's caching "
+                  "allocator)", file=sys.stderr)
         check_args(args)
         folder = open_capture_folder(args.trace)
         if args.device is not None and args.device != 0:
